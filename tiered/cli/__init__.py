@@ -1,0 +1,17 @@
+"""Command-line entry point: the composition root.
+
+Only here do ``tiered``, ``dispatcher``, ``cleaner`` and ``metrics`` meet;
+each command module registers its commands on the shared Typer app.
+"""
+
+from __future__ import annotations
+
+from tiered.cli.app import app
+from tiered.cli import store as _store  # noqa: F401  (registers commands)
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]

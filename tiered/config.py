@@ -1,0 +1,269 @@
+"""Typed configuration, loaded once: flags > TIERED_* env > YAML file > defaults.
+
+Nested keys use ``__`` in the environment: ``TIERED_S3__ENDPOINT_URL``,
+``TIERED_DISPATCH__INTERVAL``. Durations accept seconds (``20``, ``0.5``) or
+a number with a unit (``500ms``, ``20s``, ``5m``, ``1h``, ``3d``). Secrets are
+``SecretStr``: they print as ``**********`` in reprs, errors and logs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+
+from tiered.errors import ConfigError
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)?\s*$")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from ``20``, ``"20s"``, ``"5m"``, ``"1h"``, ``"500ms"``."""
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or a string like '20s'")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ValueError(f"not a duration: {value!r} (use e.g. 20, '20s', '5m', '1h')")
+        seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if seconds <= 0:
+        raise ValueError("a duration must be > 0")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1 << 20, "mb": 1 << 20,
+               "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+_SIZE = re.compile(r"^\s*([0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from ``1048576``, ``"64MiB"``, ``"512k"``."""
+    if isinstance(value, bool):
+        raise ValueError("a size is a number of bytes or a string like '64MiB'")
+    if isinstance(value, int):
+        size = value
+    else:
+        match = _SIZE.match(str(value))
+        if not match or match.group(2).lower() not in _SIZE_UNITS:
+            raise ValueError(f"not a size: {value!r} (use e.g. 1048576, '64MiB')")
+        size = int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    if size <= 0:
+        raise ValueError("a size must be > 0")
+    return size
+
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class S3Settings(_Section):
+    endpoint_url: str | None = None
+    region: str | None = None
+    addressing: Literal["auto", "path", "virtual"] = "auto"
+    sse: Literal["none", "AES256", "aws:kms"] = "none"
+    sse_kms_key_id: str | None = None
+    # Some S3-compatible stores reject the CRC checksums newer botocore sends.
+    checksum_mode: Literal["when_supported", "when_required"] = "when_supported"
+    access_key_id: SecretStr | None = None
+    secret_access_key: SecretStr | None = None
+    session_token: SecretStr | None = None
+    max_attempts: int = Field(default=5, ge=1, le=20)
+    connect_timeout: Duration = 10.0
+    read_timeout: Duration = 60.0
+
+
+class RetrySettings(_Section):
+    attempts: int = Field(default=6, ge=1, le=100)
+    base_delay: Duration = 0.2
+    max_delay: Duration = 20.0
+
+
+class DispatchSettings(_Section):
+    interval: Duration = 20.0
+    # Upload a segment once this much is pending ...
+    upload_bytes: Size = 64 << 20
+    # ... or once the oldest pending message is this old.
+    max_delay: Duration = 60.0
+    # Largest segment one upload carries; also bounds memory per queue.
+    segment_bytes: Size = 256 << 20
+    start_position: str = "earliest"
+    parallelism: int = Field(default=4, ge=1, le=64)
+    round_budget: Duration = 15.0
+    quarantine_corrupt: bool = False
+    key_index: bool = True
+    retry: RetrySettings = RetrySettings()
+
+    @field_validator("start_position")
+    @classmethod
+    def _start(cls, value: str) -> str:
+        from tiered.timeparse import parse_time_ms
+
+        if value not in ("earliest", "latest"):
+            parse_time_ms(value)
+        return value
+
+
+class CleanerSettings(_Section):
+    enabled: bool = True
+    interval: Duration = 3600.0
+    orphan_grace: Duration = 3600.0
+    skew_tolerance: Duration = 300.0
+    merge: bool = True
+    merge_target_bytes: Size = 256 << 20
+    merge_min_bytes: Size = 16 << 20
+
+
+class RetentionSettings(_Section):
+    default_hours: float = Field(default=72.0, gt=0)
+    topics: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("topics")
+    @classmethod
+    def _positive(cls, value: dict[str, float]) -> dict[str, float]:
+        for topic, hours in value.items():
+            if hours <= 0:
+                raise ValueError(f"retention for topic {topic!r} must be > 0 hours")
+        return value
+
+
+class TopicSettings(_Section):
+    include: list[str] = Field(default_factory=lambda: ["*"])
+    exclude: list[str] = Field(default_factory=list)
+    include_system: bool = False
+
+
+class MetricsSettings(_Section):
+    host: str = "0.0.0.0"
+    port: int = Field(default=9464, ge=0, le=65535)
+    per_queue: bool = True
+
+
+class LogSettings(_Section):
+    format: Literal["json", "text"] = "text"
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+def default_broker() -> str:
+    return socket.gethostname()
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TIERED_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+    )
+
+    store: Path | None = None
+    cold_url: str = "file://./.tiered/cold"
+    state_dir: Path = Path(".tiered/state")
+    cluster: str = "DefaultCluster"
+    broker: str = Field(default_factory=default_broker)
+    instance_id: str | None = None
+    lease_ttl: Duration = 120.0
+    force_takeover: bool = False
+    shutdown_timeout: Duration = 30.0
+    s3: S3Settings = S3Settings()
+    dispatch: DispatchSettings = DispatchSettings()
+    cleaner: CleanerSettings = CleanerSettings()
+    retention: RetentionSettings = RetentionSettings()
+    topics: TopicSettings = TopicSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    log: LogSettings = LogSettings()
+
+    @field_validator("cluster", "broker")
+    @classmethod
+    def _key_part(cls, value: str) -> str:
+        if not value or "/" in value or value in (".", ".."):
+            raise ValueError("must be a non-empty name without '/'")
+        return value
+
+    @field_validator("cold_url")
+    @classmethod
+    def _cold_url(cls, value: str) -> str:
+        scheme = value.split("://", 1)[0] if "://" in value else "file"
+        if scheme not in ("file", "s3", "s3a", "memory"):
+            raise ValueError(f"unsupported scheme {scheme!r}: use file:// or s3://")
+        return value
+
+    def writer_identity(self) -> str:
+        """Who holds the write lease: configured, else host name + store path."""
+        if self.instance_id:
+            return self.instance_id
+        store = str(self.store.resolve()) if self.store else "-"
+        return f"{socket.gethostname()}:{store}"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        yaml_file = os.environ.get("_TIERED_CONFIG_FILE")
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if yaml_file:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
+        return tuple(sources)
+
+
+def _first_error_line(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    key = ".".join(str(p) for p in err["loc"]) or "config"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"invalid configuration: {key}: {msg}"
+
+
+def load_settings(config_file: str | Path | None = None, **flags: Any) -> Settings:
+    """Load settings once. ``flags`` are the command-line values (None = not given).
+
+    Raises ConfigError with one line naming the key and what is wrong; the
+    offending value is not echoed (it may be a secret).
+    """
+    overrides = _nest({k: v for k, v in flags.items() if v is not None})
+    if config_file is not None and not Path(config_file).is_file():
+        raise ConfigError(f"invalid configuration: --config: no such file {config_file}")
+    previous = os.environ.get("_TIERED_CONFIG_FILE")
+    try:
+        if config_file is not None:
+            os.environ["_TIERED_CONFIG_FILE"] = str(config_file)
+        else:
+            os.environ.pop("_TIERED_CONFIG_FILE", None)
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(_first_error_line(exc)) from None
+    except (OSError, ValueError) as exc:  # unreadable or unparsable YAML
+        raise ConfigError(f"invalid configuration: {config_file}: {type(exc).__name__}") from None
+    finally:
+        if previous is None:
+            os.environ.pop("_TIERED_CONFIG_FILE", None)
+        else:
+            os.environ["_TIERED_CONFIG_FILE"] = previous
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """``{"metrics.port": 1}`` -> ``{"metrics": {"port": 1}}``."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        parts = key.split(".")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return out

@@ -1,0 +1,89 @@
+"""Every error tiered raises, under one root.
+
+``retriable`` is a class attribute read by the retry wrapper: an error that
+may succeed when tried again (a throttled or failed request) says so; an
+error in the data never does.
+"""
+
+from __future__ import annotations
+
+
+class TieredError(Exception):
+    """Root of every error this package raises on purpose."""
+
+    retriable: bool = False
+
+
+class CorruptRecordError(TieredError):
+    """Malformed bytes in a CommitLog, ConsumeQueue or cold object.
+
+    ``source`` names the file or object, ``offset`` the byte offset in it at
+    which the bad data starts.
+    """
+
+    def __init__(self, source: str, offset: int, reason: str) -> None:
+        self.source = source
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"{source} @ {offset}: {reason}")
+
+
+class NotWrittenYetError(TieredError):
+    """The bytes asked for are not (completely) written yet: a torn tail.
+
+    Kept apart from corruption: a broker appending concurrently produces
+    this condition all the time and it resolves itself on the next round.
+    """
+
+    def __init__(self, source: str, offset: int, reason: str = "not written yet") -> None:
+        self.source = source
+        self.offset = offset
+        super().__init__(f"{source} @ {offset}: {reason}")
+
+
+class ExpiredLocallyError(TieredError):
+    """The broker deleted the local file holding these offsets (retention)."""
+
+    def __init__(self, topic: str, queue_id: int, offset: int, next_available: int | None) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.offset = offset
+        self.next_available = next_available
+        super().__init__(
+            f"{topic}/{queue_id} offset {offset} expired locally; "
+            f"next available offset {next_available}"
+        )
+
+
+class ConfigError(TieredError):
+    """A configuration value or a broker config file that cannot be used."""
+
+
+class FormatVersionError(TieredError):
+    """A manifest or catalog written by a newer, incompatible format version."""
+
+
+class StorageError(TieredError):
+    """An object-store request failed. ``retriable`` is set per instance."""
+
+    def __init__(self, op: str, key: str, reason: str, *, retriable: bool) -> None:
+        self.op = op
+        self.key = key
+        self.retriable = retriable
+        super().__init__(f"{op} {key}: {reason}")
+
+
+class ObjectNotFoundError(StorageError):
+    def __init__(self, op: str, key: str) -> None:
+        super().__init__(op, key, "no such object", retriable=False)
+
+
+class PreconditionFailedError(StorageError):
+    """A conditional write lost: someone else wrote the object first."""
+
+    def __init__(self, op: str, key: str, reason: str = "precondition failed") -> None:
+        super().__init__(op, key, reason, retriable=False)
+
+
+class FencedError(TieredError):
+    """Another sidecar holds the write lease for this broker prefix."""

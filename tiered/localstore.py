@@ -1,0 +1,435 @@
+"""Read a broker's store directory, read-only, while the broker writes it.
+
+Layout::
+
+    {store}/commitlog/{startByte:020d}                 records, preallocated files
+    {store}/consumequeue/{topic}/{queueId}/{startByte:020d}   20-byte entries
+    {store}/config/topics.json (+ .bak)                 broker configuration
+    {store}/checkpoint                                  confirmed CommitLog offset at byte 32
+
+Races this reader is built for:
+
+- The broker appends concurrently. A ConsumeQueue entry is written after its
+  record, so an entry of size 0 ends the queue, and a record still made of
+  zeros is "not written yet": iteration stops there and resumes next round.
+  Only complete, validated records are returned.
+- The broker deletes old files (retention). A file gone under the reader is
+  reported as ``ExpiredLocallyError`` with the next offset still available,
+  never as a crash or as corruption.
+- Files are mapped read-only. Unlinking a mapped file is safe; the broker
+  only truncates files during its own crash recovery, which a restarted
+  sidecar survives (archiving resumes from the manifest).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from bisect import bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tiered.codec import (
+    CQ_ENTRY,
+    CQ_ENTRY_SIZE,
+    CQ_FILLER_SIZE,
+    Peek,
+    Record,
+    check_against_entry,
+    decode_record,
+    peek,
+)
+from tiered.errors import CorruptRecordError, ExpiredLocallyError, NotWrittenYetError
+from tiered.jsonfile import read_json
+
+_EMPTY = memoryview(b"")
+_CHECKPOINT_CONFIRM = struct.Struct(">q")
+_CHECKPOINT_CONFIRM_AT = 32
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRange:
+    """Queue offsets still on local disk: ``min_offset`` <= o < ``max_offset``."""
+
+    min_offset: int
+    max_offset: int
+
+    @property
+    def count(self) -> int:
+        return self.max_offset - self.min_offset
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRecord:
+    queue_offset: int
+    tags_code: int
+    record: Record
+
+
+class _FileSet:
+    """Files of one directory named by their 20-digit start byte offset."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.starts: list[int] = []
+        self._maps: dict[int, tuple[mmap.mmap | None, memoryview]] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            names = []
+        self.starts = sorted(int(n) for n in names if len(n) == 20 and n.isdigit())
+        for start in list(self._maps):
+            if start not in self.starts:
+                self._drop(start)
+
+    def path(self, start: int) -> Path:
+        return self.directory / f"{start:020d}"
+
+    def locate(self, offset: int) -> int | None:
+        """Start of the file that may hold ``offset`` (None: before the first file)."""
+        i = bisect_right(self.starts, offset) - 1
+        return self.starts[i] if i >= 0 else None
+
+    def view(self, start: int, need_end: int = 0) -> memoryview:
+        """A read-only view of the whole file; remapped when it grew past what
+        was mapped and ``need_end`` (relative) lies beyond it."""
+        cached = self._maps.get(start)
+        if cached is not None and (need_end <= len(cached[1])):
+            return cached[1]
+        if cached is not None:
+            self._drop(start)
+        fd = os.open(self.path(start), os.O_RDONLY)  # FileNotFoundError: expired
+        try:
+            length = os.fstat(fd).st_size
+            if length == 0:
+                entry: tuple[mmap.mmap | None, memoryview] = (None, _EMPTY)
+            else:
+                mm = mmap.mmap(fd, length, access=mmap.ACCESS_READ)
+                entry = (mm, memoryview(mm))
+        finally:
+            os.close(fd)
+        self._maps[start] = entry
+        return entry[1]
+
+    def _drop(self, start: int) -> None:
+        mm, view = self._maps.pop(start)
+        view.release()
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                pass  # a caller still holds a slice; the map goes with it
+
+    def close(self) -> None:
+        for start in list(self._maps):
+            self._drop(start)
+
+
+class _QueueFiles(_FileSet):
+    def __init__(self, directory: Path, topic: str, queue_id: int) -> None:
+        super().__init__(directory)
+        self.topic = topic
+        self.queue_id = queue_id
+
+    def entries_per_file(self, start: int, view: memoryview) -> int:
+        """Derived from the next file's name when there is one (files may be
+        cut short by a crashed writer), else from the file's length."""
+        i = self.starts.index(start)
+        if i + 1 < len(self.starts):
+            return (self.starts[i + 1] - start) // CQ_ENTRY_SIZE
+        return len(view) // CQ_ENTRY_SIZE
+
+
+class LocalStore:
+    """A broker store directory, opened read-only."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.commitlog = _FileSet(self.root / "commitlog")
+        self._queues: dict[tuple[str, int], _QueueFiles] = {}
+
+    # --- discovery -------------------------------------------------------
+
+    def topics(self) -> list[str]:
+        try:
+            return sorted(e.name for e in os.scandir(self.root / "consumequeue") if e.is_dir())
+        except FileNotFoundError:
+            return []
+
+    def queue_ids(self, topic: str) -> list[int]:
+        try:
+            names = os.listdir(self.root / "consumequeue" / topic)
+        except FileNotFoundError:
+            return []
+        return sorted(int(n) for n in names if n.isdigit())
+
+    def queues(self) -> list[tuple[str, int]]:
+        return [(t, q) for t in self.topics() for q in self.queue_ids(t)]
+
+    def refresh(self) -> None:
+        """See files created and deleted since the last look. Call once per round."""
+        self.commitlog.refresh()
+        for files in self._queues.values():
+            files.refresh()
+
+    def _queue(self, topic: str, queue_id: int) -> _QueueFiles:
+        files = self._queues.get((topic, queue_id))
+        if files is None:
+            files = _QueueFiles(self.root / "consumequeue" / topic / str(queue_id), topic, queue_id)
+            self._queues[(topic, queue_id)] = files
+        return files
+
+    # --- ConsumeQueue ----------------------------------------------------
+
+    def _entry(self, files: _QueueFiles, queue_offset: int) -> tuple[int, int, int] | None:
+        """The entry at ``queue_offset``; None past the written end. Raises
+        FileNotFoundError when its file is gone."""
+        byte = queue_offset * CQ_ENTRY_SIZE
+        start = files.locate(byte)
+        if start is None:
+            raise FileNotFoundError(byte)
+        view = files.view(start, byte - start + CQ_ENTRY_SIZE)
+        rel = byte - start
+        if rel + CQ_ENTRY_SIZE > len(view):
+            return None
+        entry = CQ_ENTRY.unpack_from(view, rel)
+        return None if entry[1] == 0 else entry
+
+    def queue_range(self, topic: str, queue_id: int) -> QueueRange:
+        """Offsets on local disk. Leading filler entries and entries whose
+        CommitLog file the broker already deleted are not counted."""
+        files = self._queue(topic, queue_id)
+        if not files.starts:
+            files.refresh()
+        if not files.starts:
+            return QueueRange(0, 0)
+        max_offset = self._max_offset(files)
+        lo = files.starts[0] // CQ_ENTRY_SIZE
+        min_phys = self.commitlog.starts[0] if self.commitlog.starts else None
+        # first offset that is neither a filler nor below the CommitLog's start
+        hi = max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            try:
+                entry = self._entry(files, mid)
+            except FileNotFoundError:
+                files.refresh()
+                return self.queue_range(topic, queue_id)
+            if entry is None or (entry[1] != CQ_FILLER_SIZE and min_phys is not None and entry[0] >= min_phys):
+                hi = mid
+            else:
+                lo = mid + 1
+        return QueueRange(lo, max_offset)
+
+    def _max_offset(self, files: _QueueFiles) -> int:
+        for start in reversed(files.starts):
+            try:
+                view = files.view(start)
+            except FileNotFoundError:
+                continue
+            n = len(view) // CQ_ENTRY_SIZE
+            lo, hi = 0, n  # first index whose size field is 0
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if struct.unpack_from(">i", view, mid * CQ_ENTRY_SIZE + 8)[0] != 0:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo > 0 or start == files.starts[0]:
+                return start // CQ_ENTRY_SIZE + lo
+        return files.starts[0] // CQ_ENTRY_SIZE if files.starts else 0
+
+    # --- records ---------------------------------------------------------
+
+    def confirmed_offset(self) -> int | None:
+        """The CommitLog offset confirmed by the cluster (controller or
+        DLedger mode), from ``checkpoint``; None when not in use."""
+        try:
+            with open(self.root / "checkpoint", "rb") as fh:
+                data = fh.read(_CHECKPOINT_CONFIRM_AT + 8)
+        except FileNotFoundError:
+            return None
+        if len(data) < _CHECKPOINT_CONFIRM_AT + 8:
+            return None
+        confirm = _CHECKPOINT_CONFIRM.unpack_from(data, _CHECKPOINT_CONFIRM_AT)[0]
+        return confirm if confirm > 0 else None
+
+    def read_at(self, commitlog_offset: int, *, verify_crc: bool = True) -> Record:
+        """The record at a physical CommitLog offset."""
+        start = self.commitlog.locate(commitlog_offset)
+        if start is None:
+            raise FileNotFoundError(commitlog_offset)
+        try:
+            view = self.commitlog.view(start, commitlog_offset - start + 8)
+        except FileNotFoundError:
+            self.commitlog.refresh()
+            raise
+        rel = commitlog_offset - start
+        source = str(self.commitlog.path(start))
+        kind, size = peek(view, rel, source)
+        if kind is Peek.UNWRITTEN:
+            raise NotWrittenYetError(source, rel)
+        if kind is Peek.BLANK:
+            raise CorruptRecordError(source, rel, "a ConsumeQueue entry points at the end-of-file filler")
+        if rel + size > len(view):
+            view = self.commitlog.view(start, rel + size)
+        return decode_record(view, rel, source, verify_crc=verify_crc)
+
+    def iter_queue(
+        self,
+        topic: str,
+        queue_id: int,
+        from_offset: int,
+        *,
+        max_count: int | None = None,
+        max_bytes: int | None = None,
+        verify_crc: bool = True,
+    ) -> Iterator[QueuedRecord]:
+        """Validated records of a queue from ``from_offset``, in order.
+
+        Stops (without error) at the end of written data, at a record not
+        completely written yet, at ``max_count`` records, before exceeding
+        ``max_bytes``, or at the cluster-confirmed CommitLog offset.
+
+        Raises ExpiredLocallyError when ``from_offset`` (or a later offset)
+        is no longer on local disk, and CorruptRecordError naming the file
+        and offset for invalid data; records yielded before stay valid.
+        """
+        files = self._queue(topic, queue_id)
+        topic_raw = topic.encode("utf-8")
+        confirmed = self.confirmed_offset()
+        offset = from_offset
+        count = 0
+        total = 0
+        unpack = CQ_ENTRY.unpack_from
+        while max_count is None or count < max_count:
+            byte = offset * CQ_ENTRY_SIZE
+            start = files.locate(byte)
+            if start is None or not files.starts:
+                files.refresh()
+                start = files.locate(byte)
+                if start is None:
+                    raise self._expired(topic, queue_id, offset)
+            try:
+                view = files.view(start)
+            except FileNotFoundError:
+                files.refresh()
+                raise self._expired(topic, queue_id, offset) from None
+            per_file = files.entries_per_file(start, view)
+            rel = byte - start
+            if rel >= per_file * CQ_ENTRY_SIZE:
+                # past this file: the next one may not exist yet
+                files.refresh()
+                nxt = files.locate(byte)
+                if nxt == start or nxt is None:
+                    return
+                continue
+            limit = min(len(view), per_file * CQ_ENTRY_SIZE)
+            source = str(files.path(start))
+            while rel + CQ_ENTRY_SIZE <= limit:
+                phys, size, tags = unpack(view, rel)
+                if size == 0:
+                    return
+                if size == CQ_FILLER_SIZE:
+                    raise self._expired(topic, queue_id, offset)
+                if size < 0:
+                    raise CorruptRecordError(source, rel, f"ConsumeQueue entry with negative size {size}")
+                if confirmed is not None and phys + size > confirmed:
+                    return
+                if max_bytes is not None and count and total + size > max_bytes:
+                    return
+                try:
+                    rec = self.read_at(phys, verify_crc=verify_crc)
+                except FileNotFoundError:
+                    raise self._expired(topic, queue_id, offset) from None
+                except NotWrittenYetError:
+                    return
+                check_against_entry(
+                    rec, topic=topic_raw, queue_id=queue_id, queue_offset=offset,
+                    commitlog_offset=phys, size=size,
+                )
+                yield QueuedRecord(offset, tags, rec)
+                count += 1
+                total += size
+                offset += 1
+                rel += CQ_ENTRY_SIZE
+                if max_count is not None and count >= max_count:
+                    return
+            if limit < per_file * CQ_ENTRY_SIZE:
+                return  # the file is shorter than its slot: nothing more written yet
+
+    def _expired(self, topic: str, queue_id: int, offset: int) -> ExpiredLocallyError:
+        self.refresh()
+        rng = self.queue_range(topic, queue_id)
+        nxt = rng.min_offset if rng.min_offset > offset else None
+        if nxt is None and rng.max_offset > offset:
+            nxt = rng.min_offset
+        return ExpiredLocallyError(topic, queue_id, offset, nxt)
+
+    def find_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset whose store timestamp is >= ``timestamp_ms``
+        (``max_offset`` when every record is older). Binary search: store
+        timestamps grow with queue offsets in one queue."""
+        rng = self.queue_range(topic, queue_id)
+        lo, hi = rng.min_offset, rng.max_offset
+        files = self._queue(topic, queue_id)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            entry = self._entry(files, mid)
+            if entry is None:
+                hi = mid
+                continue
+            if self.read_at(entry[0], verify_crc=False).store_timestamp >= timestamp_ms:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    # --- config ----------------------------------------------------------
+
+    def read_config(self, name: str) -> dict[str, Any]:
+        """``config/{name}`` with the ``.bak`` fallback; {} when absent."""
+        data = read_json(self.root / "config" / name)
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise CorruptRecordError(str(self.root / "config" / name), 0, "top level is not a JSON object")
+        return data
+
+    def topic_configs(self) -> dict[str, dict[str, Any]]:
+        table = self.read_config("topics.json").get("topicConfigTable", {})
+        return table if isinstance(table, dict) else {}
+
+    def retention_hours(self) -> dict[str, float]:
+        """Per-topic ``reserve.time`` (hours) from topics.json, where set and valid."""
+        out: dict[str, float] = {}
+        for topic, cfg in self.topic_configs().items():
+            attrs = cfg.get("attributes") if isinstance(cfg, dict) else None
+            if not isinstance(attrs, dict):
+                continue
+            value = attrs.get("reserve.time", attrs.get("+reserve.time"))
+            try:
+                hours = float(value) if value is not None else None
+            except (TypeError, ValueError):
+                hours = None
+            if hours is not None and hours > 0:
+                out[topic] = hours
+        return out
+
+    def close(self) -> None:
+        self.commitlog.close()
+        for files in self._queues.values():
+            files.close()
+        self._queues.clear()
+
+    def __enter__(self) -> LocalStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,93 @@
+"""What the core reports while it works, as a small injected object.
+
+The core (``tiered``, ``dispatcher``, ``cleaner``) calls these methods and
+never imports prometheus; ``metrics.PrometheusRecorder`` implements them
+against a ``CollectorRegistry``. ``NullRecorder`` keeps the core testable
+without a metrics server. Labels are low-cardinality: topic, queue id, op,
+outcome, job.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Recorder(Protocol):
+    # dispatcher
+    def archived(self, topic: str, queue_id: int, messages: int, nbytes: int) -> None: ...
+
+    def lag(self, topic: str, queue_id: int, messages: int, nbytes: int, seconds: float) -> None: ...
+
+    def gap(self, topic: str, queue_id: int, messages: int) -> None: ...
+
+    def corrupt_record(self, topic: str, queue_id: int) -> None: ...
+
+    def quarantined(self, topic: str, queue_id: int) -> None: ...
+
+    def queue_error(self, job: str, topic: str, queue_id: int) -> None: ...
+
+    # both jobs; job is "dispatch" or "clean"
+    def round_finished(self, job: str, seconds: float, ok: bool, now_s: float) -> None: ...
+
+    # object store; op is get|put|put_if_absent|delete|list|head|copy
+    def store_request(self, op: str, outcome: str, seconds: float) -> None: ...
+
+    def store_retry(self, op: str) -> None: ...
+
+    # cold tier shape, refreshed after each commit
+    def cold_tier(self, topic: str, nbytes: int, segments: int, oldest_store_ms: int | None) -> None: ...
+
+    # cleaner
+    def cleaner_deleted(self, topic: str, segments: int, nbytes: int) -> None: ...
+
+    def orphans_collected(self, objects: int) -> None: ...
+
+    def merged(self, topic: str, segments: int) -> None: ...
+
+    def skew_detected(self, topic: str, queue_id: int) -> None: ...
+
+
+class NullRecorder:
+    """Records nothing. The default wherever no recorder is handed in."""
+
+    def archived(self, topic: str, queue_id: int, messages: int, nbytes: int) -> None:
+        pass
+
+    def lag(self, topic: str, queue_id: int, messages: int, nbytes: int, seconds: float) -> None:
+        pass
+
+    def gap(self, topic: str, queue_id: int, messages: int) -> None:
+        pass
+
+    def corrupt_record(self, topic: str, queue_id: int) -> None:
+        pass
+
+    def quarantined(self, topic: str, queue_id: int) -> None:
+        pass
+
+    def queue_error(self, job: str, topic: str, queue_id: int) -> None:
+        pass
+
+    def round_finished(self, job: str, seconds: float, ok: bool, now_s: float) -> None:
+        pass
+
+    def store_request(self, op: str, outcome: str, seconds: float) -> None:
+        pass
+
+    def store_retry(self, op: str) -> None:
+        pass
+
+    def cold_tier(self, topic: str, nbytes: int, segments: int, oldest_store_ms: int | None) -> None:
+        pass
+
+    def cleaner_deleted(self, topic: str, segments: int, nbytes: int) -> None:
+        pass
+
+    def orphans_collected(self, objects: int) -> None:
+        pass
+
+    def merged(self, topic: str, segments: int) -> None:
+        pass
+
+    def skew_detected(self, topic: str, queue_id: int) -> None:
+        pass
