@@ -99,6 +99,8 @@ def present_sample_names(exposition: str) -> set[str]:
 
 def _queries(node: Any) -> Iterator[str]:
     if isinstance(node, dict):
+        if node.get("type") == "datasource":
+            return  # a data source variable's "query" is a plugin id, not PromQL
         for key, value in node.items():
             if key in ("expr", "query", "definition") and isinstance(value, str):
                 yield value

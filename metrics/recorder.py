@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 #: The two scheduled jobs, values of the ``job`` label.
 JOBS: tuple[str, ...] = ("dispatch", "clean")
 #: Object-store operations, values of the ``op`` label; anything else is "other".
-OPS: tuple[str, ...] = ("get", "put", "put_if_absent", "delete", "list", "head", "copy")
+OPS: tuple[str, ...] = ("get", "put", "put_if_absent", "put_if_match", "delete", "list", "head", "copy")
 #: Object-store request outcomes, values of the ``outcome`` label. The storage
 #: layer maps every failure onto one of these; anything else is "error".
 #: ``not_found`` and ``precondition_failed`` are often expected (existence
@@ -84,7 +84,7 @@ class _StateCollector(Collector):
         self._per_queue = per_queue
         self._lock = threading.Lock()
         self._lag: dict[tuple[str, int], _Lag] = {}
-        self._cold: dict[str, _Cold] = {}
+        self._cold: dict[tuple[str, int], _Cold] = {}
 
     def set_lag(self, topic: str, queue_id: int, lag: _Lag) -> None:
         with self._lock:
@@ -94,9 +94,9 @@ class _StateCollector(Collector):
         with self._lock:
             self._lag.pop((topic, queue_id), None)
 
-    def set_cold(self, topic: str, cold: _Cold) -> None:
+    def set_cold(self, topic: str, queue_id: int, cold: _Cold) -> None:
         with self._lock:
-            self._cold[topic] = cold
+            self._cold[(topic, queue_id)] = cold
 
     def describe(self) -> Iterable[Metric]:
         # Lets the registry check for name clashes without calling collect().
@@ -112,7 +112,7 @@ class _StateCollector(Collector):
             lag_messages.add_metric([topic, queue], value.messages)
             lag_bytes.add_metric([topic, queue], value.nbytes)
             lag_seconds.add_metric([topic, queue], value.seconds)
-        for topic, shape in sorted(cold.items()):
+        for topic, shape in sorted(self._cold_by_topic(cold).items()):
             cold_bytes.add_metric([topic], shape.nbytes)
             cold_segments.add_metric([topic], shape.segments)
             # No data left in the cold tier means no oldest time: the series
@@ -120,6 +120,21 @@ class _StateCollector(Collector):
             if shape.oldest_store_ms is not None:
                 oldest.add_metric([topic], shape.oldest_store_ms / 1000.0)
         return families
+
+    @staticmethod
+    def _cold_by_topic(cold: dict[tuple[str, int], _Cold]) -> dict[str, _Cold]:
+        # Queues report their own shape; topics sum them at scrape time, so
+        # parallel queue threads never publish each other's stale totals.
+        out: dict[str, _Cold] = {}
+        for (topic, _), shape in cold.items():
+            prev = out.get(topic)
+            if prev is None:
+                out[topic] = shape
+                continue
+            oldest = [t for t in (prev.oldest_store_ms, shape.oldest_store_ms) if t is not None]
+            out[topic] = _Cold(prev.nbytes + shape.nbytes, prev.segments + shape.segments,
+                               min(oldest) if oldest else None)
+        return out
 
     def _lag_rows(self, lag: dict[tuple[str, int], _Lag]) -> dict[tuple[str, str], _Lag]:
         if self._per_queue:
@@ -341,10 +356,10 @@ class PrometheusRecorder:
 
     # -- cold tier ----------------------------------------------------------
 
-    def cold_tier(self, topic: str, nbytes: int, segments: int, oldest_store_ms: int | None) -> None:
-        """Topic-wide totals after a commit; the last call for a topic wins."""
+    def cold_tier(self, topic: str, queue_id: int, nbytes: int, segments: int, oldest_store_ms: int | None) -> None:
+        """A queue's cold-tier shape after a commit; summed per topic at scrape time."""
         self._seen(topic)
-        self._state.set_cold(topic, _Cold(nbytes, segments, oldest_store_ms))
+        self._state.set_cold(topic, queue_id, _Cold(nbytes, segments, oldest_store_ms))
 
     # -- cleaner ------------------------------------------------------------
 

@@ -64,25 +64,28 @@ class FormatVersionError(TieredError):
 
 
 class StorageError(TieredError):
-    """An object-store request failed. ``retriable`` is set per instance."""
+    """An object-store request failed. ``retriable`` is set per instance;
+    ``outcome`` is the metric label: error, throttled, timeout, not_found,
+    precondition_failed."""
 
-    def __init__(self, op: str, key: str, reason: str, *, retriable: bool) -> None:
+    def __init__(self, op: str, key: str, reason: str, *, retriable: bool, outcome: str = "error") -> None:
         self.op = op
         self.key = key
         self.retriable = retriable
+        self.outcome = outcome
         super().__init__(f"{op} {key}: {reason}")
 
 
 class ObjectNotFoundError(StorageError):
     def __init__(self, op: str, key: str) -> None:
-        super().__init__(op, key, "no such object", retriable=False)
+        super().__init__(op, key, "no such object", retriable=False, outcome="not_found")
 
 
 class PreconditionFailedError(StorageError):
     """A conditional write lost: someone else wrote the object first."""
 
     def __init__(self, op: str, key: str, reason: str = "precondition failed") -> None:
-        super().__init__(op, key, reason, retriable=False)
+        super().__init__(op, key, reason, retriable=False, outcome="precondition_failed")
 
 
 class FencedError(TieredError):

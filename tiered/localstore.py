@@ -271,6 +271,12 @@ class LocalStore:
             self.commitlog.refresh()
             raise
         rel = commitlog_offset - start
+        if rel + 8 > len(view):
+            # past this file: a newer file may exist that we have not listed yet
+            self.commitlog.refresh()
+            newer = self.commitlog.locate(commitlog_offset)
+            if newer is not None and newer != start:
+                return self.read_at(commitlog_offset, verify_crc=verify_crc)
         source = str(self.commitlog.path(start))
         kind, size = peek(view, rel, source)
         if kind is Peek.UNWRITTEN:
@@ -363,6 +369,63 @@ class LocalStore:
                     return
             if limit < per_file * CQ_ENTRY_SIZE:
                 return  # the file is shorter than its slot: nothing more written yet
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """The next queue offset the broker will write: cheap enough to call for
+        every idle queue every round (no directory listing unless the last
+        ConsumeQueue file is full)."""
+        files = self._queue(topic, queue_id)
+        if not files.starts:
+            files.refresh()
+            if not files.starts:
+                return 0
+        last = files.starts[-1]
+        try:
+            end = self._max_offset(files)
+        except FileNotFoundError:
+            files.refresh()
+            return self._max_offset(files)
+        view = files.view(last)
+        if end - last // CQ_ENTRY_SIZE >= len(view) // CQ_ENTRY_SIZE:
+            files.refresh()  # the last file is full: a next one may have started
+            if files.starts and files.starts[-1] != last:
+                return self._max_offset(files)
+        return end
+
+    def pending(self, topic: str, queue_id: int, from_offset: int, *, max_entries: int = 1 << 20) -> tuple[int, int]:
+        """(messages, bytes) written after ``from_offset``, from the ConsumeQueue
+        alone (no CommitLog read); counts at most ``max_entries`` entries."""
+        files = self._queue(topic, queue_id)
+        count = 0
+        total = 0
+        offset = from_offset
+        while count < max_entries:
+            byte = offset * CQ_ENTRY_SIZE
+            start = files.locate(byte)
+            if start is None:
+                break
+            try:
+                view = files.view(start)
+            except FileNotFoundError:
+                break
+            rel = byte - start
+            end = min(len(view), files.entries_per_file(start, view) * CQ_ENTRY_SIZE,
+                      rel + (max_entries - count) * CQ_ENTRY_SIZE)
+            end = rel + (end - rel) // CQ_ENTRY_SIZE * CQ_ENTRY_SIZE
+            if rel >= end:
+                files.refresh()
+                if files.locate(byte) == start:
+                    break
+                continue
+            before = count
+            for _phys, size, _tags in CQ_ENTRY.iter_unpack(view[rel:end]):
+                if size == 0:
+                    return count, total
+                if size != CQ_FILLER_SIZE:
+                    total += size
+                count += 1
+            offset += count - before
+        return count, total
 
     def _expired(self, topic: str, queue_id: int, offset: int) -> ExpiredLocallyError:
         self.refresh()

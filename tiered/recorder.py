@@ -35,7 +35,7 @@ class Recorder(Protocol):
     def store_retry(self, op: str) -> None: ...
 
     # cold tier shape, refreshed after each commit
-    def cold_tier(self, topic: str, nbytes: int, segments: int, oldest_store_ms: int | None) -> None: ...
+    def cold_tier(self, topic: str, queue_id: int, nbytes: int, segments: int, oldest_store_ms: int | None) -> None: ...
 
     # cleaner
     def cleaner_deleted(self, topic: str, segments: int, nbytes: int) -> None: ...
@@ -45,6 +45,8 @@ class Recorder(Protocol):
     def merged(self, topic: str, segments: int) -> None: ...
 
     def skew_detected(self, topic: str, queue_id: int) -> None: ...
+
+    def forget_queue(self, topic: str, queue_id: int) -> None: ...
 
 
 class NullRecorder:
@@ -77,7 +79,7 @@ class NullRecorder:
     def store_retry(self, op: str) -> None:
         pass
 
-    def cold_tier(self, topic: str, nbytes: int, segments: int, oldest_store_ms: int | None) -> None:
+    def cold_tier(self, topic: str, queue_id: int, nbytes: int, segments: int, oldest_store_ms: int | None) -> None:
         pass
 
     def cleaner_deleted(self, topic: str, segments: int, nbytes: int) -> None:
@@ -90,4 +92,7 @@ class NullRecorder:
         pass
 
     def skew_detected(self, topic: str, queue_id: int) -> None:
+        pass
+
+    def forget_queue(self, topic: str, queue_id: int) -> None:
         pass

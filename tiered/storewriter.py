@@ -96,8 +96,11 @@ class StoreWriter:
         start = names[-1]
         path = self.root / "commitlog" / f"{start:020d}"
         data = memoryview(path.read_bytes())
-        if len(data) and len(data) != self.commitlog_file_size and len(names) > 1:
-            raise ValueError(f"{path}: file size {len(data)} differs from the configured {self.commitlog_file_size}")
+        # An existing store keeps its file size: derived from the files, not from the argument.
+        if len(names) > 1:
+            self.commitlog_file_size = names[1] - names[0]
+        elif len(data) >= 4096:
+            self.commitlog_file_size = len(data)
         pos = 0
         while pos < len(data):
             kind, size = peek(data, pos, str(path))

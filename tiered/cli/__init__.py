@@ -7,7 +7,8 @@ each command module registers its commands on the shared Typer app.
 from __future__ import annotations
 
 from tiered.cli.app import app
-from tiered.cli import store as _store  # noqa: F401  (registers commands)
+from tiered.cli import archive as _archive  # noqa: F401  (registers commands)
+from tiered.cli import store as _store  # noqa: F401
 
 
 def main() -> None:

@@ -1,0 +1,273 @@
+"""Archive one queue: read from the manifest's end, build segments, commit.
+
+Progress exists only in the committed manifest. Every attempt starts from
+``manifest.next_offset``, the first offset not yet committed: after any
+failure (an upload, a commit, a crash) the failed message itself is read
+again, never the one after it. Data objects are written before the manifest
+names them, under names fixed by their offset ranges, so a repeated attempt
+rewrites the same bytes under the same keys and a crash leaves at worst an
+orphan, which the cleaner collects.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dispatcher.segment import BuiltSegment, SegmentBuilder
+from tiered.clock import Clock
+from tiered.coldtier import ColdTier, ConflictError
+from tiered.errors import CorruptRecordError, ExpiredLocallyError, FencedError, TieredError
+from tiered.localstore import LocalStore
+from tiered.manifest import Gap, Manifest, queue_prefix
+from tiered.recorder import Recorder
+from tiered.timeparse import parse_time_ms
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ArchiveOptions:
+    upload_bytes: int = 64 << 20
+    max_delay_ms: int = 60_000
+    segment_bytes: int = 256 << 20
+    start_position: str = "earliest"
+    quarantine_corrupt: bool = False
+    key_index: bool = True
+
+
+@dataclass
+class QueueResult:
+    topic: str
+    queue_id: int
+    segments: int = 0
+    messages: int = 0
+    nbytes: int = 0
+    gaps: int = 0
+    lag_messages: int = 0
+    error: str | None = None
+    committed: bool = False
+    skipped_busy: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+class QueueArchiver:
+    def __init__(
+        self,
+        local: LocalStore,
+        cold: ColdTier,
+        options: ArchiveOptions,
+        recorder: Recorder,
+        clock: Clock,
+        *,
+        before_write: Callable[[], object] = lambda: None,
+        on_bytes: Callable[[int], None] = lambda n: None,
+    ) -> None:
+        self.local = local
+        self.cold = cold
+        self.options = options
+        self.recorder = recorder
+        self.clock = clock
+        self.before_write = before_write  # lease check before the first write of a queue
+        self.on_bytes = on_bytes
+        # first-archive start chosen for queues without a manifest ('latest' / a time)
+        self._starts: dict[tuple[str, int], int] = {}
+        self._reported_corrupt: set[tuple[str, int, int]] = set()
+
+    # --- where to start ----------------------------------------------------------
+
+    def _first_start(self, topic: str, queue_id: int, min_offset: int, max_offset: int) -> int:
+        key = (topic, queue_id)
+        start = self._starts.get(key)
+        if start is None:
+            pos = self.options.start_position
+            if pos == "earliest":
+                return min_offset  # re-evaluated each time until the first commit
+            start = max_offset if pos == "latest" else self.local.find_offset(topic, queue_id, parse_time_ms(pos))
+            self._starts[key] = start
+        return max(start, min_offset)
+
+    # --- one queue, one round ------------------------------------------------------
+
+    def run(self, topic: str, queue_id: int, deadline: float) -> QueueResult:
+        """Archive what is due for one queue. Never raises for data or storage
+        problems: they are logged, counted and returned in ``error``."""
+        result = QueueResult(topic, queue_id)
+        lock = self.cold.lock(topic, queue_id)
+        if not lock.acquire(blocking=False):
+            result.skipped_busy = True  # a previous round or the cleaner still works on it
+            return result
+        try:
+            self._run(topic, queue_id, deadline, result)
+        except CorruptRecordError as exc:
+            result.error = str(exc)
+            key = (topic, queue_id, exc.offset)
+            if key not in self._reported_corrupt:
+                self._reported_corrupt.add(key)
+                self.recorder.corrupt_record(topic, queue_id)
+            log.error("corrupt local data; queue stopped at the bad record", extra={
+                "topic": topic, "queue": queue_id, "file": exc.source, "file_offset": exc.offset,
+                "reason": exc.reason})
+        except FencedError:
+            raise  # stops the whole round: nobody else may write either
+        except Exception as exc:  # noqa: BLE001 - the queue's edge: log, count, retry next round
+            result.error = f"{type(exc).__name__}: {exc}"
+            self.recorder.queue_error("dispatch", topic, queue_id)
+            log.error("archiving failed; will retry from the first uncommitted offset", extra={
+                "topic": topic, "queue": queue_id, "error": result.error})
+        finally:
+            lock.release()
+        return result
+
+    def _run(self, topic: str, queue_id: int, deadline: float, result: QueueResult) -> None:
+        manifest = self.cold.cached(topic, queue_id)
+        max_offset = self.local.max_offset(topic, queue_id)
+        if manifest is not None and max_offset <= manifest.next_offset:
+            self.recorder.lag(topic, queue_id, 0, 0, 0.0)
+            return  # idle: no request, no CommitLog read
+        rng = self.local.queue_range(topic, queue_id)
+        if manifest is None:
+            start = self._first_start(topic, queue_id, rng.min_offset, rng.max_offset)
+            if rng.max_offset <= start:
+                return
+            manifest = self.cold.current(topic, queue_id)  # one lookup before the first write
+        first = True
+        while True:
+            next_offset = manifest.next_offset if manifest else self._first_start(
+                topic, queue_id, rng.min_offset, rng.max_offset)
+            if not first and self.clock.monotonic() >= deadline:
+                break  # catch-up continues next round; other queues get their turn
+            first = False
+            if next_offset < rng.min_offset:
+                manifest = self._commit_gap(topic, queue_id, manifest, next_offset, rng.min_offset,
+                                            "expired_locally", "broker deleted the data before it was archived")
+                result.gaps += 1
+                result.committed = True
+                continue
+            count, nbytes = self.local.pending(topic, queue_id, next_offset,
+                                               max_entries=max(1, self.options.upload_bytes // 16))
+            if count == 0:
+                break
+            if nbytes < self.options.upload_bytes and not self._old_enough(topic, queue_id, next_offset):
+                break
+            built, stop = self._build(topic, queue_id, next_offset, manifest)
+            if built is not None:
+                manifest = self._upload(topic, queue_id, manifest, built, result)
+            if isinstance(stop, ExpiredLocallyError):
+                at = manifest.next_offset if manifest else next_offset
+                rng = self.local.queue_range(topic, queue_id)
+                target = max(rng.min_offset, stop.next_available or 0)
+                if target <= at:
+                    raise stop  # inconsistent local view: retry next round, never skip
+                manifest = self._commit_gap(topic, queue_id, manifest, at, target, "expired_locally",
+                                            "broker deleted the data before it was archived")
+                result.gaps += 1
+                result.committed = True
+                continue
+            if stop is not None:
+                if not self.options.quarantine_corrupt:
+                    raise stop
+                at = manifest.next_offset if manifest else next_offset
+                manifest = self._commit_gap(topic, queue_id, manifest, at, at + 1, "quarantined", str(stop))
+                self.recorder.quarantined(topic, queue_id)
+                result.committed = True
+                continue
+            if built is None:
+                break  # nothing complete to read yet (torn tail)
+            if built.segment.nbytes < self.options.segment_bytes:
+                break  # took everything there was
+        self._report_lag(topic, queue_id, manifest, result)
+
+    def _oldest_pending_ms(self, topic: str, queue_id: int, offset: int) -> int | None:
+        try:
+            for item in self.local.iter_queue(topic, queue_id, offset, max_count=1, verify_crc=False):
+                return item.record.store_timestamp
+        except TieredError:
+            return None  # the build reads it again and deals with it
+        return None
+
+    def _old_enough(self, topic: str, queue_id: int, offset: int) -> bool:
+        ts = self._oldest_pending_ms(topic, queue_id, offset)
+        return ts is None or self.clock.now_ms() - ts >= self.options.max_delay_ms
+
+    def _build(
+        self, topic: str, queue_id: int, start: int, manifest: Manifest | None
+    ) -> tuple[BuiltSegment | None, Exception | None]:
+        prefix = queue_prefix(self.cold.cluster, self.cold.broker, topic, queue_id)
+        builder = SegmentBuilder(prefix, start, manifest.cl_next if manifest else 0,
+                                 key_index=self.options.key_index)
+        stop: Exception | None = None
+        try:
+            for item in self.local.iter_queue(topic, queue_id, start, max_bytes=self.options.segment_bytes):
+                builder.add(item)
+        except (CorruptRecordError, ExpiredLocallyError) as exc:
+            stop = exc
+        built = builder.build(self.clock.now_ms()) if builder.count else None
+        return built, stop
+
+    def _upload(
+        self, topic: str, queue_id: int, manifest: Manifest | None, built: BuiltSegment, result: QueueResult
+    ) -> Manifest:
+        self.before_write()
+        seg = built.segment
+        store = self.cold.store
+        store.put(seg.commitlog_key, built.commitlog)
+        store.put(seg.consumequeue_key, built.consumequeue)
+        if built.index is not None and seg.index_key:
+            store.put(seg.index_key, built.index)
+        base_next = manifest.next_offset if manifest else seg.q_start
+
+        def change(current: Manifest | None) -> Manifest:
+            current = current or Manifest.empty(topic, queue_id, seg.q_start)
+            if current.next_offset != base_next or current.cl_next != seg.cl_start:
+                raise ConflictError(f"{topic}/{queue_id}: archive moved to {current.next_offset} meanwhile")
+            return current.with_segment(seg)
+
+        committed = self.cold.commit(topic, queue_id, change)
+        result.segments += 1
+        result.messages += seg.messages
+        result.nbytes += seg.nbytes
+        result.committed = True
+        self.recorder.archived(topic, queue_id, seg.messages, seg.nbytes)
+        self.on_bytes(seg.nbytes)
+        log.info("archived segment", extra={
+            "topic": topic, "queue": queue_id, "offset": seg.q_start, "end_offset": seg.q_end,
+            "messages": seg.messages, "bytes": seg.nbytes})
+        return committed
+
+    def _commit_gap(
+        self, topic: str, queue_id: int, manifest: Manifest | None, start: int, end: int | None,
+        reason: str, detail: str,
+    ) -> Manifest:
+        end = end if end is not None else start + 1
+        self.before_write()
+        gap = Gap(start, end, reason, self.clock.now_ms(), detail[:500])
+
+        def change(current: Manifest | None) -> Manifest:
+            current = current or Manifest.empty(topic, queue_id, start)
+            if current.next_offset != start:
+                raise ConflictError(f"{topic}/{queue_id}: archive moved to {current.next_offset} meanwhile")
+            return current.with_gap(gap)
+
+        committed = self.cold.commit(topic, queue_id, change)
+        if reason == "expired_locally":
+            self.recorder.gap(topic, queue_id, end - start)
+            log.error("GAP: local data expired before it was archived", extra={
+                "topic": topic, "queue": queue_id, "offset": start, "end_offset": end, "messages": end - start})
+        else:
+            log.error("quarantined a corrupt record and moved on", extra={
+                "topic": topic, "queue": queue_id, "offset": start, "reason": detail})
+        return committed
+
+    def _report_lag(self, topic: str, queue_id: int, manifest: Manifest | None, result: QueueResult) -> None:
+        if manifest is None:
+            return
+        count, nbytes = self.local.pending(topic, queue_id, manifest.next_offset)
+        seconds = 0.0
+        oldest = self._oldest_pending_ms(topic, queue_id, manifest.next_offset) if count else None
+        if oldest is not None:
+            seconds = max(0.0, (self.clock.now_ms() - oldest) / 1000)
+        result.lag_messages = count
+        self.recorder.lag(topic, queue_id, count, nbytes, seconds)
+        self.recorder.cold_tier(topic, queue_id, manifest.nbytes, len(manifest.segments), manifest.min_store_ms)

@@ -1,0 +1,26 @@
+"""Options shared by the commands, and loading settings from them once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from tiered.cli.app import fail
+from tiered.config import Settings, load_settings
+from tiered.errors import ConfigError
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="YAML configuration file.")]
+StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="Broker store directory.")]
+ColdOpt = Annotated[Optional[str], typer.Option("--cold", help="Cold-tier URL: file:///path or s3://bucket/prefix.")]
+ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", help="Cluster name (first key level).")]
+BrokerOpt = Annotated[Optional[str], typer.Option("--broker", help="Broker name (second key level).")]
+
+
+def settings_from(config: Path | None, **flags: Any) -> Settings:
+    """Settings with flags > TIERED_* env > file > defaults; exit 2 with one line on error."""
+    try:
+        return load_settings(config, **flags)
+    except ConfigError as exc:
+        fail(str(exc).removeprefix("invalid configuration: ").join(("invalid configuration: ", "")), 2)

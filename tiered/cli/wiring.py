@@ -1,0 +1,84 @@
+"""Builds the parts from one Settings object: the composition root's toolbox."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from tiered.clock import Clock, SystemClock
+from tiered.coldtier import ColdTier
+from tiered.config import Settings
+from tiered.lease import LeaseManager
+from tiered.recorder import NullRecorder, Recorder
+from tiered.storage import ObjectStore, RetryPolicy, S3Options, open_store
+
+
+def s3_options(settings: Settings) -> S3Options:
+    s3 = settings.s3
+
+    def secret(v: object) -> str | None:
+        return v.get_secret_value() if v is not None else None  # type: ignore[attr-defined]
+
+    return S3Options(
+        endpoint_url=s3.endpoint_url, region=s3.region, addressing=s3.addressing, sse=s3.sse,
+        sse_kms_key_id=s3.sse_kms_key_id, checksum_mode=s3.checksum_mode,
+        access_key_id=secret(s3.access_key_id), secret_access_key=secret(s3.secret_access_key),
+        session_token=secret(s3.session_token), connect_timeout=s3.connect_timeout, read_timeout=s3.read_timeout,
+    )
+
+
+def object_store(settings: Settings, recorder: Recorder | None = None) -> ObjectStore:
+    r = settings.dispatch.retry
+    return open_store(settings.cold_url, s3=s3_options(settings),
+                      retry=RetryPolicy(r.attempts, r.base_delay, r.max_delay), recorder=recorder or NullRecorder())
+
+
+def cold_tier(settings: Settings, store: ObjectStore, *, writer: bool, clock: Clock | None = None) -> ColdTier:
+    return ColdTier(store, settings.cluster, settings.broker,
+                    state_dir=Path(settings.state_dir) if writer else None,
+                    writer=settings.writer_identity() if writer else "", clock=clock or SystemClock())
+
+
+def lease(settings: Settings, store: ObjectStore, clock: Clock | None = None) -> LeaseManager:
+    from tiered.manifest import broker_prefix
+
+    return LeaseManager(store, broker_prefix(settings.cluster, settings.broker), settings.writer_identity(),
+                        ttl_s=settings.lease_ttl, clock=clock, force=settings.force_takeover)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, with the structured fields (topic, queue, offset...)."""
+
+    _STD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        import json
+
+        out = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
+               "logger": record.name, "message": record.getMessage()}
+        for k, v in vars(record).items():
+            if k not in self._STD and not k.startswith("_"):
+                out[k] = v
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    _STD = JsonFormatter._STD
+
+    def format(self, record: logging.LogRecord) -> str:
+        base = super().format(record)
+        extra = " ".join(f"{k}={v}" for k, v in vars(record).items() if k not in self._STD and not k.startswith("_"))
+        return f"{base} {extra}" if extra else base
+
+
+def setup_logging(fmt: str, level: str) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else
+                         TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    for noisy in ("botocore", "s3fs", "aiobotocore", "urllib3", "apscheduler.executors", "py4j"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -1,0 +1,246 @@
+"""Manifests in the cold tier, their local cache, and the commit protocol.
+
+Commit = data objects first (stable names), then one conditional manifest
+write: ``IfNoneMatch: *`` for a queue's first manifest, ``IfMatch: <etag>``
+after. A lost race (another writer, or the cleaner in this process)
+re-reads the manifest and re-applies the change, or gives up when the change
+no longer applies (``ConflictError``).
+
+The local cache (one JSON file per queue under the state directory, written
+with tmp/bak/rename) lets a round with nothing new make no request at all.
+It is rebuilt from the bucket when it is lost, corrupt, or was written under
+another lease epoch. A queue missing from the cache is looked up in the
+bucket once before anything is written for it, so a stale cache can never
+lead to overwriting archived objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from tiered.clock import Clock, SystemClock
+from tiered.errors import CorruptRecordError, ObjectNotFoundError, PreconditionFailedError, TieredError
+from tiered.jsonfile import read_json, write_json
+from tiered.manifest import CATALOG, MANIFEST, Catalog, CatalogEntry, Manifest, broker_prefix, queue_prefix
+from tiered.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+QueueKey = tuple[str, int]
+
+
+class ConflictError(TieredError):
+    """The manifest changed under us in a way the change cannot be re-applied to."""
+
+    retriable = True
+
+
+class _Entry:
+    __slots__ = ("manifest", "etag", "verified")
+
+    def __init__(self, manifest: Manifest | None, etag: str | None, verified: bool) -> None:
+        self.manifest = manifest
+        self.etag = etag
+        self.verified = verified  # bucket state known (present with etag, or absent)
+
+
+def _cache_name(topic: str, queue_id: int) -> str:
+    return f"{urllib.parse.quote(topic, safe='')}.{queue_id}.json"
+
+
+class ColdTier:
+    """Manifests of one ``{cluster}/{broker}`` prefix.
+
+    With ``state_dir`` the manifests are cached on local disk (a writer);
+    without it they are only held in memory (readers, CLI).
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        cluster: str,
+        broker: str,
+        *,
+        state_dir: Path | None = None,
+        writer: str = "",
+        clock: Clock | None = None,
+    ) -> None:
+        self.store = store
+        self.cluster = cluster
+        self.broker = broker
+        self.prefix = broker_prefix(cluster, broker)
+        self.writer = writer
+        self.clock = clock or SystemClock()
+        self.cache_dir = state_dir / "manifests" / cluster / broker if state_dir else None
+        self._entries: dict[QueueKey, _Entry] = {}
+        self._locks: dict[QueueKey, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self.loaded = False
+
+    # --- cache -----------------------------------------------------------------
+
+    def lock(self, topic: str, queue_id: int) -> threading.Lock:
+        """One lock per queue: never two rounds (or a round and a clean) of a queue at once."""
+        with self._guard:
+            return self._locks.setdefault((topic, queue_id), threading.Lock())
+
+    def load(self, epoch: int = 0) -> None:
+        """Load the local cache; rebuild it from the bucket when it is missing,
+        corrupt or from another lease epoch."""
+        if self.cache_dir is not None:
+            try:
+                meta = read_json(self.cache_dir / "_meta.json")
+                if meta and meta.get("epoch") == epoch and meta.get("complete"):
+                    self._load_cache_files()
+                    self.loaded = True
+                    return
+            except (CorruptRecordError, ValueError, KeyError, TypeError) as exc:
+                log.warning("manifest cache unusable (%s); rebuilding from the bucket", exc)
+        self.rebuild()
+        if self.cache_dir is not None:
+            write_json(self.cache_dir / "_meta.json", {"epoch": epoch, "complete": True})
+        self.loaded = True
+
+    def _load_cache_files(self) -> None:
+        assert self.cache_dir is not None
+        entries: dict[QueueKey, _Entry] = {}
+        for path in self.cache_dir.glob("*.json"):
+            if path.name == "_meta.json" or path.name.endswith((".tmp", ".bak")):
+                continue
+            doc = read_json(path)
+            if not isinstance(doc, dict):
+                raise ValueError(f"{path}: not an object")
+            m = Manifest.from_dict(doc["manifest"], str(path))
+            entries[(m.topic, m.queue_id)] = _Entry(m, doc["etag"], True)
+        self._entries = entries
+
+    def rebuild(self, *, use_catalog: bool = True) -> None:
+        """Every manifest of the prefix, from the bucket: the catalog names the
+        queues (one GET); a LIST covers a missing or unreadable catalog, and
+        is what a full check asks for (``use_catalog=False``). A queue the
+        catalog missed is still safe: ``current`` looks it up before any write."""
+        keys: list[str] | None = None
+        if use_catalog:
+            try:
+                catalog = self.read_catalog()
+                keys = [f"{queue_prefix(self.cluster, self.broker, q.topic, q.queue_id)}/{MANIFEST}"
+                        for q in catalog.queues]
+            except (ObjectNotFoundError, CorruptRecordError):
+                keys = None
+        if keys is None:
+            keys = [o.key for o in self.store.list(self.prefix + "/") if o.key.endswith("/" + MANIFEST)]
+        entries: dict[QueueKey, _Entry] = {}
+        for key in keys:
+            try:
+                data, etag = self.store.get_with_etag(key)
+            except ObjectNotFoundError:
+                continue
+            m = Manifest.from_bytes(data, key)
+            entries[(m.topic, m.queue_id)] = _Entry(m, etag, True)
+        self._entries = entries
+        if self.cache_dir is not None:
+            for path in self.cache_dir.glob("*.json*"):
+                if not path.name.startswith("_meta"):
+                    path.unlink()
+            for (topic, qid), entry in entries.items():
+                self._persist(topic, qid, entry)
+        log.info("manifest cache rebuilt from the bucket: %d queues", len(entries))
+
+    def _persist(self, topic: str, queue_id: int, entry: _Entry) -> None:
+        if self.cache_dir is None or entry.manifest is None:
+            return
+        write_json(self.cache_dir / _cache_name(topic, queue_id),
+                   {"manifest": entry.manifest.to_dict(), "etag": entry.etag})
+
+    # --- reading -----------------------------------------------------------------
+
+    def cached(self, topic: str, queue_id: int) -> Manifest | None:
+        """The cached manifest, without any request (None: none known)."""
+        entry = self._entries.get((topic, queue_id))
+        return entry.manifest if entry else None
+
+    def manifests(self) -> dict[QueueKey, Manifest]:
+        return {k: e.manifest for k, e in self._entries.items() if e.manifest is not None}
+
+    def fetch(self, topic: str, queue_id: int) -> Manifest | None:
+        """The manifest as the bucket has it now; updates the cache."""
+        key = f"{queue_prefix(self.cluster, self.broker, topic, queue_id)}/{MANIFEST}"
+        try:
+            data, etag = self.store.get_with_etag(key)
+        except ObjectNotFoundError:
+            self._entries[(topic, queue_id)] = _Entry(None, None, True)
+            return None
+        m = Manifest.from_bytes(data, key)
+        entry = _Entry(m, etag, True)
+        self._entries[(topic, queue_id)] = entry
+        self._persist(topic, queue_id, entry)
+        return m
+
+    def current(self, topic: str, queue_id: int) -> Manifest | None:
+        """The manifest to build on: cached, or looked up once for a queue the
+        cache does not know (never assume a queue is new)."""
+        entry = self._entries.get((topic, queue_id))
+        if entry is not None and entry.verified:
+            return entry.manifest
+        return self.fetch(topic, queue_id)
+
+    # --- writing -----------------------------------------------------------------
+
+    def commit(
+        self,
+        topic: str,
+        queue_id: int,
+        change: Callable[[Manifest | None], Manifest],
+        *,
+        attempts: int = 5,
+    ) -> Manifest:
+        """Apply ``change`` to the current manifest and write it conditionally.
+
+        ``change`` gets the manifest (None for a queue's first commit) and
+        returns the new one; it raises ConflictError when it no longer applies.
+        """
+        key = f"{queue_prefix(self.cluster, self.broker, topic, queue_id)}/{MANIFEST}"
+        for _ in range(attempts):
+            base = self.current(topic, queue_id)
+            entry = self._entries[(topic, queue_id)]
+            new = change(base)
+            new = replace(new, generation=(base.generation if base else 0) + 1, writer=self.writer,
+                          updated_ms=self.clock.now_ms())
+            new.check()
+            try:
+                if base is None:
+                    etag = self.store.put_if_absent(key, new.to_bytes())
+                else:
+                    etag = self.store.put_if_match(key, new.to_bytes(), entry.etag or "")
+            except PreconditionFailedError:
+                log.info("manifest %s changed under us; re-reading", key)
+                self.fetch(topic, queue_id)
+                continue
+            committed = _Entry(new, etag, True)
+            self._entries[(topic, queue_id)] = committed
+            self._persist(topic, queue_id, committed)
+            return new
+        raise ConflictError(f"{key}: manifest kept changing under us; will retry next round")
+
+    # --- catalog -----------------------------------------------------------------
+
+    def catalog(self) -> Catalog:
+        entries = tuple(sorted((CatalogEntry.of(m) for m in self.manifests().values()),
+                               key=lambda e: (e.topic, e.queue_id)))
+        return Catalog(self.cluster, self.broker, entries, self.clock.now_ms())
+
+    def write_catalog(self) -> None:
+        self.store.put(f"{self.prefix}/{CATALOG}", self.catalog().to_bytes())
+
+    def read_catalog(self) -> Catalog:
+        key = f"{self.prefix}/{CATALOG}"
+        return Catalog.from_bytes(self.store.get(key), key)
+
+    def describe(self) -> dict[str, Any]:
+        return {"prefix": self.prefix, "queues": len(self._entries), "loaded": self.loaded}

@@ -1,0 +1,297 @@
+"""The cold-tier layout and the per-queue manifest, the commit point.
+
+Layout under the cold-tier root (DESIGN.md section 3)::
+
+    {cluster}/{broker}/_catalog.json                       queues and ranges, one GET for readers
+    {cluster}/{broker}/_lease.json                         single-writer lease
+    {cluster}/{broker}/{topic}/{qid}/manifest.json         the commit point
+    .../{topic}/{qid}/commitlog/{clStart:020d}-{clEnd:020d}      records, byte-identical
+    .../{topic}/{qid}/consumequeue/{qStart:020d}-{qEnd:020d}     20-byte entries -> cold CommitLog
+    .../{topic}/{qid}/index/{qStart:020d}-{qEnd:020d}            key index
+
+Object names carry start AND end offsets: a retried upload of the same
+range writes the same key with the same bytes, while a merged segment (same
+start, longer range) gets a new name, so no object is ever rewritten with
+different content and a reader holding an older manifest keeps reading the
+objects it names.
+
+A manifest lists segments (contiguous in queue offsets and in the queue's own
+cold CommitLog byte space) and recorded gaps; ``next_offset`` is the first
+queue offset not yet archived and survives the expiry of every segment.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from tiered.errors import CorruptRecordError, FormatVersionError
+
+FORMAT_MAJOR = 1
+FORMAT_VERSION = f"{FORMAT_MAJOR}.0"
+
+MANIFEST = "manifest.json"
+CATALOG = "_catalog.json"
+LEASE = "_lease.json"
+
+
+def broker_prefix(cluster: str, broker: str) -> str:
+    return f"{cluster}/{broker}"
+
+
+def queue_prefix(cluster: str, broker: str, topic: str, queue_id: int) -> str:
+    return f"{cluster}/{broker}/{topic}/{queue_id}"
+
+
+def segment_keys(prefix: str, cl_start: int, cl_end: int, q_start: int, q_end: int) -> tuple[str, str, str]:
+    """(commitlog, consumequeue, index) object keys of a segment."""
+    return (
+        f"{prefix}/commitlog/{cl_start:020d}-{cl_end:020d}",
+        f"{prefix}/consumequeue/{q_start:020d}-{q_end:020d}",
+        f"{prefix}/index/{q_start:020d}-{q_end:020d}",
+    )
+
+
+def check_version(doc: dict[str, Any], what: str) -> None:
+    version = str(doc.get("format_version", ""))
+    try:
+        major = int(version.split(".", 1)[0])
+    except ValueError:
+        raise CorruptRecordError(what, 0, f"no valid format_version ({version!r})") from None
+    if major > FORMAT_MAJOR:
+        raise FormatVersionError(
+            f"{what} has format version {version}; this tiered reads up to {FORMAT_MAJOR}.x: upgrade tiered"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One sealed, immutable upload: records [q_start, q_end) at cold
+    CommitLog bytes [cl_start, cl_end)."""
+
+    q_start: int
+    q_end: int
+    cl_start: int
+    cl_end: int
+    min_store_ms: int
+    max_store_ms: int
+    min_born_ms: int
+    max_born_ms: int
+    commitlog_key: str
+    consumequeue_key: str
+    index_key: str | None
+    commitlog_crc: int
+    consumequeue_crc: int
+    created_ms: int
+    bloom: str | None = None  # base64 bloom filter of the segment's keys
+
+    @property
+    def messages(self) -> int:
+        return self.q_end - self.q_start
+
+    @property
+    def nbytes(self) -> int:
+        return self.cl_end - self.cl_start
+
+    def keys(self) -> tuple[str, ...]:
+        return tuple(k for k in (self.commitlog_key, self.consumequeue_key, self.index_key) if k)
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Offsets [q_start, q_end) that will never be in the archive, and why:
+    ``expired_locally`` (the broker deleted them first) or ``quarantined``
+    (a corrupt record moved aside by explicit configuration)."""
+
+    q_start: int
+    q_end: int
+    reason: str
+    recorded_ms: int
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingDelete:
+    """Objects replaced by a merge, deleted once ``after_ms`` has passed so a
+    reader that loaded the previous manifest still finds them."""
+
+    keys: tuple[str, ...]
+    after_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    topic: str
+    queue_id: int
+    next_offset: int
+    cl_next: int
+    generation: int = 0
+    segments: tuple[Segment, ...] = ()
+    gaps: tuple[Gap, ...] = ()
+    pending_deletes: tuple[PendingDelete, ...] = ()
+    writer: str = ""
+    updated_ms: int = 0
+    format_version: str = FORMAT_VERSION
+
+    @classmethod
+    def empty(cls, topic: str, queue_id: int, start_offset: int) -> Manifest:
+        return cls(topic=topic, queue_id=queue_id, next_offset=start_offset, cl_next=0)
+
+    @property
+    def first_offset(self) -> int:
+        """First queue offset the archive still covers (segment or gap)."""
+        starts = [s.q_start for s in self.segments[:1]] + [g.q_start for g in self.gaps[:1]]
+        return min(starts) if starts else self.next_offset
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.segments)
+
+    @property
+    def messages(self) -> int:
+        return sum(s.messages for s in self.segments)
+
+    @property
+    def min_store_ms(self) -> int | None:
+        return min((s.min_store_ms for s in self.segments), default=None)
+
+    @property
+    def max_store_ms(self) -> int | None:
+        return max((s.max_store_ms for s in self.segments), default=None)
+
+    def referenced_keys(self) -> set[str]:
+        keys = {k for s in self.segments for k in s.keys()}
+        keys.update(k for p in self.pending_deletes for k in p.keys)
+        return keys
+
+    def with_segment(self, seg: Segment) -> Manifest:
+        if seg.q_start != self.next_offset or seg.cl_start != self.cl_next:
+            raise ValueError(
+                f"segment [{seg.q_start},{seg.q_end}) @ {seg.cl_start} does not continue "
+                f"the archive at {self.next_offset} @ {self.cl_next}"
+            )
+        return replace(self, segments=self.segments + (seg,), next_offset=seg.q_end, cl_next=seg.cl_end)
+
+    def with_gap(self, gap: Gap) -> Manifest:
+        if gap.q_start != self.next_offset or gap.q_end <= gap.q_start:
+            raise ValueError(f"gap [{gap.q_start},{gap.q_end}) does not continue the archive at {self.next_offset}")
+        return replace(self, gaps=self.gaps + (gap,), next_offset=gap.q_end)
+
+    def segment_for(self, queue_offset: int) -> Segment | None:
+        lo, hi = 0, len(self.segments)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.segments[mid].q_end <= queue_offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < len(self.segments) and self.segments[lo].q_start <= queue_offset:
+            return self.segments[lo]
+        return None
+
+    def check(self) -> None:
+        """Raise ValueError unless segments and gaps tile the covered range
+        contiguously and segments are contiguous in cold CommitLog bytes."""
+        ranges = sorted([(s.q_start, s.q_end) for s in self.segments] + [(g.q_start, g.q_end) for g in self.gaps])
+        expect = ranges[0][0] if ranges else self.next_offset
+        for start, end in ranges:
+            if start != expect or end <= start:
+                raise ValueError(f"{self.topic}/{self.queue_id}: range [{start},{end}) breaks contiguity at {expect}")
+            expect = end
+        if expect != self.next_offset:
+            raise ValueError(f"{self.topic}/{self.queue_id}: covered range ends at {expect}, next_offset {self.next_offset}")
+        for a, b in zip(self.segments, self.segments[1:]):
+            if b.cl_start != a.cl_end:
+                raise ValueError(f"{self.topic}/{self.queue_id}: cold CommitLog hole at {a.cl_end}")
+        if self.segments and self.segments[-1].cl_end > self.cl_next:
+            raise ValueError(f"{self.topic}/{self.queue_id}: cl_next behind the last segment")
+
+    # --- JSON ----------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["segments"] = [asdict(s) for s in self.segments]
+        d["gaps"] = [asdict(g) for g in self.gaps]
+        d["pending_deletes"] = [{"keys": list(p.keys), "after_ms": p.after_ms} for p in self.pending_deletes]
+        return d
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True).encode("utf-8")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = MANIFEST) -> Manifest:
+        check_version(d, source)
+        try:
+            return cls(
+                topic=d["topic"], queue_id=int(d["queue_id"]), next_offset=int(d["next_offset"]),
+                cl_next=int(d["cl_next"]), generation=int(d["generation"]),
+                segments=tuple(Segment(**s) for s in d.get("segments", [])),
+                gaps=tuple(Gap(**g) for g in d.get("gaps", [])),
+                pending_deletes=tuple(PendingDelete(tuple(p["keys"]), int(p["after_ms"]))
+                                      for p in d.get("pending_deletes", [])),
+                writer=d.get("writer", ""), updated_ms=int(d.get("updated_ms", 0)),
+                format_version=d["format_version"],
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptRecordError(source, 0, f"malformed manifest: {type(exc).__name__}: {exc}") from None
+
+    @classmethod
+    def from_bytes(cls, data: bytes, source: str = MANIFEST) -> Manifest:
+        try:
+            d = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CorruptRecordError(source, 0, f"manifest is not JSON ({type(exc).__name__})") from None
+        if not isinstance(d, dict):
+            raise CorruptRecordError(source, 0, "manifest is not a JSON object")
+        return cls.from_dict(d, source)
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogEntry:
+    topic: str
+    queue_id: int
+    first_offset: int
+    next_offset: int
+    segments: int
+    nbytes: int
+    min_store_ms: int | None
+    max_store_ms: int | None
+    generation: int
+
+    @classmethod
+    def of(cls, m: Manifest) -> CatalogEntry:
+        return cls(m.topic, m.queue_id, m.first_offset, m.next_offset, len(m.segments), m.nbytes,
+                   m.min_store_ms, m.max_store_ms, m.generation)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Per-broker list of archived queues. A hint for discovery and status:
+    the manifests stay the truth (a reader prunes segments by manifests)."""
+
+    cluster: str
+    broker: str
+    queues: tuple[CatalogEntry, ...] = field(default=())
+    updated_ms: int = 0
+    format_version: str = FORMAT_VERSION
+
+    def to_bytes(self) -> bytes:
+        d = {"cluster": self.cluster, "broker": self.broker, "updated_ms": self.updated_ms,
+             "format_version": self.format_version, "queues": [asdict(q) for q in self.queues]}
+        return json.dumps(d, separators=(",", ":"), sort_keys=True).encode("utf-8")
+
+    @classmethod
+    def from_bytes(cls, data: bytes, source: str = CATALOG) -> Catalog:
+        try:
+            d = json.loads(data)
+            if not isinstance(d, dict):
+                raise ValueError("not an object")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CorruptRecordError(source, 0, f"catalog is not a JSON object ({type(exc).__name__})") from None
+        check_version(d, source)
+        try:
+            return cls(d["cluster"], d["broker"], tuple(CatalogEntry(**q) for q in d.get("queues", [])),
+                       int(d.get("updated_ms", 0)), d["format_version"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptRecordError(source, 0, f"malformed catalog: {type(exc).__name__}") from None

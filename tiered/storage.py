@@ -1,0 +1,529 @@
+"""The cold tier's storage contract, over fsspec.
+
+Every object-store call goes through ``ObjectStore._call``: one place that
+times it, reports it to the recorder (op, outcome), translates errors into
+``StorageError`` (``retriable`` set from the cause) and retries retriable
+ones with capped, jittered backoff. Client libraries' own retry loops are
+turned off so every retry is seen and counted here.
+
+``FileStore`` serves ``file://`` (the embedded default); ``S3Store`` serves
+``s3://`` through s3fs, with boto3 only for what fsspec cannot do:
+conditional writes (``IfNoneMatch``/``IfMatch``) and batched deletes.
+
+Keys are relative to the store's root URL and use ``/``.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tiered.errors import ObjectNotFoundError, PreconditionFailedError, StorageError
+from tiered.recorder import NullRecorder, Recorder
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+DELETE_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 6
+    base_delay: float = 0.2
+    max_delay: float = 20.0
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        """Full jitter: uniform in [0, min(max, base * 2**attempt)]."""
+        return rng.uniform(0, min(self.max_delay, self.base_delay * (2 ** attempt)))
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    mtime_ms: int
+    etag: str | None = None
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """Everything needed to rebuild an S3 client anywhere (Spark executors
+    included). Secrets are held here and never rendered: ``repr`` hides them."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    addressing: str = "auto"
+    sse: str = "none"
+    sse_kms_key_id: str | None = None
+    checksum_mode: str = "when_supported"
+    access_key_id: str | None = field(default=None, repr=False)
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+    extra: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
+
+    def put_kwargs(self) -> dict[str, str]:
+        if self.sse == "AES256":
+            return {"ServerSideEncryption": "AES256"}
+        if self.sse == "aws:kms":
+            out = {"ServerSideEncryption": "aws:kms"}
+            if self.sse_kms_key_id:
+                out["SSEKMSKeyId"] = self.sse_kms_key_id
+            return out
+        return {}
+
+
+class ObjectStore:
+    """A small object-store contract: get, ranged get, put, conditional put,
+    head, list, batched delete. Subclasses implement the ``_raw_*`` methods;
+    this class adds timing, metrics, error translation and retries."""
+
+    scheme = "file"
+
+    def __init__(self, root: str, *, retry: RetryPolicy | None = None, recorder: Recorder | None = None) -> None:
+        self.root = root.rstrip("/")
+        self.retry = retry or RetryPolicy()
+        self.recorder: Recorder = recorder or NullRecorder()
+        self._rng = random.Random()
+        self._sleep: Callable[[float], None] = time.sleep
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{self.root}"
+
+    # --- the one wrapper -----------------------------------------------------
+
+    def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
+        attempt = 0
+        while True:
+            started = time.perf_counter()
+            try:
+                result = fn()
+            except Exception as exc:  # translated right here, once
+                err = self._translate(op, key, exc)
+                self.recorder.store_request(op, err.outcome, time.perf_counter() - started)
+                if not err.retriable or attempt + 1 >= self.retry.attempts:
+                    if err is exc:
+                        raise
+                    raise err from exc
+                self.recorder.store_retry(op)
+                delay = self.retry.delay(attempt, self._rng)
+                log.warning("retrying %s %s in %.2fs after: %s", op, key, delay, err)
+                self._sleep(delay)
+                attempt += 1
+                continue
+            self.recorder.store_request(op, "ok", time.perf_counter() - started)
+            return result
+
+    def _translate(self, op: str, key: str, exc: Exception) -> StorageError:
+        if isinstance(exc, StorageError):
+            return exc
+        if isinstance(exc, FileNotFoundError):
+            return ObjectNotFoundError(op, key)
+        if isinstance(exc, FileExistsError):
+            return PreconditionFailedError(op, key, "object exists")
+        if isinstance(exc, PermissionError):
+            return StorageError(op, key, "access denied", retriable=False)
+        if isinstance(exc, (TimeoutError, socket.timeout)):
+            return StorageError(op, key, "timeout", retriable=True, outcome="timeout")
+        if isinstance(exc, (ConnectionError, OSError)):
+            code = getattr(exc, "errno", None)
+            if code in (errno.ENOSPC, errno.EROFS, errno.EACCES):
+                return StorageError(op, key, os.strerror(code), retriable=False)
+            if code == errno.EBUSY:
+                return StorageError(op, key, "throttled", retriable=True, outcome="throttled")
+            return StorageError(op, key, type(exc).__name__, retriable=True)
+        name = type(exc).__name__
+        # botocore / aiohttp transport errors: connection resets, read timeouts
+        if any(s in name for s in ("Timeout", "Connection", "Endpoint", "ClientError", "IncompleteRead",
+                                   "ResponseParser", "HTTPClient", "Payload", "ProtocolError")):
+            if "Timeout" in name:
+                return StorageError(op, key, "timeout", retriable=True, outcome="timeout")
+            return StorageError(op, key, name, retriable=True)
+        raise exc
+
+    # --- the contract --------------------------------------------------------
+
+    def get(self, key: str) -> bytes:
+        return self._call("get", key, lambda: self._raw_get(key, None, None))
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of an object."""
+        return self._call("get", key, lambda: self._raw_get(key, start, end))
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        return self._call("get", key, lambda: self._raw_get_etag(key))
+
+    def put(self, key: str, data: bytes) -> str:
+        return self._call("put", key, lambda: self._raw_put(key, data))
+
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        """Create ``key``; PreconditionFailedError when it exists."""
+        return self._call("put_if_absent", key, lambda: self._raw_put_if(key, data, None))
+
+    def put_if_match(self, key: str, data: bytes, etag: str) -> str:
+        """Replace ``key`` only if its current ETag is ``etag``."""
+        return self._call("put_if_match", key, lambda: self._raw_put_if(key, data, etag))
+
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            return self._call("head", key, lambda: self._raw_head(key))
+        except ObjectNotFoundError:
+            return None
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object under ``prefix`` (recursive), fresh (no listing cache)."""
+        return self._call("list", prefix, lambda: self._raw_list(prefix))
+
+    def delete_many(self, keys: Iterable[str]) -> int:
+        """Delete keys in batches of up to 1000; missing keys count as deleted.
+        Returns the number of requests made."""
+        keys = list(dict.fromkeys(keys))
+        requests = 0
+        for i in range(0, len(keys), DELETE_BATCH):
+            batch = keys[i:i + DELETE_BATCH]
+            self._call("delete", batch[0], lambda: self._raw_delete(batch))
+            requests += 1
+        return requests
+
+    # --- implementation hooks --------------------------------------------------
+
+    def _raw_get(self, key: str, start: int | None, end: int | None) -> bytes:
+        raise NotImplementedError
+
+    def _raw_get_etag(self, key: str) -> tuple[bytes, str]:
+        raise NotImplementedError
+
+    def _raw_put(self, key: str, data: bytes) -> str:
+        raise NotImplementedError
+
+    def _raw_put_if(self, key: str, data: bytes, etag: str | None) -> str:
+        raise NotImplementedError
+
+    def _raw_head(self, key: str) -> ObjectInfo:
+        raise NotImplementedError
+
+    def _raw_list(self, prefix: str) -> list[ObjectInfo]:
+        raise NotImplementedError
+
+    def _raw_delete(self, keys: list[str]) -> None:
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_rng", None)
+        state.pop("_sleep", None)
+        state["recorder"] = NullRecorder()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._rng = random.Random()
+        self._sleep = time.sleep
+
+
+def _md5(data: bytes) -> str:
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+class FileStore(ObjectStore):
+    """``file://`` objects: written to a temp name, fsynced, renamed into place,
+    so a reader never sees half an object and a crash leaves none."""
+
+    scheme = "file"
+
+    def __init__(self, root: str, **kw: Any) -> None:
+        super().__init__(os.path.abspath(root), **kw)
+        self._tls = threading.local()
+
+    def _path(self, key: str) -> Path:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise ValueError(f"bad object key {key!r}")
+        return Path(self.root) / key
+
+    def _raw_get(self, key: str, start: int | None, end: int | None) -> bytes:
+        with open(self._path(key), "rb") as fh:
+            if start is None:
+                return fh.read()
+            fh.seek(start)
+            return fh.read(max(0, (end or 0) - start))
+
+    def _raw_get_etag(self, key: str) -> tuple[bytes, str]:
+        data = self._path(key).read_bytes()
+        return data, _md5(data)
+
+    def _write_tmp(self, path: Path, data: bytes) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return tmp
+
+    def _raw_put(self, key: str, data: bytes) -> str:
+        path = self._path(key)
+        tmp = self._write_tmp(path, data)
+        os.replace(tmp, path)
+        return _md5(data)
+
+    def _raw_put_if(self, key: str, data: bytes, etag: str | None) -> str:
+        path = self._path(key)
+        tmp = self._write_tmp(path, data)
+        try:
+            if etag is None:
+                os.link(tmp, path)  # atomic create-if-absent: FileExistsError if present
+                return _md5(data)
+            while True:
+                fd = os.open(path, os.O_RDONLY)  # FileNotFoundError: no such object
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    # the file may have been replaced while we waited for the lock
+                    if os.fstat(fd).st_ino != os.stat(path).st_ino:
+                        continue
+                    current = _md5(os.pread(fd, os.fstat(fd).st_size, 0))
+                    if current != etag:
+                        raise PreconditionFailedError("put_if_match", key)
+                    os.replace(tmp, path)
+                    return _md5(data)
+                finally:
+                    os.close(fd)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+
+    def _raw_head(self, key: str) -> ObjectInfo:
+        st = self._path(key).stat()
+        return ObjectInfo(key, st.st_size, st.st_mtime_ns // 1_000_000)
+
+    def _raw_list(self, prefix: str) -> list[ObjectInfo]:
+        base = Path(self.root)
+        top = base / prefix if prefix else base
+        start = top if top.is_dir() else top.parent
+        out: list[ObjectInfo] = []
+        for dirpath, _dirs, files in os.walk(start):
+            for name in files:
+                if name.startswith("."):
+                    continue  # temp files of writes in flight
+                full = Path(dirpath) / name
+                key = full.relative_to(base).as_posix()
+                if not key.startswith(prefix):
+                    continue
+                try:
+                    st = full.stat()
+                except FileNotFoundError:
+                    continue
+                out.append(ObjectInfo(key, st.st_size, st.st_mtime_ns // 1_000_000))
+        out.sort(key=lambda o: o.key)
+        return out
+
+    def _raw_delete(self, keys: list[str]) -> None:
+        for key in keys:
+            try:
+                self._path(key).unlink()
+            except FileNotFoundError:
+                pass
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._tls = threading.local()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_tls", None)
+        return state
+
+
+class S3Store(ObjectStore):
+    """``s3://bucket/prefix`` through s3fs; boto3 for conditional writes and
+    batched deletes. Clients are built lazily per process, so the store
+    pickles to Spark executors and survives fork."""
+
+    scheme = "s3"
+
+    def __init__(self, root: str, options: S3Options | None = None, **kw: Any) -> None:
+        super().__init__(root, **kw)
+        self.options = options or S3Options()
+        bucket, _, prefix = self.root.partition("/")
+        if len(bucket) < 3:
+            raise ValueError("an S3 URL needs a bucket name of 3+ characters")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self._fs: Any = None
+        self._client: Any = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def _full(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _botocore_config(self) -> dict[str, Any]:
+        o = self.options
+        cfg: dict[str, Any] = {
+            "connect_timeout": o.connect_timeout,
+            "read_timeout": o.read_timeout,
+            "retries": {"max_attempts": 1, "mode": "standard"},  # retries are ours
+            "request_checksum_calculation": o.checksum_mode,
+            "response_checksum_validation": o.checksum_mode,
+        }
+        if o.addressing != "auto":
+            cfg["s3"] = {"addressing_style": o.addressing}
+        return cfg
+
+    @property
+    def fs(self) -> Any:
+        self._check_pid()
+        if self._fs is None:
+            with self._lock:
+                if self._fs is None:
+                    import s3fs
+
+                    o = self.options
+                    client_kwargs: dict[str, Any] = {}
+                    if o.region:
+                        client_kwargs["region_name"] = o.region
+                    if o.endpoint_url:
+                        client_kwargs["endpoint_url"] = o.endpoint_url
+                    self._fs = s3fs.S3FileSystem(
+                        key=o.access_key_id, secret=o.secret_access_key, token=o.session_token,
+                        client_kwargs=client_kwargs, config_kwargs=self._botocore_config(),
+                        s3_additional_kwargs=o.put_kwargs(), use_listings_cache=False,
+                        skip_instance_cache=True, retries=1, **dict(o.extra),
+                    )
+        return self._fs
+
+    @property
+    def client(self) -> Any:
+        self._check_pid()
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    import boto3
+                    from botocore.config import Config
+
+                    o = self.options
+                    session = boto3.session.Session(
+                        aws_access_key_id=o.access_key_id, aws_secret_access_key=o.secret_access_key,
+                        aws_session_token=o.session_token, region_name=o.region,
+                    )
+                    self._client = session.client(
+                        "s3", endpoint_url=o.endpoint_url, config=Config(**self._botocore_config()),
+                    )
+        return self._client
+
+    def _check_pid(self) -> None:
+        if self._pid != os.getpid():  # forked: clients and their loops do not survive
+            self._fs = None
+            self._client = None
+            self._pid = os.getpid()
+            self._lock = threading.Lock()
+
+    def _translate(self, op: str, key: str, exc: Exception) -> StorageError:
+        response = getattr(exc, "response", None)
+        if isinstance(response, dict) and "Error" in response:
+            code = str(response["Error"].get("Code", ""))
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            if code in ("NoSuchKey", "404", "NotFound"):
+                return ObjectNotFoundError(op, key)
+            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict") or status in (409, 412):
+                return PreconditionFailedError(op, key)
+            if code in ("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "503") or status == 503:
+                return StorageError(op, key, "throttled", retriable=True, outcome="throttled")
+            if status >= 500 or code in ("InternalError", "RequestTimeout", "500"):
+                return StorageError(op, key, f"server error {code}", retriable=True)
+            if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
+                return StorageError(op, key, f"access denied ({code})", retriable=False)
+            return StorageError(op, key, f"S3 error {code}", retriable=False)
+        return super()._translate(op, key, exc)
+
+    def _path(self, key: str) -> str:
+        return f"{self.bucket}/{self._full(key)}"
+
+    def _raw_get(self, key: str, start: int | None, end: int | None) -> bytes:
+        if start is None:
+            return self.fs.cat_file(self._path(key))
+        return self.fs.cat_file(self._path(key), start=start, end=end)
+
+    def _raw_get_etag(self, key: str) -> tuple[bytes, str]:
+        resp = self.client.get_object(Bucket=self.bucket, Key=self._full(key))
+        return resp["Body"].read(), resp["ETag"].strip('"')
+
+    def _raw_put(self, key: str, data: bytes) -> str:
+        out = self.fs.pipe_file(self._path(key), data)
+        etag = out.get("ETag", "") if isinstance(out, dict) else ""
+        return etag.strip('"')
+
+    def _raw_put_if(self, key: str, data: bytes, etag: str | None) -> str:
+        cond = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": f'"{etag}"'}
+        resp = self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data,
+                                      **self.options.put_kwargs(), **cond)
+        return resp["ETag"].strip('"')
+
+    def _raw_head(self, key: str) -> ObjectInfo:
+        resp = self.client.head_object(Bucket=self.bucket, Key=self._full(key))
+        return ObjectInfo(key, resp["ContentLength"], int(resp["LastModified"].timestamp() * 1000),
+                          resp["ETag"].strip('"'))
+
+    def _raw_list(self, prefix: str) -> list[ObjectInfo]:
+        full = self._full(prefix)
+        out: list[ObjectInfo] = []
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+            for obj in page.get("Contents", []):
+                out.append(ObjectInfo(obj["Key"][strip:], obj["Size"],
+                                      int(obj["LastModified"].timestamp() * 1000), obj["ETag"].strip('"')))
+        return out
+
+    def _raw_delete(self, keys: list[str]) -> None:
+        resp = self.client.delete_objects(
+            Bucket=self.bucket, Delete={"Objects": [{"Key": self._full(k)} for k in keys], "Quiet": True}
+        )
+        errors = [e for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+        if errors:
+            first = errors[0]
+            raise StorageError("delete", first.get("Key", "?"), f"{len(errors)} keys not deleted ({first.get('Code')})",
+                               retriable=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_fs"] = None
+        state["_client"] = None
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+
+def open_store(
+    url: str,
+    *,
+    s3: S3Options | None = None,
+    retry: RetryPolicy | None = None,
+    recorder: Recorder | None = None,
+) -> ObjectStore:
+    """The store for a cold-tier URL: ``file:///path``, a plain path, or ``s3://bucket/prefix``."""
+    if "://" not in url:
+        return FileStore(url, retry=retry, recorder=recorder)
+    scheme, rest = url.split("://", 1)
+    if scheme == "file":
+        return FileStore(rest or "/", retry=retry, recorder=recorder)
+    if scheme in ("s3", "s3a"):
+        return S3Store(rest, s3, retry=retry, recorder=recorder)
+    raise ValueError(f"unsupported cold-tier URL scheme {scheme!r}")
