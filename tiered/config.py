@@ -120,6 +120,9 @@ class CleanerSettings(_Section):
     enabled: bool = True
     interval: Duration = 3600.0
     orphan_grace: Duration = 3600.0
+    # Orphan collection lists the bucket: on its own, slower cadence so a
+    # clean pass with nothing expired makes no request at all.
+    orphan_scan_interval: Duration = 6 * 3600.0
     skew_tolerance: Duration = 300.0
     merge: bool = True
     merge_target_bytes: Size = 256 << 20

@@ -401,8 +401,9 @@ class S3Store(ObjectStore):
                         key=o.access_key_id, secret=o.secret_access_key, token=o.session_token,
                         client_kwargs=client_kwargs, config_kwargs=self._botocore_config(),
                         s3_additional_kwargs=o.put_kwargs(), use_listings_cache=False,
-                        skip_instance_cache=True, retries=1, **dict(o.extra),
+                        skip_instance_cache=True, **dict(o.extra),
                     )
+                    self._fs.retries = 1  # class attribute in s3fs; every retry is ours
         return self._fs
 
     @property

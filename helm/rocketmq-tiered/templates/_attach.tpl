@@ -90,26 +90,30 @@ Credentials are never part of it (see rocketmq-tiered.credentialsEnv).
 checksum/tiered-config: {{ include "rocketmq-tiered.config" . | sha256sum }}
 {{- end }}
 
+{{- define "rocketmq-tiered.sidecarEnv" -}}
+{{- if not .Values.brokerName }}
+# Archive under the pod's own name: each broker pod is one broker.
+- name: TIERED_BROKER
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- end }}
+{{- include "rocketmq-tiered.credentialsEnv" . }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
 {{- define "rocketmq-tiered.sidecar" -}}
 - name: tiered
   image: {{ include "rocketmq-tiered.imageRef" .Values.image | quote }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
   command: ["tiered", "serve"]
   args: ["--config", "/etc/tiered/config.yaml"]
+  {{- with (include "rocketmq-tiered.sidecarEnv" . | trim) }}
   env:
-    {{- if not .Values.brokerName }}
-    # Archive under the pod's own name: each broker pod is one broker.
-    - name: TIERED_BROKER
-      valueFrom:
-        fieldRef:
-          fieldPath: metadata.name
-    {{- end }}
-    {{- with (include "rocketmq-tiered.credentialsEnv" . | trim) }}
     {{- . | nindent 4 }}
-    {{- end }}
-    {{- with .Values.extraEnv }}
-    {{- toYaml . | nindent 4 }}
-    {{- end }}
+  {{- end }}
   ports:
     - name: tiered-metrics
       containerPort: {{ .Values.metrics.port }}
