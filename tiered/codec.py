@@ -547,11 +547,12 @@ def encode_record(msg: Message) -> bytes:
         raise ValueError("topic longer than 65535 bytes")
     if len(props) > MAX_PROPERTIES:
         raise ValueError(f"properties of {len(props)} bytes exceed {MAX_PROPERTIES}")
-    sys_flag = msg.sys_flag & ~0x30
+    # plain int arithmetic: IntFlag would mask a negative Java int to 8 bits
+    sys_flag = int(msg.sys_flag) & ~0x30
     if msg.born_host.is_v6:
-        sys_flag |= SysFlag.BORN_HOST_V6
+        sys_flag |= int(SysFlag.BORN_HOST_V6)
     if msg.store_host.is_v6:
-        sys_flag |= SysFlag.STORE_HOST_V6
+        sys_flag |= int(SysFlag.STORE_HOST_V6)
     born = msg.born_host.packed()
     store = msg.store_host.packed()
     topic_len = bytes([len(topic)]) if version == MagicVersion.V1 else _U16.pack(len(topic))

@@ -54,7 +54,7 @@ def read_json(path: Path) -> Any | None:
             return _load(candidate)
         except FileNotFoundError:
             continue
-        except (ValueError, UnicodeDecodeError, OSError) as exc:
+        except (ValueError, UnicodeDecodeError, OSError, RecursionError) as exc:  # deep nesting: RecursionError
             first_error = first_error or f"{candidate.name}: {type(exc).__name__}"
     if first_error is None:
         return None

@@ -38,7 +38,7 @@ from tiered.codec import (
     CQ_FILLER_SIZE,
     Peek,
     Record,
-    check_against_entry,
+    decode_and_check,
     decode_record,
     peek,
 )
@@ -46,6 +46,7 @@ from tiered.errors import CorruptRecordError, ExpiredLocallyError, NotWrittenYet
 from tiered.jsonfile import read_json
 
 _EMPTY = memoryview(b"")
+_NO_LIMIT = 1 << 63
 _CHECKPOINT_CONFIRM = struct.Struct(">q")
 _CHECKPOINT_CONFIRM_AT = 32
 
@@ -83,7 +84,7 @@ class _FileSet:
             names = os.listdir(self.directory)
         except FileNotFoundError:
             names = []
-        self.starts = sorted(int(n) for n in names if len(n) == 20 and n.isdigit())
+        self.starts = sorted(int(n) for n in names if len(n) == 20 and n.isascii() and n.isdigit())
         for start in list(self._maps):
             if start not in self.starts:
                 self._drop(start)
@@ -118,13 +119,11 @@ class _FileSet:
         return entry[1]
 
     def _drop(self, start: int) -> None:
-        mm, view = self._maps.pop(start)
-        view.release()
-        if mm is not None:
-            try:
-                mm.close()
-            except BufferError:
-                pass  # a caller still holds a slice; the map goes with it
+        # Forget the map, never release or close it here: a suspended
+        # iter_queue or a Record may still hold the view (or a slice of it),
+        # and a released view would fail under them. The mapping is unmapped
+        # when the last reference goes (munmap; its fd is mmap's own dup).
+        del self._maps[start]
 
     def close(self) -> None:
         for start in list(self._maps):
@@ -233,14 +232,26 @@ class LocalStore:
                 view = files.view(start)
             except FileNotFoundError:
                 continue
-            n = len(view) // CQ_ENTRY_SIZE
-            lo, hi = 0, n  # first index whose size field is 0
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if struct.unpack_from(">i", view, mid * CQ_ENTRY_SIZE + 8)[0] != 0:
-                    lo = mid + 1
-                else:
-                    hi = mid
+            while True:
+                n = len(view) // CQ_ENTRY_SIZE
+                lo, hi = 0, n  # first index whose size field is 0
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if struct.unpack_from(">i", view, mid * CQ_ENTRY_SIZE + 8)[0] != 0:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                if lo < n or start != files.starts[-1]:
+                    break
+                # every mapped entry is written: the last file may have grown
+                # since it was mapped (mapped while just created, or not preallocated)
+                try:
+                    grown = files.view(start, len(view) + CQ_ENTRY_SIZE)
+                except FileNotFoundError:
+                    break
+                if len(grown) // CQ_ENTRY_SIZE <= n:
+                    break
+                view = grown
             if lo > 0 or start == files.starts[0]:
                 return start // CQ_ENTRY_SIZE + lo
         return files.starts[0] // CQ_ENTRY_SIZE if files.starts else 0
@@ -285,7 +296,45 @@ class LocalStore:
             raise CorruptRecordError(source, rel, "a ConsumeQueue entry points at the end-of-file filler")
         if rel + size > len(view):
             view = self.commitlog.view(start, rel + size)
+            if rel + size > len(view):
+                # the file ends inside the record: a torn tail, not corruption
+                raise NotWrittenYetError(source, rel, f"record of {size} bytes truncated at {len(view) - rel}")
         return decode_record(view, rel, source, verify_crc=verify_crc)
+
+    def _commitlog_window(self, phys: int, size: int) -> tuple[int, memoryview, str] | None:
+        """(start, view, source) of the CommitLog file holding the ``size``
+        bytes at ``phys``, remapped if it grew; None when they are not
+        (completely) on disk yet. Raises FileNotFoundError when the file is
+        gone and CorruptRecordError when what is there contradicts ``size``."""
+        cl = self.commitlog
+        start = cl.locate(phys)
+        if start is None:
+            cl.refresh()
+            start = cl.locate(phys)
+            if start is None:
+                raise FileNotFoundError(phys)
+        try:
+            view = cl.view(start, phys - start + size)
+        except FileNotFoundError:
+            cl.refresh()
+            raise
+        if phys - start + 8 > len(view) and start == cl.starts[-1]:
+            # past the last file we listed: a newer one may have been created
+            cl.refresh()
+            newer = cl.locate(phys)
+            if newer is not None and newer != start:
+                start = newer
+                view = cl.view(start, phys - start + size)
+        rel = phys - start
+        source = str(cl.path(start))
+        if rel + size > len(view):
+            kind, found = peek(view, rel, source)
+            if kind is Peek.BLANK:
+                raise CorruptRecordError(source, rel, "a ConsumeQueue entry points at the end-of-file filler")
+            if kind is Peek.RECORD and found != size:
+                raise CorruptRecordError(source, rel, f"size {found} != ConsumeQueue size {size}")
+            return None  # zeros, or the file ends inside the record: a torn tail
+        return start, view, source
 
     def iter_queue(
         self,
@@ -310,65 +359,87 @@ class LocalStore:
         files = self._queue(topic, queue_id)
         topic_raw = topic.encode("utf-8")
         confirmed = self.confirmed_offset()
+        phys_limit = confirmed if confirmed is not None else _NO_LIMIT
+        remaining = max_count if max_count is not None else _NO_LIMIT
+        budget = max_bytes if max_bytes is not None else _NO_LIMIT
+        if remaining <= 0:
+            return
         offset = from_offset
-        count = 0
         total = 0
+        # hot loop: locals only; the CommitLog file in use is kept as a window
         unpack = CQ_ENTRY.unpack_from
-        while max_count is None or count < max_count:
+        check = decode_and_check
+        new_item = object.__new__
+        set_offset = QueuedRecord.queue_offset.__set__  # type: ignore[attr-defined]
+        set_tags = QueuedRecord.tags_code.__set__  # type: ignore[attr-defined]
+        set_record = QueuedRecord.record.__set__  # type: ignore[attr-defined]
+        cl_start, cl_view, cl_len, cl_source = 0, _EMPTY, 0, ""
+        while True:
             byte = offset * CQ_ENTRY_SIZE
             start = files.locate(byte)
-            if start is None or not files.starts:
+            if start is None:
                 files.refresh()
                 start = files.locate(byte)
                 if start is None:
                     raise self._expired(topic, queue_id, offset)
+            rel = byte - start
             try:
-                view = files.view(start)
+                view = files.view(start, rel + CQ_ENTRY_SIZE)  # remapped if it grew
             except FileNotFoundError:
                 files.refresh()
                 raise self._expired(topic, queue_id, offset) from None
-            per_file = files.entries_per_file(start, view)
-            rel = byte - start
-            if rel >= per_file * CQ_ENTRY_SIZE:
+            slot = files.entries_per_file(start, view) * CQ_ENTRY_SIZE
+            if rel >= slot:
                 # past this file: the next one may not exist yet
                 files.refresh()
                 nxt = files.locate(byte)
                 if nxt == start or nxt is None:
                     return
                 continue
-            limit = min(len(view), per_file * CQ_ENTRY_SIZE)
-            source = str(files.path(start))
-            while rel + CQ_ENTRY_SIZE <= limit:
+            end = min(len(view), slot)
+            if rel + CQ_ENTRY_SIZE > end:
+                return  # the file is shorter than its slot: this entry is not written yet
+            while rel + CQ_ENTRY_SIZE <= end:
                 phys, size, tags = unpack(view, rel)
-                if size == 0:
+                if size <= 0 or size == CQ_FILLER_SIZE or phys < 0:
+                    if size == 0:
+                        return
+                    if size == CQ_FILLER_SIZE:
+                        raise self._expired(topic, queue_id, offset)
+                    raise CorruptRecordError(
+                        str(files.path(start)), rel, f"ConsumeQueue entry ({phys}, {size}, {tags}) is impossible"
+                    )
+                if phys + size > phys_limit:
                     return
-                if size == CQ_FILLER_SIZE:
-                    raise self._expired(topic, queue_id, offset)
-                if size < 0:
-                    raise CorruptRecordError(source, rel, f"ConsumeQueue entry with negative size {size}")
-                if confirmed is not None and phys + size > confirmed:
+                if total and total + size > budget:
                     return
-                if max_bytes is not None and count and total + size > max_bytes:
-                    return
+                pos = phys - cl_start
+                if pos < 0 or pos + size > cl_len:
+                    try:
+                        window = self._commitlog_window(phys, size)
+                    except FileNotFoundError:
+                        raise self._expired(topic, queue_id, offset) from None
+                    if window is None:
+                        return
+                    cl_start, cl_view, cl_source = window
+                    cl_len = len(cl_view)
+                    pos = phys - cl_start
                 try:
-                    rec = self.read_at(phys, verify_crc=verify_crc)
-                except FileNotFoundError:
-                    raise self._expired(topic, queue_id, offset) from None
+                    rec = check(cl_view, pos, cl_source, topic=topic_raw, queue_id=queue_id, queue_offset=offset,
+                                commitlog_offset=phys, size=size, verify_crc=verify_crc)
                 except NotWrittenYetError:
                     return
-                check_against_entry(
-                    rec, topic=topic_raw, queue_id=queue_id, queue_offset=offset,
-                    commitlog_offset=phys, size=size,
-                )
-                yield QueuedRecord(offset, tags, rec)
-                count += 1
+                item = new_item(QueuedRecord)
+                set_offset(item, offset)
+                set_tags(item, tags)
+                set_record(item, rec)
+                yield item
                 total += size
                 offset += 1
                 rel += CQ_ENTRY_SIZE
-                if max_count is not None and count >= max_count:
+                remaining -= 1
+                if remaining == 0:
                     return
-            if limit < per_file * CQ_ENTRY_SIZE:
-                return  # the file is shorter than its slot: nothing more written yet
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         """The next queue offset the broker will write: cheap enough to call for
@@ -444,11 +515,14 @@ class LocalStore:
         files = self._queue(topic, queue_id)
         while lo < hi:
             mid = (lo + hi) // 2
-            entry = self._entry(files, mid)
-            if entry is None:
-                hi = mid
-                continue
-            if self.read_at(entry[0], verify_crc=False).store_timestamp >= timestamp_ms:
+            try:
+                entry = self._entry(files, mid)
+                stamp = None if entry is None else self.read_at(entry[0], verify_crc=False).store_timestamp
+            except FileNotFoundError:
+                raise self._expired(topic, queue_id, mid) from None
+            except NotWrittenYetError:
+                stamp = None  # a torn tail ends the queue here
+            if stamp is None or stamp >= timestamp_ms:
                 hi = mid
             else:
                 lo = mid + 1

@@ -9,30 +9,14 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
+from dispatcher import DispatchOptions
 from tiered.cli.app import app, err_console, fail
 from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, settings_from
-from tiered.cli.wiring import cold_tier, lease, object_store, setup_logging
+from tiered.cli.wiring import cold_tier, make_dispatcher, object_store, setup_logging
 from tiered.config import Settings
 from tiered.errors import FencedError, TieredError
 from tiered.localstore import LocalStore
 from tiered.verify import verify as run_verify
-
-
-def make_dispatcher(settings: Settings, local: LocalStore, recorder=None, clock=None, on_bytes=lambda n: None):
-    store = object_store(settings, recorder)
-    cold = cold_tier(settings, store, writer=True, clock=clock)
-    d = settings.dispatch
-    options = DispatchOptions(
-        archive=ArchiveOptions(upload_bytes=d.upload_bytes, max_delay_ms=int(d.max_delay * 1000),
-                               segment_bytes=d.segment_bytes, start_position=d.start_position,
-                               quarantine_corrupt=d.quarantine_corrupt, key_index=d.key_index),
-        parallelism=d.parallelism, round_budget_s=d.round_budget, failure_backoff_s=d.interval,
-    )
-    topic_filter = TopicFilter(tuple(settings.topics.include), tuple(settings.topics.exclude),
-                               settings.topics.include_system, frozenset({settings.cluster, settings.broker}))
-    return Dispatcher(local, cold, lease=lease(settings, store, clock), topic_filter=topic_filter,
-                      options=options, recorder=recorder, clock=clock, on_bytes=on_bytes)
 
 
 def _require_store(settings: Settings) -> LocalStore:

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tiered.clock import Clock, SystemClock
 from tiered.coldtier import ColdTier
 from tiered.config import Settings
 from tiered.lease import LeaseManager
+from tiered.manifest import broker_prefix
+from tiered.localstore import LocalStore
 from tiered.recorder import NullRecorder, Recorder
 from tiered.storage import ObjectStore, RetryPolicy, S3Options, open_store
+
+if TYPE_CHECKING:
+    from dispatcher import Dispatcher
 
 
 def s3_options(settings: Settings) -> S3Options:
@@ -40,8 +47,6 @@ def cold_tier(settings: Settings, store: ObjectStore, *, writer: bool, clock: Cl
 
 
 def lease(settings: Settings, store: ObjectStore, clock: Clock | None = None) -> LeaseManager:
-    from tiered.manifest import broker_prefix
-
     return LeaseManager(store, broker_prefix(settings.cluster, settings.broker), settings.writer_identity(),
                         ttl_s=settings.lease_ttl, clock=clock, force=settings.force_takeover)
 
@@ -82,3 +87,33 @@ def setup_logging(fmt: str, level: str) -> None:
     root.setLevel(level)
     for noisy in ("botocore", "s3fs", "aiobotocore", "urllib3", "apscheduler.executors", "py4j"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def make_dispatcher(
+    settings: Settings,
+    local: LocalStore,
+    recorder: Recorder | None = None,
+    clock: Clock | None = None,
+    on_bytes: Callable[[int], None] = lambda n: None,
+    *,
+    store: ObjectStore | None = None,
+    cold: ColdTier | None = None,
+    lease_manager: LeaseManager | None = None,
+) -> Dispatcher:
+    """A Dispatcher from settings; the service passes its shared store, cold
+    tier and lease so the dispatcher and the cleaner see one manifest cache."""
+    from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
+
+    store = store or object_store(settings, recorder)
+    cold = cold or cold_tier(settings, store, writer=True, clock=clock)
+    d = settings.dispatch
+    options = DispatchOptions(
+        archive=ArchiveOptions(upload_bytes=d.upload_bytes, max_delay_ms=int(d.max_delay * 1000),
+                               segment_bytes=d.segment_bytes, start_position=d.start_position,
+                               quarantine_corrupt=d.quarantine_corrupt, key_index=d.key_index),
+        parallelism=d.parallelism, round_budget_s=d.round_budget, failure_backoff_s=d.interval,
+    )
+    topic_filter = TopicFilter(tuple(settings.topics.include), tuple(settings.topics.exclude),
+                               settings.topics.include_system, frozenset({settings.cluster, settings.broker}))
+    return Dispatcher(local, cold, lease=lease_manager or lease(settings, store, clock), topic_filter=topic_filter,
+                      options=options, recorder=recorder, clock=clock, on_bytes=on_bytes)
