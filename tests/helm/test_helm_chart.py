@@ -704,6 +704,8 @@ def test_broker_statefulset(rendered) -> None:
     conf = one(docs, "ConfigMap", "-broker")["data"]["broker.conf"]
     assert "brokerClusterName=prod-cluster" in conf and "storePathRootDir=/home/rocketmq/store" in conf
     assert "checksum/broker-config" in spec["template"]["metadata"]["annotations"]
+    pull = [{"name": "regcred"}, {"name": "mirror-credentials"}]
+    assert spec["template"]["spec"]["imagePullSecrets"] == pull
 
 
 def test_pdb_only_with_the_broker_statefulset(rendered) -> None:

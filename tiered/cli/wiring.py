@@ -117,3 +117,8 @@ def make_dispatcher(
                                settings.topics.include_system, frozenset({settings.cluster, settings.broker}))
     return Dispatcher(local, cold, lease=lease_manager or lease(settings, store, clock), topic_filter=topic_filter,
                       options=options, recorder=recorder, clock=clock, on_bytes=on_bytes)
+
+
+def make_cleaner(settings: Settings, cold: ColdTier, local: LocalStore | None, recorder: Recorder | None = None,
+                 clock: Clock | None = None):  # noqa: ANN201 - cleaner.Cleaner
+    return None  # wired once the cleaner lands (issue 4)

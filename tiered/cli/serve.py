@@ -1,0 +1,210 @@
+"""``tiered serve``: the dispatcher and the cleaner in one process, one HTTP port.
+
+The sidecar composes the parts once: one ObjectStore (so every request is
+counted once), one ColdTier (so the dispatcher and the cleaner share one
+manifest cache and one per-queue lock), one lease, one PrometheusRecorder.
+
+Shutdown (SIGTERM/SIGINT): stop scheduling, let the running round finish
+for up to ``shutdown_timeout``, then leave. Nothing is ever half-committed:
+a manifest write is the commit and is atomic, so an upload abandoned at the
+deadline leaves at worst an orphan object, collected later.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MISSED, JobExecutionEvent
+from apscheduler.executors.pool import ThreadPoolExecutor as APThreadPool
+from apscheduler.schedulers.background import BackgroundScheduler
+from prometheus_client import CollectorRegistry
+
+from metrics import MetricsServer, PrometheusRecorder
+from tiered.cli.app import app, fail
+from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, settings_from
+from tiered.cli.wiring import cold_tier, lease, make_cleaner, make_dispatcher, object_store, setup_logging
+from tiered.clock import Clock, SystemClock
+from tiered.config import Settings
+from tiered.errors import TieredError
+from tiered.localstore import LocalStore
+
+log = logging.getLogger("tiered.serve")
+
+
+class Sidecar:
+    def __init__(self, settings: Settings, *, clock: Clock | None = None,
+                 registry: CollectorRegistry | None = None) -> None:
+        if settings.store is None:
+            raise TieredError("store: required (--store DIR)")
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.registry = registry or CollectorRegistry()
+        self.recorder = PrometheusRecorder(self.registry, per_queue=settings.metrics.per_queue)
+        self.store = object_store(settings, self.recorder)
+        self.local = LocalStore(settings.store)
+        self.cold = cold_tier(settings, self.store, writer=True, clock=self.clock)
+        self.lease = lease(settings, self.store, self.clock)
+        self.dispatcher = make_dispatcher(settings, self.local, self.recorder, self.clock, store=self.store,
+                                          cold=self.cold, lease_manager=self.lease)
+        self.cleaner = make_cleaner(settings, self.cold, self.local, self.recorder, self.clock)
+        self.scheduler = BackgroundScheduler(executors={"default": APThreadPool(2)}, timezone="UTC")
+        self.scheduler.add_listener(self._job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED)
+        self.server = MetricsServer(self.registry, host=settings.metrics.host, port=settings.metrics.port,
+                                    ready=self.ready)
+        self._started = threading.Event()
+        self._start_error: str | None = "not started"
+        self._last_round_error: str | None = None
+        self._busy = threading.Lock()
+
+    # --- health --------------------------------------------------------------
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready when the store is readable, the cold tier answered (lease taken,
+        manifest cache loaded) and this sidecar still holds the write lease."""
+        store = self.settings.store
+        if store is None or not os.access(store / "consumequeue", os.R_OK):
+            return False, "store not readable"
+        if self._start_error is not None:
+            return False, f"cold tier not ready: {self._start_error}"
+        if not self.cold.loaded:
+            return False, "manifest cache not loaded"
+        if self._last_round_error is not None:
+            return False, f"not writing: {self._last_round_error}"
+        return True, "ready"
+
+    # --- jobs ----------------------------------------------------------------
+
+    def _ensure_started(self) -> bool:
+        if self._started.is_set():
+            return True
+        try:
+            self.dispatcher.start()
+        except TieredError as exc:
+            self._start_error = str(exc)
+            log.error("cannot start archiving: %s", self._start_error)
+            return False
+        self._start_error = None
+        self._started.set()
+        return True
+
+    def dispatch_round(self) -> None:
+        with self._busy:
+            if not self._ensure_started():
+                return
+            result = self.dispatcher.run_round()
+            self._last_round_error = result.fenced
+            if result.segments or result.gaps or result.errors:
+                log.info("dispatch round", extra={"segments": result.segments, "messages": result.messages,
+                                                  "bytes": result.nbytes, "errors": len(result.errors),
+                                                  "seconds": round(result.seconds, 3)})
+
+    def clean_pass(self) -> None:
+        if self.cleaner is None or not self._started.is_set():
+            return
+        self.cleaner.run_pass()
+
+    def _job_event(self, event: JobExecutionEvent) -> None:
+        if event.code == EVENT_JOB_MISSED:
+            log.warning("scheduled run missed", extra={"job": event.job_id})
+        elif event.exception is not None:
+            job = "clean" if event.job_id == "clean" else "dispatch"
+            self.recorder.round_finished(job, 0.0, False, self.clock.now_ms() / 1000)
+            log.error("job failed: %s: %s", type(event.exception).__name__, event.exception,
+                      extra={"job": event.job_id})
+
+    # --- lifecycle -------------------------------------------------------------
+
+    def start(self) -> None:
+        self.server.start()
+        s = self.settings
+        common: dict[str, Any] = {"max_instances": 1, "coalesce": True, "replace_existing": True}
+        self.scheduler.add_job(self.dispatch_round, "interval", seconds=s.dispatch.interval, id="dispatch",
+                               misfire_grace_time=max(1, int(s.dispatch.interval)),
+                               next_run_time=_now(), **common)
+        if self.cleaner is not None and s.cleaner.enabled:
+            self.scheduler.add_job(self.clean_pass, "interval", seconds=s.cleaner.interval, id="clean",
+                                   misfire_grace_time=max(1, int(s.cleaner.interval)), **common)
+        self.scheduler.start()
+
+    def stop(self, timeout: float) -> bool:
+        """Stop scheduling, wait up to ``timeout`` for running work. True if it finished."""
+        if self.scheduler.running:
+            self.scheduler.pause()
+        done = threading.Event()
+
+        def _shutdown() -> None:
+            if self.scheduler.running:
+                self.scheduler.shutdown(wait=True)
+            done.set()
+
+        threading.Thread(target=_shutdown, name="tiered-shutdown", daemon=True).start()
+        finished = done.wait(timeout)
+        if finished:
+            try:
+                self.lease.release()
+            except TieredError as exc:
+                log.warning("could not release the write lease: %s", exc)
+        self.server.stop()
+        return finished
+
+
+def _now() -> Any:
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc)
+
+
+def run_sidecar(settings: Settings) -> int:
+    """Run until SIGTERM/SIGINT; exit code 0 on a clean or bounded stop."""
+    try:
+        sidecar = Sidecar(settings)
+    except TieredError as exc:
+        print(f"tiered: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        sidecar.start()
+    except OSError as exc:
+        print(f"tiered: cannot listen on {settings.metrics.host}:{settings.metrics.port}: {exc.strerror}",
+              file=sys.stderr)
+        return 2
+    log.info("serving", extra={"metrics_url": sidecar.server.url, "store": str(settings.store),
+                               "broker": settings.broker, "cluster": settings.cluster})
+    while not stop.wait(1.0):
+        pass
+    log.info("stopping: waiting up to %.0fs for running uploads", settings.shutdown_timeout)
+    started = time.monotonic()
+    finished = sidecar.stop(settings.shutdown_timeout)
+    if not finished:
+        log.warning("shutdown timeout after %.1fs: abandoning in-flight uploads (nothing was committed half-way)",
+                    time.monotonic() - started)
+        logging.shutdown()
+        os._exit(0)  # worker threads would otherwise be joined at exit, past the bound
+    log.info("stopped")
+    return 0
+
+
+@app.command()
+def serve(
+    config: ConfigOpt = None, store: StoreOpt = None, cold: ColdOpt = None,
+    cluster: ClusterOpt = None, broker: BrokerOpt = None,
+    metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", help="HTTP port for /metrics, /healthz, /readyz.")] = None,
+    state_dir: Annotated[Optional[Path], typer.Option("--state-dir", help="Local state (manifest cache).")] = None,
+) -> None:
+    """Run the sidecar: dispatcher + cleaner on their intervals, metrics and health over HTTP."""
+    settings = settings_from(config, store=store, cold_url=cold, cluster=cluster, broker=broker,
+                             **{"metrics.port": metrics_port, "state_dir": state_dir})
+    if settings.store is None:
+        fail("invalid configuration: store: required (--store DIR, TIERED_STORE or 'store:' in the file)", 2)
+    setup_logging(settings.log.format, settings.log.level)
+    raise typer.Exit(run_sidecar(settings))

@@ -1,0 +1,63 @@
+"""Per-queue status: what is on local disk, what is archived, the lag."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tiered.coldtier import ColdTier
+from tiered.errors import TieredError
+from tiered.localstore import LocalStore
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    topic: str
+    queue_id: int
+    local_min_offset: int | None
+    local_max_offset: int | None
+    archived_first_offset: int | None
+    archived_next_offset: int | None
+    lag_messages: int | None
+    oldest_archived_ms: int | None
+    newest_archived_ms: int | None
+    segments: int
+    nbytes: int
+    gaps: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def queue_status(cold: ColdTier, local: LocalStore | None = None) -> list[QueueStatus]:
+    """Rows for every queue archived or (with ``local``) present locally.
+
+    Reads the manifests through ``cold`` (fetched if not cached) and the
+    local ConsumeQueues; never the CommitLog or archived data.
+    """
+    if not cold.manifests():
+        cold.rebuild(use_catalog=False)
+    manifests = cold.manifests()
+    keys = set(manifests)
+    if local is not None:
+        keys.update(local.queues())
+    rows = []
+    for topic, qid in sorted(keys):
+        m = manifests.get((topic, qid))
+        lmin = lmax = None
+        if local is not None:
+            try:
+                rng = local.queue_range(topic, qid)
+                lmin, lmax = rng.min_offset, rng.max_offset
+            except (OSError, TieredError):
+                pass
+        lag = None
+        if lmax is not None:
+            lag = max(0, lmax - (m.next_offset if m else (lmin or 0)))
+        rows.append(QueueStatus(
+            topic, qid, lmin, lmax,
+            m.first_offset if m else None, m.next_offset if m else None, lag,
+            m.min_store_ms if m else None, m.max_store_ms if m else None,
+            len(m.segments) if m else 0, m.nbytes if m else 0, len(m.gaps) if m else 0,
+        ))
+    return rows
