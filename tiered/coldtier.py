@@ -90,13 +90,15 @@ class ColdTier:
         with self._guard:
             return self._locks.setdefault((topic, queue_id), threading.Lock())
 
-    def load(self, epoch: int = 0) -> None:
+    def load(self, epoch: int = 0, *, rebuild: bool = False) -> None:
         """Load the local cache; rebuild it from the bucket when it is missing,
-        corrupt or from another lease epoch."""
-        if self.cache_dir is not None:
+        corrupt, from another lease epoch or another cold-tier URL, or when
+        ``rebuild`` asks for it (a writer that lost its lease and won it back)."""
+        if self.cache_dir is not None and not rebuild:
             try:
                 meta = read_json(self.cache_dir / "_meta.json")
-                if meta and meta.get("epoch") == epoch and meta.get("complete"):
+                if (meta and meta.get("epoch") == epoch and meta.get("complete")
+                        and meta.get("store", self.store.url) == self.store.url):
                     self._load_cache_files()
                     self.loaded = True
                     return
@@ -104,7 +106,7 @@ class ColdTier:
                 log.warning("manifest cache unusable (%s); rebuilding from the bucket", exc)
         self.rebuild()
         if self.cache_dir is not None:
-            write_json(self.cache_dir / "_meta.json", {"epoch": epoch, "complete": True})
+            write_json(self.cache_dir / "_meta.json", {"epoch": epoch, "complete": True, "store": self.store.url})
         self.loaded = True
 
     def _load_cache_files(self) -> None:
@@ -203,13 +205,17 @@ class ColdTier:
         """Apply ``change`` to the current manifest and write it conditionally.
 
         ``change`` gets the manifest (None for a queue's first commit) and
-        returns the new one; it raises ConflictError when it no longer applies.
+        returns the new one; it raises ConflictError when it no longer applies,
+        and returns its argument itself when the change is already there (a
+        commit whose response was lost, then re-read): nothing is written then.
         """
         key = f"{queue_prefix(self.cluster, self.broker, topic, queue_id)}/{MANIFEST}"
         for _ in range(attempts):
             base = self.current(topic, queue_id)
             entry = self._entries[(topic, queue_id)]
             new = change(base)
+            if base is not None and new is base:
+                return base
             new = replace(new, generation=(base.generation if base else 0) + 1, writer=self.writer,
                           updated_ms=self.clock.now_ms())
             new.check()
@@ -218,7 +224,9 @@ class ColdTier:
                     etag = self.store.put_if_absent(key, new.to_bytes())
                 else:
                     etag = self.store.put_if_match(key, new.to_bytes(), entry.etag or "")
-            except PreconditionFailedError:
+            except (PreconditionFailedError, ObjectNotFoundError):
+                # another writer, our own write whose response was lost, or a
+                # manifest deleted under a stale cache: re-read and re-apply
                 log.info("manifest %s changed under us; re-reading", key)
                 self.fetch(topic, queue_id)
                 continue

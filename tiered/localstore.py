@@ -289,6 +289,8 @@ class LocalStore:
             if newer is not None and newer != start:
                 return self.read_at(commitlog_offset, verify_crc=verify_crc)
         source = str(self.commitlog.path(start))
+        if rel + 8 > len(view):
+            raise NotWrittenYetError(source, rel, "the file ends inside the record header")
         kind, size = peek(view, rel, source)
         if kind is Peek.UNWRITTEN:
             raise NotWrittenYetError(source, rel)
@@ -328,6 +330,8 @@ class LocalStore:
         rel = phys - start
         source = str(cl.path(start))
         if rel + size > len(view):
+            if rel + 8 > len(view):
+                return None  # the file ends inside the record header: a torn tail
             kind, found = peek(view, rel, source)
             if kind is Peek.BLANK:
                 raise CorruptRecordError(source, rel, "a ConsumeQueue entry points at the end-of-file filler")

@@ -12,6 +12,7 @@ CommitLog file) and every queue's next offset.
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import time
@@ -95,21 +96,30 @@ class StoreWriter:
             return 0
         start = names[-1]
         path = self.root / "commitlog" / f"{start:020d}"
-        data = memoryview(path.read_bytes())
-        # An existing store keeps its file size: derived from the files, not from the argument.
-        if len(names) > 1:
-            self.commitlog_file_size = names[1] - names[0]
-        elif len(data) >= 4096:
-            self.commitlog_file_size = len(data)
-        pos = 0
-        while pos < len(data):
-            kind, size = peek(data, pos, str(path))
-            if kind is Peek.UNWRITTEN:
-                break
-            if kind is Peek.BLANK:
-                return start + self.commitlog_file_size
-            pos += size
-        return start + pos
+        # Mapped, not read: a default CommitLog file is 1 GiB.
+        with open(path, "rb") as fh:
+            length = os.fstat(fh.fileno()).st_size
+            mm = mmap.mmap(fh.fileno(), length, access=mmap.ACCESS_READ) if length else None
+        data = memoryview(mm) if mm is not None else memoryview(b"")
+        try:
+            # An existing store keeps its file size: derived from the files, not from the argument.
+            if len(names) > 1:
+                self.commitlog_file_size = names[1] - names[0]
+            elif len(data) >= 4096:
+                self.commitlog_file_size = len(data)
+            pos = 0
+            while pos < len(data):
+                kind, size = peek(data, pos, str(path))
+                if kind is Peek.UNWRITTEN:
+                    break
+                if kind is Peek.BLANK:
+                    return start + self.commitlog_file_size
+                pos += size
+            return start + pos
+        finally:
+            data.release()
+            if mm is not None:
+                mm.close()
 
     def next_queue_offset(self, topic: str, queue_id: int) -> int:
         key = (topic, queue_id)

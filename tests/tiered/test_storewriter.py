@@ -122,12 +122,17 @@ def test_reopen_after_a_filler_starts_the_next_file(tmp_path: Path) -> None:
     assert a[1].commitlog_offset == a[0].size
 
 
-def test_reopen_with_a_different_file_size_is_refused(tmp_path: Path) -> None:
+def test_reopen_keeps_the_existing_file_size(tmp_path: Path) -> None:
     with StoreWriter(tmp_path, commitlog_file_size=4096) as w:
         for _ in range(3):
             w.put("T", 0, b"q" * 1900)
-    with pytest.raises(ValueError):
-        StoreWriter(tmp_path, commitlog_file_size=8192)
+    with StoreWriter(tmp_path, commitlog_file_size=8192) as w:
+        assert w.commitlog_file_size == 4096
+        a = w.put("T", 0, b"q" * 1900)
+        b = w.put("T", 0, b"q" * 1900)
+    assert a.commitlog_offset == 4096 + a.size  # second record of the second 4096-byte file
+    assert b.commitlog_offset == 8192  # a third does not fit it
+    assert sorted(os.listdir(tmp_path / "commitlog")) == [f"{n:020d}" for n in (0, 4096, 8192)]
 
 
 def test_record_larger_than_a_file_is_refused(tmp_path: Path) -> None:
@@ -139,7 +144,7 @@ def test_record_larger_than_a_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_delayed_message_goes_to_the_schedule_topic(tmp_path: Path) -> None:
-    with StoreWriter(tmp_path) as w:
+    with StoreWriter(tmp_path, commitlog_file_size=1 << 16) as w:
         a = w.put("orders", 3, b"later", tags="T", delay_level=4, store_timestamp=1_000_000)
         with pytest.raises(ValueError):
             w.put("orders", 3, b"x", delay_level=19)
@@ -152,7 +157,7 @@ def test_delayed_message_goes_to_the_schedule_topic(tmp_path: Path) -> None:
 
 
 def test_retry_and_dlq_topics_carry_reconsume_time(tmp_path: Path) -> None:
-    with StoreWriter(tmp_path) as w:
+    with StoreWriter(tmp_path, commitlog_file_size=1 << 16) as w:
         r = w.put("%RETRY%grp", 0, b"r", reconsume_times=2)
         d = w.put("%DLQ%grp", 0, b"d", reconsume_times=16)
     raw = cl_file(tmp_path, 0).read_bytes()
@@ -202,7 +207,7 @@ def test_topics_json_registration_and_bak(tmp_path: Path) -> None:
 
 
 def test_checkpoint_layout(tmp_path: Path) -> None:
-    with StoreWriter(tmp_path) as w:
+    with StoreWriter(tmp_path, commitlog_file_size=1 << 16) as w:
         w.put("A", 0, b"abc")
         w.write_checkpoint(confirm_offset=77)
         pos = w.position
@@ -214,7 +219,7 @@ def test_checkpoint_layout(tmp_path: Path) -> None:
 
 def test_ipv6_hosts_and_long_topic(tmp_path: Path) -> None:
     topic = "L" * 130
-    with StoreWriter(tmp_path, store_host=Host("::1", 10911)) as w:
+    with StoreWriter(tmp_path, commitlog_file_size=1 << 16, store_host=Host("::1", 10911)) as w:
         a = w.put(topic, 0, b"v6", born_host=Host("fe80::1", 7))
     raw = cl_file(tmp_path, 0).read_bytes()[:a.size]
     assert struct.unpack_from(">I", raw, 4)[0] == 0xDAA320AB

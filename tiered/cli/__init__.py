@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from tiered.cli.app import app
 from tiered.cli import archive as _archive  # noqa: F401  (registers commands)
+from tiered.cli import demo as _demo  # noqa: F401
 from tiered.cli import serve as _serve  # noqa: F401
 from tiered.cli import status as _status  # noqa: F401
 from tiered.cli import store as _store  # noqa: F401

@@ -1,0 +1,579 @@
+"""LocalStore against real stores written by StoreWriter: rolling CommitLog
+and ConsumeQueue files, fillers, delayed and retry/DLQ topics, config with
+.bak fallback, the checkpoint, files deleted under the reader, torn tails
+and corrupt records."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from tiered.codec import Host, Message, encode_record, tags_code
+from tiered.errors import CorruptRecordError, ExpiredLocallyError, NotWrittenYetError
+from tiered.localstore import LocalStore, QueueRange
+from tiered.storewriter import SCHEDULE_TOPIC, Appended, StoreWriter
+
+FILE = 4096
+CQ_PER_FILE = 5
+
+
+def body_of(i: int) -> bytes:
+    return bytes([i % 251]) * ((i * 37) % 700)
+
+
+def make_store(root: Path, n: int = 60, queues: int = 2, topic: str = "T", **kw) -> list[Appended]:
+    out = []
+    with StoreWriter(root, commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
+        for i in range(n):
+            out.append(w.put(topic, i % queues, body_of(i), tags=f"tag{i % 3}", keys=[f"k{i}", "common"],
+                             unique_key=f"U{i:08d}", store_timestamp=1_000_000 + i * 10, **kw))
+    return out
+
+
+def raw_at(root: Path, phys: int, size: int) -> bytes:
+    start = phys - phys % FILE
+    with open(root / "commitlog" / f"{start:020d}", "rb") as fh:
+        fh.seek(phys - start)
+        return fh.read(size)
+
+
+def cl_path(root: Path, phys: int) -> Path:
+    return root / "commitlog" / f"{phys - phys % FILE:020d}"
+
+
+def cq_path(root: Path, topic: str, qid: int, offset: int) -> Path:
+    per = CQ_PER_FILE * 20
+    byte = offset * 20
+    return root / "consumequeue" / topic / str(qid) / f"{byte - byte % per:020d}"
+
+
+def patch(path: Path, at: int, data: bytes) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, data, at)
+    finally:
+        os.close(fd)
+
+
+# --- reading everything ---------------------------------------------------------------------
+
+
+def test_reads_every_record_across_rolling_files(tmp_path: Path) -> None:
+    appended = make_store(tmp_path)
+    assert len(os.listdir(tmp_path / "commitlog")) > 5
+    assert len(os.listdir(tmp_path / "consumequeue" / "T" / "0")) == 6
+    with LocalStore(tmp_path) as store:
+        assert store.topics() == ["T"]
+        assert store.queue_ids("T") == [0, 1]
+        assert store.queues() == [("T", 0), ("T", 1)]
+        for qid in (0, 1):
+            mine = [a for a in appended if a.queue_id == qid]
+            assert store.queue_range("T", qid) == QueueRange(0, 30)
+            items = list(store.iter_queue("T", qid, 0))
+            assert [it.queue_offset for it in items] == list(range(30))
+            for it, a in zip(items, mine):
+                i = appended.index(a)
+                rec = it.record
+                assert it.tags_code == tags_code(f"tag{i % 3}")
+                assert bytes(rec.raw) == raw_at(tmp_path, a.commitlog_offset, a.size)
+                assert rec.physical_offset == a.commitlog_offset and rec.size == a.size
+                assert rec.queue_offset == a.queue_offset and rec.queue_id == qid
+                assert rec.body_bytes() == body_of(i)
+                assert rec.store_timestamp == 1_000_000 + i * 10
+                assert rec.tags == f"tag{i % 3}"
+                assert rec.keys == [f"k{i}", "common"]
+                assert rec.unique_key == f"U{i:08d}"
+                assert rec.source == str(cl_path(tmp_path, a.commitlog_offset))
+                assert rec.position == a.commitlog_offset % FILE
+
+
+def test_record_bytes_match_an_independent_encoding(tmp_path: Path) -> None:
+    appended = make_store(tmp_path, n=6, queues=1)
+    with LocalStore(tmp_path) as store:
+        for it, a in zip(store.iter_queue("T", 0, 0), appended):
+            i = appended.index(a)
+            expected = encode_record(Message(
+                topic="T", queue_id=0, body=body_of(i),
+                properties={"KEYS": f"k{i} common", "TAGS": f"tag{i % 3}", "UNIQ_KEY": f"U{i:08d}"},
+                born_timestamp=1_000_000 + i * 10, born_host=Host("127.0.0.1", 50000),
+                store_timestamp=1_000_000 + i * 10, store_host=Host("127.0.0.1", 10911),
+                queue_offset=i, physical_offset=a.commitlog_offset))
+            assert bytes(it.record.raw) == expected
+
+
+def test_iter_from_the_middle_and_limits(tmp_path: Path) -> None:
+    appended = [a for a in make_store(tmp_path, n=40, queues=1)]
+    sizes = [a.size for a in appended]
+    with LocalStore(tmp_path) as store:
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 7)] == list(range(7, 40))
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 10)] == list(range(10, 40))  # file boundary
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 39)] == [39]
+        assert list(store.iter_queue("T", 0, 40)) == []
+        assert list(store.iter_queue("T", 0, 1000)) == []
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 3, max_count=4)] == [3, 4, 5, 6]
+        assert list(store.iter_queue("T", 0, 3, max_count=0)) == []
+        budget = sizes[3] + sizes[4] + sizes[5]
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 3, max_bytes=budget)] == [3, 4, 5]
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 3, max_bytes=budget - 1)] == [3, 4]
+        # at least one record, however small the budget
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 3, max_bytes=1)] == [3]
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 3, max_count=2, max_bytes=budget)] == [3, 4]
+
+
+def test_read_at(tmp_path: Path) -> None:
+    appended = make_store(tmp_path, n=10, queues=1)
+    with LocalStore(tmp_path) as store:
+        for a in appended:
+            assert bytes(store.read_at(a.commitlog_offset).raw) == raw_at(tmp_path, a.commitlog_offset, a.size)
+        end = appended[-1].commitlog_offset + appended[-1].size
+        with pytest.raises(NotWrittenYetError):
+            store.read_at(end)
+
+
+# --- find_offset ------------------------------------------------------------------------------
+
+
+def test_find_offset_first_offset_at_or_after(tmp_path: Path) -> None:
+    stamps = [100, 100, 100, 105, 110, 110, 120, 121, 121, 121, 121, 150, 150, 200, 201, 300, 300]
+    with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=4) as w:
+        for ts in stamps:
+            w.put("T", 0, b"x" * 300, store_timestamp=ts)
+    with LocalStore(tmp_path) as store:
+        for t in range(90, 310):
+            expected = next((i for i, s in enumerate(stamps) if s >= t), len(stamps))
+            assert store.find_offset("T", 0, t) == expected, t
+        assert store.find_offset("T", 0, -(2**63)) == 0
+        assert store.find_offset("T", 0, 2**63 - 1) == len(stamps)
+        assert store.find_offset("T", 9, 100) == 0  # no such queue
+
+
+def test_find_offset_with_filler_head(tmp_path: Path) -> None:
+    with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=4) as w:
+        w.fill_queue_head("T", 0, 6)
+        for i in range(5):
+            w.put("T", 0, b"x", store_timestamp=1000 + i)
+    with LocalStore(tmp_path) as store:
+        assert store.find_offset("T", 0, 0) == 6
+        assert store.find_offset("T", 0, 1002) == 8
+        assert store.find_offset("T", 0, 5000) == 11
+
+
+# --- filler head, delayed, retry/DLQ, IPv6 -------------------------------------------------------
+
+
+def test_filler_entries_at_the_head(tmp_path: Path) -> None:
+    with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
+        w.fill_queue_head("T", 0, 13)
+        for i in range(4):
+            w.put("T", 0, b"%d" % i)
+    with LocalStore(tmp_path) as store:
+        assert store.queue_range("T", 0) == QueueRange(13, 17)
+        items = list(store.iter_queue("T", 0, 13))
+        assert [(i.queue_offset, i.record.body_bytes()) for i in items] == [(13, b"0"), (14, b"1"), (15, b"2"), (16, b"3")]
+        for start in (10, 12):  # fillers: not messages
+            with pytest.raises(ExpiredLocallyError) as info:
+                list(store.iter_queue("T", 0, start))
+            assert info.value.next_available == 13 and info.value.offset == start
+        with pytest.raises(ExpiredLocallyError) as info:
+            list(store.iter_queue("T", 0, 0))  # before the first ConsumeQueue file
+        assert info.value.next_available == 13
+
+
+def test_delayed_messages(tmp_path: Path) -> None:
+    with StoreWriter(tmp_path, commitlog_file_size=FILE) as w:
+        for i in range(3):
+            w.put("orders", 2, b"d%d" % i, tags="late", delay_level=3, store_timestamp=5000 + i)
+    with LocalStore(tmp_path) as store:
+        assert store.queues() == [(SCHEDULE_TOPIC, 2)]
+        items = list(store.iter_queue(SCHEDULE_TOPIC, 2, 0))
+        assert [i.tags_code for i in items] == [15000, 15001, 15002]  # delivery time, level 3 = 10 s
+        rec = items[1].record
+        assert rec.topic == SCHEDULE_TOPIC and rec.queue_id == 2
+        assert rec.properties["REAL_TOPIC"] == "orders"
+        assert rec.properties["REAL_QID"] == "2"
+        assert rec.properties["DELAY"] == "3"
+        assert rec.tags == "late"
+
+
+def test_retry_and_dlq_topics(tmp_path: Path) -> None:
+    with StoreWriter(tmp_path, commitlog_file_size=FILE) as w:
+        w.put("%RETRY%g1", 0, b"r", reconsume_times=1)
+        w.put("%DLQ%g1", 0, b"d", reconsume_times=16, properties={"DLQ_ORIGIN_TOPIC": "orders"})
+    with LocalStore(tmp_path) as store:
+        assert store.topics() == ["%DLQ%g1", "%RETRY%g1"]
+        (r,) = store.iter_queue("%RETRY%g1", 0, 0)
+        (d,) = store.iter_queue("%DLQ%g1", 0, 0)
+        assert r.record.reconsume_times == 1 and r.record.properties["RECONSUME_TIME"] == "1"
+        assert d.record.reconsume_times == 16 and d.record.properties["DLQ_ORIGIN_TOPIC"] == "orders"
+        assert d.record.topic == "%DLQ%g1"
+
+
+def test_ipv6_hosts_and_long_topic(tmp_path: Path) -> None:
+    topic = "v2-" + "x" * 140
+    with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=3, store_host=Host("fd00::5", 10911)) as w:
+        appended = [w.put(topic, 0, b"b" * 500, born_host=Host("2001:db8::7", 4242), store_timestamp=i) for i in range(12)]
+    with LocalStore(tmp_path) as store:
+        items = list(store.iter_queue(topic, 0, 0))
+        assert len(items) == 12
+        for it, a in zip(items, appended):
+            rec = it.record
+            assert rec.born_host == Host("2001:db8::7", 4242)
+            assert rec.store_host == Host("fd00::5", 10911)
+            assert rec.sys_flag & 0x30 == 0x30
+            assert rec.store_timestamp == a.queue_offset
+            assert rec.topic == topic and rec.version == 2
+            assert bytes(rec.raw) == raw_at(tmp_path, a.commitlog_offset, a.size)
+        assert store.find_offset(topic, 0, 5) == 5
+
+
+# --- config and checkpoint ------------------------------------------------------------------------
+
+
+def _topics(attrs: dict) -> dict:
+    return {"topicConfigTable": {"T": {"topicName": "T", "attributes": attrs}}}
+
+
+@pytest.mark.parametrize("main", [None, b"", b"   \n", b"{garbage", b"\xff\xfe", b"[" * 100_000])
+def test_config_falls_back_to_bak(tmp_path: Path, main: bytes | None) -> None:
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "topics.json.bak").write_text(json.dumps(_topics({"reserve.time": "36"})))
+    if main is not None:
+        (config / "topics.json").write_bytes(main)
+    store = LocalStore(tmp_path)
+    assert store.read_config("topics.json") == _topics({"reserve.time": "36"})
+    assert store.retention_hours() == {"T": 36.0}
+
+
+def test_config_main_file_wins_over_bak(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "topics.json.bak").write_text(json.dumps(_topics({"reserve.time": "36"})))
+    (config / "topics.json").write_text(json.dumps(_topics({"reserve.time": "12"})))
+    assert LocalStore(tmp_path).retention_hours() == {"T": 12.0}
+
+
+def test_config_missing_or_broken(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    assert store.read_config("topics.json") == {}
+    assert store.retention_hours() == {}
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "topics.json").write_text("{nope")
+    (config / "topics.json.bak").write_text("")
+    with pytest.raises(CorruptRecordError) as info:
+        store.read_config("topics.json")
+    assert info.value.source == str(config / "topics.json")
+    (config / "topics.json").write_text("[1, 2]")
+    with pytest.raises(CorruptRecordError):
+        store.read_config("topics.json")
+
+
+def test_retention_hours_from_topic_attributes(tmp_path: Path) -> None:
+    with StoreWriter(tmp_path, commitlog_file_size=FILE) as w:
+        for t in ("A", "B", "C", "D", "E"):
+            w.put(t, 0, b"")
+        w.set_topic_attribute("A", "reserve.time", "48")
+        w.set_topic_attribute("B", "reserve.time", "0.5")
+        w.set_topic_attribute("C", "reserve.time", "forever")
+        w.set_topic_attribute("D", "reserve.time", "-1")
+        w.set_topic_attribute("E", "+reserve.time", "24")
+    assert LocalStore(tmp_path).retention_hours() == {"A": 48.0, "B": 0.5, "E": 24.0}
+    # a stale topics.json.tmp left by a crash does not matter
+    (tmp_path / "config" / "topics.json.tmp").write_text("{")
+    assert LocalStore(tmp_path).topic_configs()["A"]["attributes"] == {"reserve.time": "48"}
+
+
+def test_confirmed_offset_bounds_iteration(tmp_path: Path) -> None:
+    appended = make_store(tmp_path, n=20, queues=1)
+    with LocalStore(tmp_path) as store:
+        assert store.confirmed_offset() is None
+    end7 = appended[7].commitlog_offset + appended[7].size
+    with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
+        w.write_checkpoint(confirm_offset=0)
+    with LocalStore(tmp_path) as store:
+        assert store.confirmed_offset() is None  # 0: not in controller mode
+        assert len(list(store.iter_queue("T", 0, 0))) == 20
+    with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
+        w.write_checkpoint(confirm_offset=end7)
+    with LocalStore(tmp_path) as store:
+        assert store.confirmed_offset() == end7
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 0)] == list(range(8))
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 5)] == [5, 6, 7]
+        assert list(store.iter_queue("T", 0, 8)) == []
+    with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
+        w.write_checkpoint(confirm_offset=end7 - 1)  # record 7 not wholly confirmed
+    with LocalStore(tmp_path) as store:
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 0)] == list(range(7))
+    (tmp_path / "checkpoint").write_bytes(b"\x01" * 20)  # short file: ignored
+    with LocalStore(tmp_path) as store:
+        assert store.confirmed_offset() is None
+
+
+# --- files deleted under the reader -------------------------------------------------------------------
+
+
+def _first_offset_at_or_after(appended: list[Appended], qid: int, phys: int) -> int:
+    return next(a.queue_offset for a in appended if a.queue_id == qid and a.commitlog_offset >= phys)
+
+
+def test_commitlog_head_deleted_fresh_reader(tmp_path: Path) -> None:
+    appended = make_store(tmp_path, n=40, queues=1)
+    (tmp_path / "commitlog" / f"{0:020d}").unlink()
+    (tmp_path / "commitlog" / f"{FILE:020d}").unlink()
+    nxt = _first_offset_at_or_after(appended, 0, 2 * FILE)
+    with LocalStore(tmp_path) as store:
+        assert store.queue_range("T", 0) == QueueRange(nxt, 40)
+        for start in (0, nxt - 1):
+            with pytest.raises(ExpiredLocallyError) as info:
+                list(store.iter_queue("T", 0, start))
+            assert (info.value.topic, info.value.queue_id, info.value.offset) == ("T", 0, start)
+            assert info.value.next_available == nxt
+        assert [i.queue_offset for i in store.iter_queue("T", 0, nxt)] == list(range(nxt, 40))
+        assert store.find_offset("T", 0, 0) == nxt
+
+
+def test_commitlog_deleted_while_iterating(tmp_path: Path) -> None:
+    appended = make_store(tmp_path, n=40, queues=1)
+    nxt = _first_offset_at_or_after(appended, 0, 3 * FILE)
+    with LocalStore(tmp_path) as store:
+        it = store.iter_queue("T", 0, 0)
+        first = [next(it) for _ in range(2)]
+        # the broker deletes the oldest files, including ones the reader has not reached
+        for start in (0, FILE, 2 * FILE):
+            (tmp_path / "commitlog" / f"{start:020d}").unlink()
+        seen = [i.queue_offset for i in first]
+        with pytest.raises(ExpiredLocallyError) as info:
+            for item in it:
+                seen.append(item.queue_offset)
+                a = appended[item.queue_offset]
+                assert (item.record.physical_offset, item.record.size) == (a.commitlog_offset, a.size)
+                assert item.record.body_bytes() == body_of(item.queue_offset)
+        # what was still mapped was read correctly; the first missing offset is reported
+        assert seen == list(range(len(seen)))
+        assert info.value.offset == len(seen)
+        assert info.value.next_available == nxt
+        # after refresh the store no longer offers the deleted range
+        store.refresh()
+        assert store.queue_range("T", 0).min_offset == nxt
+        with pytest.raises(ExpiredLocallyError):
+            list(store.iter_queue("T", 0, 0))
+
+
+def test_consumequeue_head_deleted(tmp_path: Path) -> None:
+    make_store(tmp_path, n=40, queues=1)
+    with LocalStore(tmp_path) as store:
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 0, max_count=3)] == [0, 1, 2]
+        cq_path(tmp_path, "T", 0, 0).unlink()
+        cq_path(tmp_path, "T", 0, 5).unlink()
+        store.refresh()
+        assert store.queue_range("T", 0) == QueueRange(10, 40)
+        with pytest.raises(ExpiredLocallyError) as info:
+            list(store.iter_queue("T", 0, 3))
+        assert info.value.next_available == 10
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 10)][:2] == [10, 11]
+    with LocalStore(tmp_path) as fresh:
+        with pytest.raises(ExpiredLocallyError) as info:
+            list(fresh.iter_queue("T", 0, 0))
+        assert info.value.next_available == 10
+
+
+def test_consumequeue_file_deleted_before_the_reader_reaches_it(tmp_path: Path) -> None:
+    make_store(tmp_path, n=40, queues=1)
+    with LocalStore(tmp_path) as store:
+        it = store.iter_queue("T", 0, 0)
+        assert next(it).queue_offset == 0
+        for off in (0, 5, 10):
+            cq_path(tmp_path, "T", 0, off).unlink()
+        seen = []
+        with pytest.raises(ExpiredLocallyError) as info:
+            for item in it:
+                seen.append(item.queue_offset)
+        assert seen == [1, 2, 3, 4]  # the file already mapped still reads
+        assert (info.value.offset, info.value.next_available) == (5, 15)
+
+
+def test_everything_deleted(tmp_path: Path) -> None:
+    make_store(tmp_path, n=10, queues=1)
+    for name in os.listdir(tmp_path / "commitlog"):
+        (tmp_path / "commitlog" / name).unlink()
+    with LocalStore(tmp_path) as store:
+        rng = store.queue_range("T", 0)
+        assert rng.count == 0
+        with pytest.raises(ExpiredLocallyError):
+            list(store.iter_queue("T", 0, 0))
+
+
+# --- torn tails --------------------------------------------------------------------------------------------
+
+
+def test_entry_present_but_record_zeroed(tmp_path: Path) -> None:
+    appended = make_store(tmp_path, n=12, queues=1)
+    last = appended[-1]
+    patch(cl_path(tmp_path, last.commitlog_offset), last.commitlog_offset % FILE, bytes(last.size))
+    with LocalStore(tmp_path) as store:
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 0)] == list(range(11))
+        assert list(store.iter_queue("T", 0, 11)) == []
+        assert store.find_offset("T", 0, 2**62) in (11, 12)
+
+
+def test_entry_present_but_commitlog_truncated_inside_the_record(tmp_path: Path) -> None:
+    appended = make_store(tmp_path, n=12, queues=1)
+    last = appended[-1]
+    for cut in (last.size - 1, 40, 8, 3, 0):
+        os.truncate(cl_path(tmp_path, last.commitlog_offset), last.commitlog_offset % FILE + cut)
+        with LocalStore(tmp_path) as store:  # a fresh map of the now shorter file
+            assert [i.queue_offset for i in store.iter_queue("T", 0, 0)] == list(range(11)), cut
+            with pytest.raises(NotWrittenYetError):
+                store.read_at(last.commitlog_offset)
+
+
+def test_consumequeue_torn_in_the_middle_of_an_entry(tmp_path: Path) -> None:
+    with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=100, preallocate=False) as w:
+        for i in range(7):
+            w.put("T", 0, b"%d" % i)
+    os.truncate(cq_path(tmp_path, "T", 0, 0), 6 * 20 + 11)
+    with LocalStore(tmp_path) as store:
+        assert store.queue_range("T", 0) == QueueRange(0, 6)
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 0)] == list(range(6))
+        assert list(store.iter_queue("T", 0, 6)) == []
+
+
+def test_reader_follows_growing_files_and_new_files(tmp_path: Path) -> None:
+    # not preallocated: files grow under a reader that mapped them shorter
+    kw = dict(commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE, preallocate=False)
+    with StoreWriter(tmp_path, **kw) as w:
+        w.put("T", 0, b"a" * 100)
+        with LocalStore(tmp_path) as store:
+            assert [i.queue_offset for i in store.iter_queue("T", 0, 0)] == [0]
+            for i in range(1, 30):
+                w.put("T", 0, bytes([i]) * 900)
+            # no refresh(): the reader finds new CommitLog and ConsumeQueue files itself
+            items = list(store.iter_queue("T", 0, 1))
+            assert [i.queue_offset for i in items] == list(range(1, 30))
+            assert [i.record.body_bytes()[:1] for i in items] == [bytes([i]) for i in range(1, 30)]
+            store.refresh()
+            assert store.queue_range("T", 0) == QueueRange(0, 30)
+
+
+def test_new_consumequeue_file_seen_while_still_empty(tmp_path: Path) -> None:
+    with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
+        for i in range(5):
+            w.put("T", 0, b"x")
+        # the broker creates the next file before writing into it: empty for a moment
+        nxt = cq_path(tmp_path, "T", 0, 5)
+        nxt.touch()
+        with LocalStore(tmp_path) as store:
+            assert len(list(store.iter_queue("T", 0, 0))) == 5
+            assert store.queue_range("T", 0) == QueueRange(0, 5)
+            for i in range(3):
+                w.put("T", 0, b"y")  # extends the empty file to its full size
+            assert [i.queue_offset for i in store.iter_queue("T", 0, 5)] == [5, 6, 7]
+            assert store.queue_range("T", 0) == QueueRange(0, 8)
+
+
+# --- corruption --------------------------------------------------------------------------------------------
+
+
+def _corrupt_case(tmp_path: Path, victim: int = 6) -> tuple[list[Appended], Appended, Path, int]:
+    appended = make_store(tmp_path, n=12, queues=1)
+    a = appended[victim]
+    return appended, a, cl_path(tmp_path, a.commitlog_offset), a.commitlog_offset % FILE
+
+
+def _iter_until_error(store: LocalStore, start: int = 0) -> tuple[list[int], CorruptRecordError]:
+    seen = []
+    with pytest.raises(CorruptRecordError) as info:
+        for item in store.iter_queue("T", 0, start):
+            seen.append(item.queue_offset)
+    return seen, info.value
+
+
+@pytest.mark.parametrize(
+    ("what", "at", "data"),
+    [
+        ("body bit flip", 88 + 1, None),
+        ("bad magic", 4, struct.pack(">I", 0x12345678)),
+        ("queue id", 12, struct.pack(">i", 1)),
+        ("queue offset", 20, struct.pack(">q", 99)),
+        ("physical offset", 28, struct.pack(">q", 12345)),
+        ("total size", 0, None),
+        ("body length", 84, struct.pack(">i", 1)),
+    ],
+)
+def test_corrupt_record_names_file_and_offset(tmp_path: Path, what: str, at: int, data: bytes | None) -> None:
+    appended, a, path, rel = _corrupt_case(tmp_path)
+    if what == "body bit flip":
+        byte = open(path, "rb").read()[rel + at]
+        data = bytes([byte ^ 0x10])
+    if what == "total size":
+        data = struct.pack(">i", a.size - 1)
+    patch(path, rel + at, data)
+    with LocalStore(tmp_path) as store:
+        seen, err = _iter_until_error(store)
+        assert seen == list(range(6)), what
+        assert err.source == str(path), (what, err)
+        if what in ("total size", "body length"):
+            # found where the walk through the fields stops adding up
+            assert rel < err.offset < rel + a.size, (what, err)
+        else:
+            assert err.offset == rel, (what, err)
+        # records before the bad one stay valid, and skipping past it works
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 7)] == list(range(7, 12))
+
+
+def test_wrong_topic_is_corruption(tmp_path: Path) -> None:
+    appended, a, path, rel = _corrupt_case(tmp_path)
+    raw = bytearray(raw_at(tmp_path, a.commitlog_offset, a.size))
+    topic_at = 88 + struct.unpack_from(">i", raw, 84)[0] + 1
+    assert raw[topic_at:topic_at + 1] == b"T"
+    patch(path, rel + topic_at, b"U")
+    with LocalStore(tmp_path) as store:
+        seen, err = _iter_until_error(store)
+        assert seen == list(range(6)) and (err.source, err.offset) == (str(path), rel)
+
+
+def test_consumequeue_size_mismatch(tmp_path: Path) -> None:
+    appended, a, path, rel = _corrupt_case(tmp_path)
+    for bad in (a.size + 1, a.size - 1, 10, 3 * FILE):
+        patch(cq_path(tmp_path, "T", 0, 6), (6 % CQ_PER_FILE) * 20 + 8, struct.pack(">i", bad))
+        with LocalStore(tmp_path) as store:
+            seen, err = _iter_until_error(store)
+            assert seen == list(range(6)) and (err.source, err.offset) == (str(path), rel), bad
+
+
+def test_consumequeue_entry_pointing_elsewhere(tmp_path: Path) -> None:
+    appended, a, path, rel = _corrupt_case(tmp_path)
+    other = appended[2]
+    patch(cq_path(tmp_path, "T", 0, 6), (6 % CQ_PER_FILE) * 20, struct.pack(">qi", other.commitlog_offset, other.size))
+    with LocalStore(tmp_path) as store:
+        seen, err = _iter_until_error(store)
+        assert seen == list(range(6))
+        assert err.source == str(cl_path(tmp_path, other.commitlog_offset))
+        assert err.offset == other.commitlog_offset % FILE
+
+
+def test_consumequeue_entry_pointing_at_the_filler(tmp_path: Path) -> None:
+    appended = make_store(tmp_path, n=20, queues=1)
+    # the first file's filler sits right after its last record
+    last_in_first = max((a for a in appended if a.commitlog_offset < FILE), key=lambda a: a.commitlog_offset)
+    filler_at = last_in_first.commitlog_offset + last_in_first.size
+    assert open(cl_path(tmp_path, 0), "rb").read()[filler_at + 4:filler_at + 8] == bytes.fromhex("CBD43194")
+    patch(cq_path(tmp_path, "T", 0, 6), (6 % CQ_PER_FILE) * 20, struct.pack(">q", filler_at))
+    with LocalStore(tmp_path) as store:
+        seen, err = _iter_until_error(store)
+        assert seen == list(range(6)) and err.source == str(cl_path(tmp_path, 0)) and err.offset == filler_at
+
+
+def test_impossible_consumequeue_entries(tmp_path: Path) -> None:
+    make_store(tmp_path, n=12, queues=1)
+    cq = cq_path(tmp_path, "T", 0, 6)
+    for entry in (struct.pack(">qi", 0, -5), struct.pack(">qi", -100, 200)):
+        patch(cq, 20, entry)
+        with LocalStore(tmp_path) as store:
+            seen, err = _iter_until_error(store)
+            assert seen == list(range(6)) and err.source == str(cq) and err.offset == 20

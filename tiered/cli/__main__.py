@@ -1,0 +1,5 @@
+"""python -m tiered.cli"""
+
+from tiered.cli import main
+
+main()
