@@ -49,6 +49,7 @@ class QueueResult:
     error: str | None = None
     committed: bool = False
     skipped_busy: bool = False
+    more: bool = False
     notes: list[str] = field(default_factory=list)
 
 
@@ -90,37 +91,62 @@ class QueueArchiver:
 
     # --- one queue, one round ------------------------------------------------------
 
-    def run(self, topic: str, queue_id: int, deadline: float) -> QueueResult:
-        """Archive what is due for one queue. Never raises for data or storage
-        problems: they are logged, counted and returned in ``error``."""
+    def idle(self, topic: str, queue_id: int) -> bool:
+        """True when the queue certainly has nothing new: its cached manifest
+        already reaches the local end, or the queue is empty. No request, no
+        lock, a few ConsumeQueue bytes read: what a round costs per idle queue."""
+        manifest = self.cold.cached(topic, queue_id)
+        max_offset = self.local.max_offset(topic, queue_id)
+        if max_offset == 0 or (manifest is not None and max_offset <= manifest.next_offset):
+            self.recorder.lag(topic, queue_id, 0, 0, 0.0)
+            return True
+        return False
+
+    def run(self, topic: str, queue_id: int, deadline: float, *, max_steps: int | None = None) -> QueueResult:
+        """Archive what is due for one queue: at least one step (a segment or a
+        quarantined record), more while ``deadline`` (monotonic clock) has not
+        passed, at most ``max_steps``; ``result.more`` says work was left.
+
+        Never raises for data or storage problems: they are logged, counted
+        and returned in ``error``. FencedError is raised: the round must stop."""
         result = QueueResult(topic, queue_id)
         lock = self.cold.lock(topic, queue_id)
         if not lock.acquire(blocking=False):
             result.skipped_busy = True  # a previous round or the cleaner still works on it
             return result
         try:
-            self._run(topic, queue_id, deadline, result)
+            self._run(topic, queue_id, deadline, max_steps, result)
         except CorruptRecordError as exc:
             result.error = str(exc)
-            key = (topic, queue_id, exc.offset)
+            result.more = False
+            at = self._at(topic, queue_id)
+            key = (topic, queue_id, at if at is not None else -1)
             if key not in self._reported_corrupt:
                 self._reported_corrupt.add(key)
                 self.recorder.corrupt_record(topic, queue_id)
-            log.error("corrupt local data; queue stopped at the bad record", extra={
-                "topic": topic, "queue": queue_id, "file": exc.source, "file_offset": exc.offset,
-                "reason": exc.reason})
+            log.error("corrupt local data: %s/%s stopped at offset %s (%s @ %d: %s)", topic, queue_id, at,
+                      exc.source, exc.offset, exc.reason, extra={
+                          "topic": topic, "queue": queue_id, "offset": at, "file": exc.source,
+                          "file_offset": exc.offset, "reason": exc.reason})
         except FencedError:
             raise  # stops the whole round: nobody else may write either
         except Exception as exc:  # noqa: BLE001 - the queue's edge: log, count, retry next round
             result.error = f"{type(exc).__name__}: {exc}"
+            result.more = False
             self.recorder.queue_error("dispatch", topic, queue_id)
-            log.error("archiving failed; will retry from the first uncommitted offset", extra={
-                "topic": topic, "queue": queue_id, "error": result.error})
+            log.error("archiving %s/%s failed; will retry from offset %s, the first not committed: %s",
+                      topic, queue_id, self._at(topic, queue_id), result.error, extra={
+                          "topic": topic, "queue": queue_id, "offset": self._at(topic, queue_id),
+                          "error": result.error})
         finally:
             lock.release()
         return result
 
-    def _run(self, topic: str, queue_id: int, deadline: float, result: QueueResult) -> None:
+    def _at(self, topic: str, queue_id: int) -> int | None:
+        m = self.cold.cached(topic, queue_id)
+        return m.next_offset if m is not None else self._starts.get((topic, queue_id))
+
+    def _run(self, topic: str, queue_id: int, deadline: float, max_steps: int | None, result: QueueResult) -> None:
         manifest = self.cold.cached(topic, queue_id)
         max_offset = self.local.max_offset(topic, queue_id)
         if manifest is not None and max_offset <= manifest.next_offset:
@@ -132,51 +158,63 @@ class QueueArchiver:
             if rng.max_offset <= start:
                 return
             manifest = self.cold.current(topic, queue_id)  # one lookup before the first write
-        first = True
+        steps = 0
+        conflicts = 0
         while True:
+            if steps and ((max_steps is not None and steps >= max_steps) or self.clock.monotonic() >= deadline):
+                result.more = True  # catch-up continues later; other queues get their turn
+                break
             next_offset = manifest.next_offset if manifest else self._first_start(
                 topic, queue_id, rng.min_offset, rng.max_offset)
-            if not first and self.clock.monotonic() >= deadline:
-                break  # catch-up continues next round; other queues get their turn
-            first = False
-            if next_offset < rng.min_offset:
-                manifest = self._commit_gap(topic, queue_id, manifest, next_offset, rng.min_offset,
-                                            "expired_locally", "broker deleted the data before it was archived")
-                result.gaps += 1
-                result.committed = True
-                continue
-            count, nbytes = self.local.pending(topic, queue_id, next_offset,
-                                               max_entries=max(1, self.options.upload_bytes // 16))
-            if count == 0:
-                break
-            if nbytes < self.options.upload_bytes and not self._old_enough(topic, queue_id, next_offset):
-                break
-            built, stop = self._build(topic, queue_id, next_offset, manifest)
-            if built is not None:
-                manifest = self._upload(topic, queue_id, manifest, built, result)
-            if isinstance(stop, ExpiredLocallyError):
-                at = manifest.next_offset if manifest else next_offset
+            try:
+                if next_offset < rng.min_offset:
+                    manifest = self._commit_gap(topic, queue_id, manifest, next_offset, rng.min_offset,
+                                                "expired_locally", "broker deleted the data before it was archived")
+                    result.gaps += 1
+                    result.committed = True
+                    continue
+                count, nbytes = self.local.pending(topic, queue_id, next_offset,
+                                                   max_entries=max(1, self.options.upload_bytes // 16))
+                if count == 0:
+                    break
+                if nbytes < self.options.upload_bytes and not self._old_enough(topic, queue_id, next_offset):
+                    break
+                built, stop = self._build(topic, queue_id, next_offset, manifest)
+                if built is not None:
+                    manifest = self._upload(topic, queue_id, manifest, built, result)
+                    steps += 1
+                if isinstance(stop, ExpiredLocallyError):
+                    at = manifest.next_offset if manifest else next_offset
+                    rng = self.local.queue_range(topic, queue_id)
+                    target = max(rng.min_offset, stop.next_available or 0)
+                    if target <= at:
+                        raise stop  # inconsistent local view: retry next round, never skip
+                    manifest = self._commit_gap(topic, queue_id, manifest, at, target, "expired_locally",
+                                                "broker deleted the data before it was archived")
+                    result.gaps += 1
+                    result.committed = True
+                    continue
+                if stop is not None:
+                    if not self.options.quarantine_corrupt:
+                        raise stop
+                    at = manifest.next_offset if manifest else next_offset
+                    manifest = self._commit_gap(topic, queue_id, manifest, at, at + 1, "quarantined", str(stop))
+                    self.recorder.quarantined(topic, queue_id)
+                    result.committed = True
+                    steps += 1
+                    continue
+                if built is None:
+                    break  # nothing complete to read yet (torn tail, or beyond the confirmed offset)
+            except ConflictError as exc:
+                # The manifest moved under a stale cache (a restart after a crash
+                # between the manifest write and the cache update, or another
+                # writer): commit() re-read it; continue from what it says.
+                conflicts += 1
+                if conflicts > 3:
+                    raise
+                log.info("%s; continuing from the re-read manifest", exc)
+                manifest = self.cold.current(topic, queue_id)
                 rng = self.local.queue_range(topic, queue_id)
-                target = max(rng.min_offset, stop.next_available or 0)
-                if target <= at:
-                    raise stop  # inconsistent local view: retry next round, never skip
-                manifest = self._commit_gap(topic, queue_id, manifest, at, target, "expired_locally",
-                                            "broker deleted the data before it was archived")
-                result.gaps += 1
-                result.committed = True
-                continue
-            if stop is not None:
-                if not self.options.quarantine_corrupt:
-                    raise stop
-                at = manifest.next_offset if manifest else next_offset
-                manifest = self._commit_gap(topic, queue_id, manifest, at, at + 1, "quarantined", str(stop))
-                self.recorder.quarantined(topic, queue_id)
-                result.committed = True
-                continue
-            if built is None:
-                break  # nothing complete to read yet (torn tail)
-            if built.segment.nbytes < self.options.segment_bytes:
-                break  # took everything there was
         self._report_lag(topic, queue_id, manifest, result)
 
     def _oldest_pending_ms(self, topic: str, queue_id: int, offset: int) -> int | None:
@@ -219,6 +257,10 @@ class QueueArchiver:
         base_next = manifest.next_offset if manifest else seg.q_start
 
         def change(current: Manifest | None) -> Manifest:
+            if current is not None and current.segments and current.segments[-1] == seg:
+                return current  # our commit landed; its response was lost
+            if current is None and manifest is not None:
+                raise ConflictError(f"{topic}/{queue_id}: the manifest disappeared from the cold tier")
             current = current or Manifest.empty(topic, queue_id, seg.q_start)
             if current.next_offset != base_next or current.cl_next != seg.cl_start:
                 raise ConflictError(f"{topic}/{queue_id}: archive moved to {current.next_offset} meanwhile")
@@ -245,6 +287,10 @@ class QueueArchiver:
         gap = Gap(start, end, reason, self.clock.now_ms(), detail[:500])
 
         def change(current: Manifest | None) -> Manifest:
+            if current is not None and current.gaps and current.gaps[-1] == gap and current.next_offset == end:
+                return current  # our commit landed; its response was lost
+            if current is None and manifest is not None:
+                raise ConflictError(f"{topic}/{queue_id}: the manifest disappeared from the cold tier")
             current = current or Manifest.empty(topic, queue_id, start)
             if current.next_offset != start:
                 raise ConflictError(f"{topic}/{queue_id}: archive moved to {current.next_offset} meanwhile")
@@ -253,11 +299,13 @@ class QueueArchiver:
         committed = self.cold.commit(topic, queue_id, change)
         if reason == "expired_locally":
             self.recorder.gap(topic, queue_id, end - start)
-            log.error("GAP: local data expired before it was archived", extra={
-                "topic": topic, "queue": queue_id, "offset": start, "end_offset": end, "messages": end - start})
+            log.error("GAP: %s/%s offsets [%d, %d) were deleted locally before they were archived; "
+                      "recorded in the manifest, continuing at %d", topic, queue_id, start, end, end, extra={
+                          "topic": topic, "queue": queue_id, "offset": start, "end_offset": end,
+                          "messages": end - start})
         else:
-            log.error("quarantined a corrupt record and moved on", extra={
-                "topic": topic, "queue": queue_id, "offset": start, "reason": detail})
+            log.error("quarantined the corrupt record %s/%s offset %d and moved on: %s", topic, queue_id, start,
+                      detail, extra={"topic": topic, "queue": queue_id, "offset": start, "reason": detail})
         return committed
 
     def _report_lag(self, topic: str, queue_id: int, manifest: Manifest | None, result: QueueResult) -> None:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from dispatcher.archiver import ArchiveOptions, QueueArchiver, QueueResult
@@ -49,6 +51,7 @@ class RoundResult:
     errors: dict[str, str] = field(default_factory=dict)
     fenced: str | None = None
     seconds: float = 0.0
+    skipped: bool = False  # another round was still running
 
     @property
     def ok(self) -> bool:
@@ -81,51 +84,128 @@ class Dispatcher:
         )
         self._failures: dict[tuple[str, int], tuple[int, float]] = {}
         self._rng = random.Random()
+        self._fenced: str | None = None
+        self._was_fenced = False
+        self._round_lock = threading.Lock()
         self.started = False
 
     def _before_write(self) -> None:
+        if self._fenced is not None:
+            raise FencedError(self._fenced)
         if self.lease is not None:
-            self.lease.ensure()
+            try:
+                self.lease.check()
+            except FencedError as exc:
+                self._fenced = str(exc)
+                raise
 
     def start(self) -> None:
-        """Take the write lease and load the manifest cache (requests happen here)."""
+        """Take the write lease and load the manifest cache (requests happen here).
+
+        Raises FencedError when another writer holds the prefix."""
         epoch = self.lease.acquire().epoch if self.lease is not None else 0
-        self.cold.load(epoch)
+        # after losing the lease, what we cached may be stale: read it all again
+        self.cold.load(epoch, rebuild=self._was_fenced)
+        self._fenced = None
+        self._was_fenced = False
         self.started = True
 
     def eligible_queues(self) -> list[tuple[str, int]]:
         return [(t, q) for t in self.local.topics() if self.filter.accepts(t) for q in self.local.queue_ids(t)]
 
     def run_round(self) -> RoundResult:
-        if not self.started:
-            self.start()
+        """One round over every eligible queue. Never two at once: a call made
+        while another runs returns at once with ``skipped`` set."""
+        if not self._round_lock.acquire(blocking=False):
+            return RoundResult(skipped=True)
+        try:
+            return self._run_round()
+        finally:
+            self._round_lock.release()
+
+    def _run_round(self) -> RoundResult:
         started = time.perf_counter()
+        result = RoundResult()
+        if not self.started:
+            try:
+                self.start()
+            except FencedError as exc:
+                return self._finish_fenced(result, str(exc), started)
         now = self.clock.monotonic()
         deadline = now + self.options.round_budget_s
-        result = RoundResult()
+        self.local.commitlog.refresh()  # files the broker deleted or started since the last round
         queues = [k for k in self.eligible_queues() if self._failures.get(k, (0, 0.0))[1] <= now]
         result.queues = len(queues)
+        # Idle queues are settled here, without a thread hop, a lock or a request.
+        busy = [k for k in queues if not self.archiver.idle(*k)]
+        outcomes: dict[tuple[str, int], QueueResult] = {}
         try:
-            if self.options.parallelism <= 1 or len(queues) <= 1:
-                outcomes = [self.archiver.run(t, q, deadline) for t, q in queues]
-            else:
-                with ThreadPoolExecutor(self.options.parallelism, thread_name_prefix="dispatch") as pool:
-                    outcomes = list(pool.map(lambda k: self.archiver.run(k[0], k[1], deadline), queues))
+            if busy:
+                self._archive(busy, deadline, outcomes)
         except FencedError as exc:
-            result.fenced = str(exc)
-            log.error("dispatch round stopped: %s", exc)
-            outcomes = []
+            return self._finish_fenced(result, str(exc), started)
         committed = False
-        for r in outcomes:
+        for r in outcomes.values():
             self._account(r, result)
             committed = committed or r.committed
-        if committed and result.fenced is None:
+        if committed:
             try:
                 self.cold.write_catalog()
             except Exception as exc:  # noqa: BLE001 - the catalog is a hint; next round rewrites it
                 result.errors["_catalog.json"] = f"{type(exc).__name__}: {exc}"
         result.seconds = time.perf_counter() - started
         self.recorder.round_finished("dispatch", result.seconds, result.ok, self.clock.now_ms() / 1000)
+        return result
+
+    def _archive(self, queues: list[tuple[str, int]], deadline: float,
+                 outcomes: dict[tuple[str, int], QueueResult]) -> None:
+        """Round robin: every queue gets one step (a segment) in turn; a queue
+        with more to do goes to the back of the line while the budget lasts.
+        At most ``parallelism`` segments are built at once, so memory stays
+        within parallelism x segment size."""
+        def merge(r: QueueResult) -> bool:
+            key = (r.topic, r.queue_id)
+            prev = outcomes.get(key)
+            if prev is not None:
+                r.segments += prev.segments
+                r.messages += prev.messages
+                r.nbytes += prev.nbytes
+                r.gaps += prev.gaps
+                r.committed = r.committed or prev.committed
+            outcomes[key] = r
+            return r.more and r.error is None and self.clock.monotonic() < deadline
+
+        if self.options.parallelism <= 1 or len(queues) <= 1:
+            line = deque(queues)
+            while line:
+                key = line.popleft()
+                if merge(self.archiver.run(key[0], key[1], deadline, max_steps=1)):
+                    line.append(key)
+            return
+        fenced: FencedError | None = None
+        with ThreadPoolExecutor(self.options.parallelism, thread_name_prefix="dispatch") as pool:
+            pending = {pool.submit(self.archiver.run, t, q, deadline, max_steps=1) for t, q in queues}
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    try:
+                        r = fut.result()
+                    except FencedError as exc:
+                        fenced = fenced or exc
+                        continue
+                    if merge(r) and fenced is None:
+                        pending.add(pool.submit(self.archiver.run, r.topic, r.queue_id, deadline, max_steps=1))
+        if fenced is not None:
+            raise fenced
+
+    def _finish_fenced(self, result: RoundResult, message: str, started: float) -> RoundResult:
+        self._fenced = None
+        self._was_fenced = True
+        self.started = False  # the next round must win the lease again, then reload
+        result.fenced = message
+        log.error("dispatch round stopped, not writing: %s", message)
+        result.seconds = time.perf_counter() - started
+        self.recorder.round_finished("dispatch", result.seconds, False, self.clock.now_ms() / 1000)
         return result
 
     def _account(self, r: QueueResult, result: RoundResult) -> None:
@@ -140,7 +220,12 @@ class Dispatcher:
             return
         result.errors[f"{r.topic}/{r.queue_id}"] = r.error
         failures = self._failures.get(key, (0, 0.0))[0] + 1
-        pause = min(self.options.failure_backoff_max_s, self.options.failure_backoff_s * 2 ** (failures - 1))
-        # jitter, and never longer than the cap; the first retry waits one pause at most
+        # The first retry comes with the next round; then capped exponential
+        # backoff with jitter, so a persistent failure does not hammer the store.
+        pause = min(self.options.failure_backoff_max_s, self.options.failure_backoff_s * 2 ** (failures - 2))
         pause = self._rng.uniform(0.5, 1.0) * pause if failures > 1 else 0.0
         self._failures[key] = (failures, self.clock.monotonic() + pause)
+
+    def backoff(self, topic: str, queue_id: int) -> tuple[int, float]:
+        """(consecutive failures, monotonic time before which the queue is not retried)."""
+        return self._failures.get((topic, queue_id), (0, 0.0))

@@ -3,8 +3,10 @@
 For every queue with a manifest: segments and gaps tile the archived range;
 every segment's objects exist with the recorded checksums; every cold
 ConsumeQueue entry points at a record that decodes, has the right topic,
-queue id, queue offset and CRC; and where the broker still has the record
-locally, the archived bytes equal the local bytes exactly. Objects that no
+queue id, queue offset and CRC, and the records tile the segment's cold
+CommitLog bytes exactly; where the broker still has the record locally, the
+archived bytes and tags code equal the local ones exactly; and no gap
+recorded as expired covers a record the broker still has. Objects that no
 manifest references are reported as orphans (not an error: the cleaner
 collects them after a grace period).
 """
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE, decode_record
 from tiered.coldtier import ColdTier
 from tiered.errors import ExpiredLocallyError, TieredError
+from tiered.keyindex import lookup
 from tiered.localstore import LocalStore
 from tiered.manifest import CATALOG, LEASE, MANIFEST, Manifest, Segment
 
@@ -95,7 +98,36 @@ def verify_segment(cold: ColdTier, m: Manifest, seg: Segment, report: VerifyRepo
         if item.queue_offset != q or item.record.raw != rec.raw:
             report.problems.append(f"{where}: offset {q}: archived bytes differ from the local record")
             return
+        if item.tags_code != _tags:
+            report.problems.append(f"{where}: offset {q}: cold ConsumeQueue tags code {_tags} differs from the "
+                                   f"local {item.tags_code}")
+            return
         report.compared_locally += 1
+    if expected_pos != seg.cl_end:
+        report.problems.append(f"{where}: records end at cold CommitLog byte {expected_pos}, the segment at "
+                               f"{seg.cl_end}")
+        return
+    if seg.index_key:
+        try:
+            lookup(store.get(seg.index_key), "", seg.index_key)
+        except TieredError as exc:
+            report.problems.append(f"{where}: key index: {exc}")
+
+
+def verify_gaps(m: Manifest, report: VerifyReport, local: LocalStore) -> None:
+    """A gap recorded as expired must really be gone locally: a local record
+    inside it would be a hole in the archive, not a gap."""
+    try:
+        rng = local.queue_range(m.topic, m.queue_id)
+    except (OSError, TieredError):
+        return
+    for gap in m.gaps:
+        if gap.reason != "expired_locally" or rng.max_offset <= rng.min_offset:
+            continue
+        lo, hi = max(gap.q_start, rng.min_offset), min(gap.q_end, rng.max_offset)
+        if lo < hi:
+            report.problems.append(f"{m.topic}/{m.queue_id}: gap [{gap.q_start},{gap.q_end}) is recorded as expired "
+                                   f"locally, but the local store still holds offsets [{lo},{hi})")
 
 
 def verify(cold: ColdTier, local: LocalStore | None = None, *, orphans: bool = True) -> VerifyReport:
@@ -110,6 +142,8 @@ def verify(cold: ColdTier, local: LocalStore | None = None, *, orphans: bool = T
             report.problems.append(str(exc))
             continue
         report.gaps += len(m.gaps)
+        if local is not None:
+            verify_gaps(m, report, local)
         for seg in m.segments:
             report.segments += 1
             verify_segment(cold, m, seg, report, local)

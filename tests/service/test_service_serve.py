@@ -86,8 +86,13 @@ def serve(tmp_path: Path) -> Iterator:  # noqa: ANN001
     procs: list[subprocess.Popen] = []
 
     def start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+        # Output goes to files, not pipes: a chatty process must never block on a full pipe.
+        n = len(procs)
+        out = open(tmp_path / f"serve{n}.out", "w+")  # noqa: SIM115 - closed with the process
+        err = open(tmp_path / f"serve{n}.err", "w+")  # noqa: SIM115
         proc = subprocess.Popen([sys.executable, "-m", "tiered.cli", "serve", *args], env=env, cwd=tmp_path,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=out, stderr=err, text=True)
+        proc.out_path, proc.err_path = out.name, err.name  # type: ignore[attr-defined]
         procs.append(proc)
         return proc
 
@@ -108,7 +113,7 @@ def test_live_metrics_match_the_archive(tmp_path: Path, moto_endpoint: str, s3_u
 
     def caught_up() -> str | None:
         if proc.poll() is not None:
-            raise AssertionError(proc.stderr.read())
+            raise AssertionError(Path(proc.err_path).read_text())
         try:
             status, text = get(base + "/metrics")
         except OSError:
@@ -150,6 +155,10 @@ def test_live_metrics_match_the_archive(tmp_path: Path, moto_endpoint: str, s3_u
 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
+    events = [json.loads(line) for line in Path(proc.err_path).read_text().splitlines() if line.startswith("{")]
+    archived = [e for e in events if e["message"] == "archived segment"]
+    assert len(archived) == len(manifests) and all({"topic", "queue", "offset"} <= set(e) for e in archived)
+    assert sum(e["messages"] for e in archived) == sum(produced.values())
 
 
 def test_sigterm_during_upload_exits_zero_and_archive_verifies(tmp_path: Path, serve) -> None:  # noqa: ANN001
@@ -166,7 +175,7 @@ def test_sigterm_during_upload_exits_zero_and_archive_verifies(tmp_path: Path, s
 
     def first_segment() -> bool:
         if proc.poll() is not None:
-            raise AssertionError(proc.stderr.read())
+            raise AssertionError(Path(proc.err_path).read_text())
         try:
             text = get(f"http://127.0.0.1:{port}/metrics")[1]
         except OSError:
@@ -256,7 +265,8 @@ def test_secrets_never_leak(tmp_path: Path, serve) -> None:  # noqa: ANN001
 
     text, ready = wait_for(scraped)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    assert proc.wait(timeout=60) == 0
+    out, err = Path(proc.out_path).read_text(), Path(proc.err_path).read_text()
     status = subprocess.run([sys.executable, "-m", "tiered.cli", "status", "--config", str(cfg), "--cold",
                              "s3://no-such-bucket/x", "--store", str(store)], env=env, capture_output=True,
                             text=True, timeout=120)

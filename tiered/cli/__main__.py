@@ -1,5 +1,6 @@
-"""python -m tiered.cli"""
+"""``python -m tiered.cli``: the same entry point as the ``tiered`` command."""
 
 from tiered.cli import main
 
-main()
+if __name__ == "__main__":
+    main()

@@ -9,12 +9,14 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from dispatcher import DispatchOptions
+from dataclasses import replace
+
+from dispatcher import Dispatcher
 from tiered.cli.app import app, err_console, fail
 from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, settings_from
 from tiered.cli.wiring import cold_tier, make_dispatcher, object_store, setup_logging
 from tiered.config import Settings
-from tiered.errors import FencedError, TieredError
+from tiered.errors import TieredError
 from tiered.localstore import LocalStore
 from tiered.verify import verify as run_verify
 
@@ -25,6 +27,16 @@ def _require_store(settings: Settings) -> LocalStore:
     if not (settings.store / "consumequeue").is_dir():
         fail(f"invalid configuration: store: {settings.store} is not a broker store (no consumequeue/)", 2)
     return LocalStore(settings.store)
+
+
+def _backlog_bytes(dispatcher: Dispatcher) -> int:
+    """Bytes waiting in the eligible queues, from the ConsumeQueues alone (for the progress bar)."""
+    total = 0
+    for topic, qid in dispatcher.eligible_queues():
+        m = dispatcher.cold.cached(topic, qid)
+        start = m.next_offset if m is not None else dispatcher.local.queue_range(topic, qid).min_offset
+        total += dispatcher.local.pending(topic, qid, start)[1]
+    return total
 
 
 @app.command()
@@ -45,15 +57,21 @@ def dispatch(
     local = _require_store(settings)
     with Progress(TextColumn("archiving"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   console=err_console, transient=True, disable=not sys.stderr.isatty()) as progress:
-        pending = sum(local.pending(t, q, 0)[1] for t, q in local.queues())
-        task = progress.add_task("archive", total=pending or None)
+        task = progress.add_task("archive", total=None)
         dispatcher = make_dispatcher(settings, local, on_bytes=lambda n: progress.advance(task, n))
-        dispatcher.options = DispatchOptions(dispatcher.options.archive, dispatcher.options.parallelism,
-                                             round_budget_s=float("inf"))
+        dispatcher.options = replace(dispatcher.options, round_budget_s=float("inf"))
         try:
+            dispatcher.start()
+            progress.update(task, total=_backlog_bytes(dispatcher) or None)
             result = dispatcher.run_round()
-        except (FencedError, TieredError) as exc:
+        except TieredError as exc:
             fail(str(exc), 1)
+        finally:
+            if dispatcher.started and dispatcher.lease is not None:
+                try:
+                    dispatcher.lease.release()  # a one-shot run: a replacement need not wait
+                except TieredError:
+                    pass
     err_console.print(f"archived {result.messages} messages ({result.nbytes} bytes) in {result.segments} segments "
                       f"over {result.queues} queues; gaps {result.gaps}; still pending {result.lag_messages}")
     for where, error in result.errors.items():
@@ -74,7 +92,10 @@ def verify(
     settings = settings_from(config, store=store, cold_url=cold, cluster=cluster, broker=broker)
     local = LocalStore(settings.store) if settings.store else None
     ct = cold_tier(settings, object_store(settings), writer=False)
-    report = run_verify(ct, local)
+    try:
+        report = run_verify(ct, local)
+    except TieredError as exc:
+        fail(f"verify could not read the cold tier: {exc}", 1)
     if as_json:
         print(json.dumps({"ok": report.ok, "queues": report.queues, "segments": report.segments,
                           "records": report.records, "compared_locally": report.compared_locally,
