@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from dispatcher.segment import BuiltSegment, SegmentBuilder
 from tiered.clock import Clock
@@ -25,6 +26,7 @@ from tiered.recorder import Recorder
 from tiered.timeparse import parse_time_ms
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,15 @@ class QueueArchiver:
         self._starts: dict[tuple[str, int], int] = {}
         self._reported_corrupt: set[tuple[str, int, int]] = set()
 
+    def _local(self, fn: Callable[..., T], *args: object, **kw: object) -> T:
+        """A LocalStore read, once more after a rescan when a file it knew of
+        is gone: the broker deleted it since the last look (retention)."""
+        try:
+            return fn(*args, **kw)
+        except FileNotFoundError:
+            self.local.refresh()
+            return fn(*args, **kw)
+
     # --- where to start ----------------------------------------------------------
 
     def _first_start(self, topic: str, queue_id: int, min_offset: int, max_offset: int) -> int:
@@ -96,7 +107,7 @@ class QueueArchiver:
         already reaches the local end, or the queue is empty. No request, no
         lock, a few ConsumeQueue bytes read: what a round costs per idle queue."""
         manifest = self.cold.cached(topic, queue_id)
-        max_offset = self.local.max_offset(topic, queue_id)
+        max_offset = self._local(self.local.max_offset, topic, queue_id)
         if max_offset == 0 or (manifest is not None and max_offset <= manifest.next_offset):
             self.recorder.lag(topic, queue_id, 0, 0, 0.0)
             return True
@@ -148,11 +159,11 @@ class QueueArchiver:
 
     def _run(self, topic: str, queue_id: int, deadline: float, max_steps: int | None, result: QueueResult) -> None:
         manifest = self.cold.cached(topic, queue_id)
-        max_offset = self.local.max_offset(topic, queue_id)
+        max_offset = self._local(self.local.max_offset, topic, queue_id)
         if manifest is not None and max_offset <= manifest.next_offset:
             self.recorder.lag(topic, queue_id, 0, 0, 0.0)
             return  # idle: no request, no CommitLog read
-        rng = self.local.queue_range(topic, queue_id)
+        rng = self._local(self.local.queue_range, topic, queue_id)
         if manifest is None:
             start = self._first_start(topic, queue_id, rng.min_offset, rng.max_offset)
             if rng.max_offset <= start:
@@ -173,7 +184,7 @@ class QueueArchiver:
                     result.gaps += 1
                     result.committed = True
                     continue
-                count, nbytes = self.local.pending(topic, queue_id, next_offset,
+                count, nbytes = self._local(self.local.pending, topic, queue_id, next_offset,
                                                    max_entries=max(1, self.options.upload_bytes // 16))
                 if count == 0:
                     break
@@ -185,7 +196,7 @@ class QueueArchiver:
                     steps += 1
                 if isinstance(stop, ExpiredLocallyError):
                     at = manifest.next_offset if manifest else next_offset
-                    rng = self.local.queue_range(topic, queue_id)
+                    rng = self._local(self.local.queue_range, topic, queue_id)
                     target = max(rng.min_offset, stop.next_available or 0)
                     if target <= at:
                         raise stop  # inconsistent local view: retry next round, never skip
@@ -214,7 +225,7 @@ class QueueArchiver:
                     raise
                 log.info("%s; continuing from the re-read manifest", exc)
                 manifest = self.cold.current(topic, queue_id)
-                rng = self.local.queue_range(topic, queue_id)
+                rng = self._local(self.local.queue_range, topic, queue_id)
         self._report_lag(topic, queue_id, manifest, result)
 
     def _oldest_pending_ms(self, topic: str, queue_id: int, offset: int) -> int | None:
@@ -311,7 +322,7 @@ class QueueArchiver:
     def _report_lag(self, topic: str, queue_id: int, manifest: Manifest | None, result: QueueResult) -> None:
         if manifest is None:
             return
-        count, nbytes = self.local.pending(topic, queue_id, manifest.next_offset)
+        count, nbytes = self._local(self.local.pending, topic, queue_id, manifest.next_offset)
         seconds = 0.0
         oldest = self._oldest_pending_ms(topic, queue_id, manifest.next_offset) if count else None
         if oldest is not None:

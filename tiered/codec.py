@@ -613,8 +613,7 @@ def check_against_entry(
 def decode_and_check(
     buf: memoryview,
     position: int,
-    source: str = "<buffer>",
-    *,
+    source: str,
     topic: bytes,
     queue_id: int,
     queue_offset: int,

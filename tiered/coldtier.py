@@ -81,6 +81,7 @@ class ColdTier:
         self._entries: dict[QueueKey, _Entry] = {}
         self._locks: dict[QueueKey, threading.Lock] = {}
         self._guard = threading.Lock()
+        self._catalog_lock = threading.Lock()
         self.loaded = False
 
     # --- cache -----------------------------------------------------------------
@@ -168,7 +169,8 @@ class ColdTier:
         return entry.manifest if entry else None
 
     def manifests(self) -> dict[QueueKey, Manifest]:
-        return {k: e.manifest for k, e in self._entries.items() if e.manifest is not None}
+        # a snapshot: the dispatcher and the cleaner add queues from other threads
+        return {k: e.manifest for k, e in list(self._entries.items()) if e.manifest is not None}
 
     def fetch(self, topic: str, queue_id: int) -> Manifest | None:
         """The manifest as the bucket has it now; updates the cache."""
@@ -244,7 +246,9 @@ class ColdTier:
         return Catalog(self.cluster, self.broker, entries, self.clock.now_ms())
 
     def write_catalog(self) -> None:
-        self.store.put(f"{self.prefix}/{CATALOG}", self.catalog().to_bytes())
+        # serialised, so a catalog computed earlier never lands after a newer one
+        with self._catalog_lock:
+            self.store.put(f"{self.prefix}/{CATALOG}", self.catalog().to_bytes())
 
     def read_catalog(self) -> Catalog:
         key = f"{self.prefix}/{CATALOG}"

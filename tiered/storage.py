@@ -375,7 +375,7 @@ class S3Store(ObjectStore):
         cfg: dict[str, Any] = {
             "connect_timeout": o.connect_timeout,
             "read_timeout": o.read_timeout,
-            "retries": {"max_attempts": 1, "mode": "standard"},  # retries are ours
+            "retries": {"total_max_attempts": 1, "mode": "standard"},  # no retry in botocore: retries are ours
             "request_checksum_calculation": o.checksum_mode,
             "response_checksum_validation": o.checksum_mode,
         }
@@ -448,14 +448,19 @@ class S3Store(ObjectStore):
             if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
                 return StorageError(op, key, f"access denied ({code})", retriable=False)
             return StorageError(op, key, f"S3 error {code}", retriable=False)
+        transport = _transport_error(exc)
+        if transport is not None:
+            return StorageError(op, key, transport[0], retriable=True, outcome=transport[1])
         return super()._translate(op, key, exc)
 
     def _path(self, key: str) -> str:
         return f"{self.bucket}/{self._full(key)}"
 
     def _raw_get(self, key: str, start: int | None, end: int | None) -> bytes:
+        # max_concurrency=1: one GET, not a HEAD for the size first (a request
+        # the recorder would never see) and a fan-out of ranged GETs
         if start is None:
-            return self.fs.cat_file(self._path(key))
+            return self.fs.cat_file(self._path(key), max_concurrency=1)
         return self.fs.cat_file(self._path(key), start=start, end=end)
 
     def _raw_get_etag(self, key: str) -> tuple[bytes, str]:
@@ -510,6 +515,30 @@ class S3Store(ObjectStore):
         super().__setstate__(state)
         self._lock = threading.Lock()
         self._pid = os.getpid()
+
+
+def _transport_error(exc: Exception) -> tuple[str, str] | None:
+    """(reason, outcome) when ``exc`` is a transport failure of botocore or
+    aiohttp (connection refused or reset, read timeout, truncated body):
+    always retriable, whatever the request was."""
+    try:
+        from botocore import exceptions as bx
+    except ImportError:  # pragma: no cover - boto3 is a dependency
+        return None
+    name = type(exc).__name__
+    if isinstance(exc, (bx.ReadTimeoutError, bx.ConnectTimeoutError)):
+        return name, "timeout"
+    if isinstance(exc, (bx.HTTPClientError, bx.IncompleteReadError, bx.ResponseStreamingError)):
+        return name, "error"
+    try:
+        import aiohttp
+    except ImportError:  # pragma: no cover - s3fs brings it
+        return None
+    if isinstance(exc, (aiohttp.ServerTimeoutError, aiohttp.ConnectionTimeoutError)):
+        return name, "timeout"
+    if isinstance(exc, aiohttp.ClientError):
+        return name, "error"
+    return None
 
 
 def open_store(

@@ -84,6 +84,7 @@ class StoreWriter:
         self._fds: dict[Path, int] = {}
         self._next_queue_offset: dict[tuple[str, int], int] = {}
         self.position = self._recover_position()
+        self._recover_cq_file_bytes()
         self._topics: dict[str, dict[str, Any]] = (read_json(self.root / "config" / "topics.json") or {}).get(
             "topicConfigTable", {}
         )
@@ -120,6 +121,30 @@ class StoreWriter:
             data.release()
             if mm is not None:
                 mm.close()
+
+    def _recover_cq_file_bytes(self) -> None:
+        """An existing store keeps its ConsumeQueue file size (one broker
+        setting for every queue): from two consecutive file names, else from
+        the length of a preallocated file. Appending with another size would
+        write entries into the wrong file."""
+        base = self.root / "consumequeue"
+        single: set[int] = set()
+        for topic_dir in sorted(os.scandir(base), key=lambda e: e.name):
+            if not topic_dir.is_dir():
+                continue
+            for queue_dir in os.scandir(topic_dir.path):
+                if not queue_dir.is_dir():
+                    continue
+                names = sorted(int(n) for n in os.listdir(queue_dir.path) if len(n) == 20 and n.isdigit())
+                if len(names) > 1:
+                    self.cq_file_bytes = names[1] - names[0]
+                    return
+                if names and self.preallocate:
+                    length = os.path.getsize(os.path.join(queue_dir.path, f"{names[0]:020d}"))
+                    if length and length % CQ_ENTRY_SIZE == 0 and names[0] % length == 0:
+                        single.add(length)
+        if len(single) == 1:
+            self.cq_file_bytes = single.pop()
 
     def next_queue_offset(self, topic: str, queue_id: int) -> int:
         key = (topic, queue_id)

@@ -131,9 +131,21 @@ def verify_gaps(m: Manifest, report: VerifyReport, local: LocalStore) -> None:
 
 
 def verify(cold: ColdTier, local: LocalStore | None = None, *, orphans: bool = True) -> VerifyReport:
+    """Check every manifest of the prefix (found by a LIST, not the catalog)
+    and, with ``local``, every archived record against the broker's. A
+    manifest that cannot be read is a problem of its queue, not a crash."""
     report = VerifyReport()
-    cold.rebuild(use_catalog=False)
-    manifests = cold.manifests()
+    listing = cold.store.list(cold.prefix + "/")
+    manifests: dict[tuple[str, int], Manifest] = {}
+    for obj in listing:
+        if not obj.key.endswith("/" + MANIFEST):
+            continue
+        try:
+            m = Manifest.from_bytes(cold.store.get(obj.key), obj.key)
+        except TieredError as exc:
+            report.problems.append(f"{obj.key}: {exc}")
+            continue
+        manifests[(m.topic, m.queue_id)] = m
     for (topic, qid), m in sorted(manifests.items()):
         report.queues += 1
         try:
@@ -158,7 +170,7 @@ def verify(cold: ColdTier, local: LocalStore | None = None, *, orphans: bool = T
         referenced = set()
         for m in manifests.values():
             referenced |= m.referenced_keys()
-        for obj in cold.store.list(cold.prefix + "/"):
+        for obj in listing:
             name = obj.key.rsplit("/", 1)[-1]
             if name in (MANIFEST, CATALOG, LEASE):
                 continue

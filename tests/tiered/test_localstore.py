@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -577,3 +578,45 @@ def test_impossible_consumequeue_entries(tmp_path: Path) -> None:
         with LocalStore(tmp_path) as store:
             seen, err = _iter_until_error(store)
             assert seen == list(range(6)) and err.source == str(cq) and err.offset == 20
+
+
+# --- memory: pages behind the reader are given back ---------------------------------------------------------
+
+
+def _mapped_rss_kib(path_prefix: str) -> int:
+    """Resident KiB of this process's mappings of files under ``path_prefix``."""
+    total = 0
+    current = False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                current = path_prefix in line
+            elif current and line.startswith("Rss:"):
+                total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs /proc/self/smaps")
+def test_resident_pages_are_given_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tiered.localstore as localstore
+
+    with StoreWriter(tmp_path, commitlog_file_size=8 << 20, cq_entries_per_file=1000) as w:
+        appended = [w.put("T", 0, bytes([i % 256]) * 3000) for i in range(1000)]
+    prefix = str(tmp_path / "commitlog")
+    with LocalStore(tmp_path) as store:
+        it = store.iter_queue("T", 0, 0)
+        halfway = [next(it) for _ in range(500)]
+        assert _mapped_rss_kib(prefix) > 1024  # 1.5 MB read so far, all resident (below the default window)
+        rest = list(it)
+        assert _mapped_rss_kib(prefix) < 64  # given back when the iteration ended
+    monkeypatch.setattr(localstore, "_RELEASE_EVERY", 64 * 1024)
+    with LocalStore(tmp_path) as store:
+        it = store.iter_queue("T", 0, 0)
+        halfway = [next(it) for _ in range(500)]
+        assert _mapped_rss_kib(prefix) <= 256  # a window behind the reader, not the store
+        items = halfway + list(it)
+        assert _mapped_rss_kib(prefix) < 64
+        # the records' views stay valid: pages fault back in from the page cache
+        assert [i.record.body_bytes()[:1] for i in items] == [bytes([i % 256]) for i in range(1000)]
+        assert [i.record.physical_offset for i in items] == [a.commitlog_offset for a in appended]
+        assert len(rest) == 500

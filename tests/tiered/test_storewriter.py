@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tiered.codec import Host, MagicVersion, Message, encode_record, tags_code
+from tiered.codec import Host, Message, encode_record, tags_code
 from tiered.storewriter import DELAY_LEVELS, SCHEDULE_TOPIC, StoreWriter
 
 BLANK_MAGIC = 0xCBD43194
@@ -108,7 +108,9 @@ def test_reopen_continues_position_and_queue_offsets(tmp_path: Path) -> None:
         assert w.next_queue_offset("T", 0) == 4 and w.next_queue_offset("T", 1) == 3
         more = [w.put("T", q % 2, b"z" * 900) for q in range(3)]
     assert [m.queue_offset for m in more] == [4, 3, 5]
-    assert more[0].commitlog_offset == first[-1].commitlog_offset + first[-1].size or more[0].commitlog_offset % 4096 == 0
+    size = first[0].size  # 992: four records and a filler per 4096-byte file
+    assert [a.commitlog_offset for a in first] == [0, size, 2 * size, 3 * size, 4096, 4096 + size, 4096 + 2 * size]
+    assert [m.commitlog_offset for m in more] == [4096 + 3 * size, 8192, 8192 + size]
 
 
 def test_reopen_after_a_filler_starts_the_next_file(tmp_path: Path) -> None:
@@ -226,4 +228,24 @@ def test_ipv6_hosts_and_long_topic(tmp_path: Path) -> None:
     assert struct.unpack_from(">i", raw, 36)[0] & 0x30 == 0x30
     assert raw[48:64] == bytes.fromhex("fe800000000000000000000000000001")
     assert raw[76:92] == bytes(15) + b"\x01"
-    assert MagicVersion.V2 == 2
+
+
+def test_reopen_keeps_the_existing_consumequeue_file_size(tmp_path: Path) -> None:
+    with StoreWriter(tmp_path, commitlog_file_size=1 << 16, cq_entries_per_file=4) as w:
+        for i in range(6):
+            w.put("T", 0, b"x")
+        w.put("U", 0, b"u")
+    with StoreWriter(tmp_path, commitlog_file_size=1 << 16, cq_entries_per_file=1000) as w:
+        assert w.cq_file_bytes == 80
+        a = w.put("T", 0, b"y")
+        b = w.put("U", 0, b"v")
+    assert (a.queue_offset, b.queue_offset) == (6, 1)
+    assert cq_entries(cq_file(tmp_path, "T", 0, 80))[-1] == (a.commitlog_offset, a.size, 0)
+    assert cq_file(tmp_path, "T", 0, 0).stat().st_size == 80
+    assert cq_entries(cq_file(tmp_path, "U", 0, 0))[-1] == (b.commitlog_offset, b.size, 0)
+    # only single preallocated files: their length is the file size
+    other = tmp_path / "other"
+    with StoreWriter(other, commitlog_file_size=1 << 16, cq_entries_per_file=7) as w:
+        w.put("T", 0, b"x")
+    with StoreWriter(other, commitlog_file_size=1 << 16, cq_entries_per_file=1000) as w:
+        assert w.cq_file_bytes == 140

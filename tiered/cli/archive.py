@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
-from dataclasses import replace
 
 from dispatcher import Dispatcher
 from tiered.cli.app import app, err_console, fail

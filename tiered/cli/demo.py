@@ -139,6 +139,7 @@ def demo(
     console.print(f"store: {root / 'store'} (2000 messages of history, {HISTORY_TOPIC} kept "
                   f"{HISTORY_RETENTION_HOURS} h)")
     sidecar = Sidecar(settings)
+    sidecar.dispatch_round()  # the history goes into segments of its own, before live traffic
     sidecar.start()
     stop = threading.Event()
     producer = _Producer(writer, rate, stop)
@@ -168,6 +169,7 @@ def demo(
         writer.close()
     report = run_verify(cold_tier(settings, sidecar.store, writer=False), sidecar.local)
     archived = sum(m.messages for m in sidecar.cold.manifests().values())
+    console.print()
     summary = Table(title="tiered demo: summary", show_header=False)
     summary.add_row("messages produced", f"{2000 + producer.produced} (2000 history + {producer.produced} live)")
     summary.add_row("messages archived", f"{int(archived_total)} ({archived} still in the archive after expiry)")

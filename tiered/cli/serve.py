@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -54,7 +55,8 @@ class Sidecar:
         self.lease = lease(settings, self.store, self.clock)
         self.dispatcher = make_dispatcher(settings, self.local, self.recorder, self.clock, store=self.store,
                                           cold=self.cold, lease_manager=self.lease)
-        self.cleaner = make_cleaner(settings, self.cold, self.local, self.recorder, self.clock)
+        self.cleaner = make_cleaner(settings, self.cold, self.local, lease_manager=self.lease,
+                                    recorder=self.recorder, clock=self.clock)
         self.scheduler = BackgroundScheduler(executors={"default": APThreadPool(2)}, timezone="UTC")
         self.scheduler.add_listener(self._job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED)
         self.server = MetricsServer(self.registry, host=settings.metrics.host, port=settings.metrics.port,
@@ -107,8 +109,8 @@ class Sidecar:
                                                   "seconds": round(result.seconds, 3)})
 
     def clean_pass(self) -> None:
-        if self.cleaner is None or not self._started.is_set():
-            return
+        if not self._started.is_set():
+            return  # nothing to clean before the lease is held and the cache loaded
         self.cleaner.run_pass()
 
     def _job_event(self, event: JobExecutionEvent) -> None:
@@ -129,9 +131,13 @@ class Sidecar:
         self.scheduler.add_job(self.dispatch_round, "interval", seconds=s.dispatch.interval, id="dispatch",
                                misfire_grace_time=max(1, int(s.dispatch.interval)),
                                next_run_time=_now(), **common)
-        if self.cleaner is not None and s.cleaner.enabled:
+        if s.cleaner.enabled:
+            # first pass soon after start: a sidecar restarted more often than its
+            # interval must still clean
+            first = _now() + timedelta(seconds=min(s.cleaner.interval, 60.0))
             self.scheduler.add_job(self.clean_pass, "interval", seconds=s.cleaner.interval, id="clean",
-                                   misfire_grace_time=max(1, int(s.cleaner.interval)), **common)
+                                   misfire_grace_time=max(1, int(s.cleaner.interval)), next_run_time=first,
+                                   **common)
         self.scheduler.start()
 
     def stop(self, timeout: float) -> bool:
@@ -156,9 +162,7 @@ class Sidecar:
         return finished
 
 
-def _now() -> Any:
-    from datetime import datetime, timezone
-
+def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 

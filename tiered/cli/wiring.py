@@ -17,6 +17,7 @@ from tiered.recorder import NullRecorder, Recorder
 from tiered.storage import ObjectStore, RetryPolicy, S3Options, open_store
 
 if TYPE_CHECKING:
+    from cleaner import Cleaner
     from dispatcher import Dispatcher
 
 
@@ -119,6 +120,18 @@ def make_dispatcher(
                       options=options, recorder=recorder, clock=clock, on_bytes=on_bytes)
 
 
-def make_cleaner(settings: Settings, cold: ColdTier, local: LocalStore | None, recorder: Recorder | None = None,
-                 clock: Clock | None = None):  # noqa: ANN201 - cleaner.Cleaner
-    return None  # wired once the cleaner lands (issue 4)
+def make_cleaner(
+    settings: Settings,
+    cold: ColdTier,
+    local: LocalStore | None,
+    *,
+    lease_manager: LeaseManager | None = None,
+    recorder: Recorder | None = None,
+    clock: Clock | None = None,
+) -> Cleaner:
+    """The cleaner for ``settings``; shares ``cold`` (and its per-queue locks)
+    with the dispatcher when both run in one process."""
+    from cleaner import CleanOptions, Cleaner
+
+    return Cleaner(cold, local=local, retention=settings.retention, options=CleanOptions.from_settings(settings.cleaner),
+                   lease=lease_manager, recorder=recorder, clock=clock)

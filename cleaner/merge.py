@@ -1,0 +1,133 @@
+"""Build one segment from a run of adjacent segments, by concatenation.
+
+The cold CommitLog of a queue is one byte space and cold ConsumeQueue
+entries hold absolute offsets into it, so the merged CommitLog is the run's
+CommitLog objects concatenated (the same records at the same cold offsets,
+byte for byte) and the merged ConsumeQueue is their ConsumeQueue objects
+concatenated. Nothing is rewritten.
+
+Before anything is uploaded every input is checked: object length and CRC
+against the manifest, every ConsumeQueue entry against the record it points
+at (decoded, body CRC verified, queue id and offset matching). The key index
+and bloom filter are rebuilt from the records; the store-time range is
+recomputed from the records, never copied from metadata.
+
+The merged objects get new names (``segment_keys`` carries start AND end
+offsets), so a reader holding the previous manifest keeps reading the old
+objects until their deferred deletion.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from dataclasses import dataclass
+
+from cleaner.plan import MergeRun
+from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE, decode_record
+from tiered.errors import CorruptRecordError, NotWrittenYetError
+from tiered.keyindex import build_bloom, build_index
+from tiered.manifest import Segment, segment_keys
+from tiered.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MergedSegment:
+    run: MergeRun
+    segment: Segment
+    commitlog: bytes | bytearray
+    consumequeue: bytes | bytearray
+    index: bytes | None
+
+    def objects(self) -> list[tuple[str, bytes | bytearray]]:
+        out = [(self.segment.commitlog_key, self.commitlog), (self.segment.consumequeue_key, self.consumequeue)]
+        if self.index is not None and self.segment.index_key:
+            out.append((self.segment.index_key, self.index))
+        return out
+
+
+def build_merged(store: ObjectStore, prefix: str, topic: str, queue_id: int, run: MergeRun, now_ms: int) -> MergedSegment:
+    """Read, verify and concatenate ``run``. Raises CorruptRecordError (naming
+    the object and offset) when any input disagrees with its manifest entry,
+    StorageError when an object cannot be read."""
+    segs = run.segments
+    for a, b in zip(segs, segs[1:]):
+        if b.q_start != a.q_end or b.cl_start != a.cl_end:
+            raise ValueError(f"{topic}/{queue_id}: segments [{a.q_start},{a.q_end}) and [{b.q_start},{b.q_end}) "
+                             "are not adjacent")
+    cl = bytearray()
+    cq = bytearray()
+    for seg in segs:
+        data = store.get(seg.commitlog_key)
+        if len(data) != seg.nbytes or zlib.crc32(data) != seg.commitlog_crc:
+            raise CorruptRecordError(seg.commitlog_key, 0, "length or CRC differs from the manifest")
+        cl += data
+        entries = store.get(seg.consumequeue_key)
+        if len(entries) != seg.messages * CQ_ENTRY_SIZE or zlib.crc32(entries) != seg.consumequeue_crc:
+            raise CorruptRecordError(seg.consumequeue_key, 0, "length or CRC differs from the manifest")
+        cq += entries
+
+    first, last = segs[0], segs[-1]
+
+    def where(cl_offset: int) -> tuple[str, int]:
+        """The input object and offset in it that hold a cold CommitLog offset."""
+        for seg in segs:
+            if seg.cl_start <= cl_offset < seg.cl_end:
+                return seg.commitlog_key, cl_offset - seg.cl_start
+        return last.commitlog_key, cl_offset - last.cl_start
+
+    view = memoryview(cl)
+    topic_raw = topic.encode("utf-8")
+    want_index = any(s.index_key for s in segs)
+    keys: list[tuple[int, list[str]]] = []
+    min_store = max_store = min_born = max_born = 0
+    expect = first.cl_start
+    for i in range(last.q_end - first.q_start):
+        q = first.q_start + i
+        off, size, _tags = CQ_ENTRY.unpack_from(cq, i * CQ_ENTRY_SIZE)
+        if off != expect:
+            seg = next(s for s in segs if s.q_start <= q < s.q_end)
+            raise CorruptRecordError(seg.consumequeue_key, (q - seg.q_start) * CQ_ENTRY_SIZE,
+                                     f"entry {q} points at {off}, expected {expect}")
+        try:
+            rec = decode_record(view, off - first.cl_start, first.commitlog_key)
+        except (CorruptRecordError, NotWrittenYetError) as exc:
+            key, at = where(off)
+            raise CorruptRecordError(key, at, f"record {q}: {getattr(exc, 'reason', exc)}") from None
+        if rec.size != size or rec.queue_offset != q or rec.queue_id != queue_id or rec.topic_raw != topic_raw:
+            key, at = where(off)
+            raise CorruptRecordError(key, at, f"record does not match its ConsumeQueue entry {q}")
+        expect += size
+        st, bt = rec.store_timestamp, rec.born_timestamp
+        if i == 0:
+            min_store = max_store = st
+            min_born = max_born = bt
+        else:
+            min_store, max_store = min(min_store, st), max(max_store, st)
+            min_born, max_born = min(min_born, bt), max(max_born, bt)
+        if want_index:
+            ks = rec.keys
+            uniq = rec.unique_key
+            if uniq:
+                ks.append(uniq)
+            if ks:
+                keys.append((q, ks))
+    if expect != last.cl_end:
+        key, at = where(expect)
+        raise CorruptRecordError(key, at, f"records end at {expect}, the run at {last.cl_end}")
+    if min_store != min(s.min_store_ms for s in segs) or max_store != max(s.max_store_ms for s in segs):
+        log.warning("merged records' store times differ from the manifest's; using the records'",
+                    extra={"topic": topic, "queue": queue_id, "offset": first.q_start})
+
+    cl_key, cq_key, ix_key = segment_keys(prefix, first.cl_start, last.cl_end, first.q_start, last.q_end)
+    index = build_index(first.q_start, keys) if keys else None
+    bloom = build_bloom(k for _, ks in keys for k in ks) if keys else None
+    seg = Segment(
+        q_start=first.q_start, q_end=last.q_end, cl_start=first.cl_start, cl_end=last.cl_end,
+        min_store_ms=min_store, max_store_ms=max_store, min_born_ms=min_born, max_born_ms=max_born,
+        commitlog_key=cl_key, consumequeue_key=cq_key, index_key=ix_key if index is not None else None,
+        commitlog_crc=zlib.crc32(cl), consumequeue_crc=zlib.crc32(cq), created_ms=now_ms, bloom=bloom,
+    )
+    return MergedSegment(run, seg, cl, cq, index)

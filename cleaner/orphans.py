@@ -1,0 +1,95 @@
+"""Orphan collection: data objects no manifest references.
+
+Orphans come from uploads whose commit never happened (a crash, a lost
+race, a failed merge commit) and from deletions that failed after their
+manifest commit. One LIST of the broker prefix finds data objects older than
+the grace period that the cached manifests do not reference; each affected
+queue is then locked (skipped if busy) and its manifest re-read from the
+bucket, and only objects the fresh manifest does not reference either are
+deleted, in batched requests. The grace period covers uploads in flight: the
+dispatcher writes data objects before the manifest that names them.
+
+Data objects of a queue with no manifest at all are never collected: a lost
+or unreadable manifest must not turn an archive into garbage. They are
+reported (and logged) for an operator to decide. Individual failures are
+logged, never raised: collection is housekeeping.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from cleaner.plan import plan_orphans
+from cleaner.report import CleanReport
+from tiered.coldtier import ColdTier
+from tiered.errors import FencedError, TieredError
+from tiered.recorder import Recorder
+
+log = logging.getLogger(__name__)
+
+
+def collect_orphans(
+    cold: ColdTier,
+    now_ms: int,
+    grace_ms: int,
+    report: CleanReport,
+    recorder: Recorder,
+    *,
+    dry_run: bool = False,
+    before_write: Callable[[], object] = lambda: None,
+) -> None:
+    report.orphan_scan = True
+    prefix = cold.prefix
+    try:
+        listing = cold.store.list(prefix + "/")
+    except TieredError as exc:
+        report.errors["orphan scan"] = str(exc)
+        log.error("orphan scan: listing failed", extra={"error": str(exc)})
+        return
+    referenced = {k: m.referenced_keys() for k, m in cold.manifests().items()}
+    found = plan_orphans(listing, prefix, referenced, now_ms, grace_ms)
+    for (topic, qid), n in sorted(found.unmanaged.items()):
+        report.unmanaged[f"{topic}/{qid}"] = n
+        log.warning("data objects without a manifest are kept; restore the manifest or delete them by hand",
+                    extra={"topic": topic, "queue": qid, "objects": n})
+    doomed: list[str] = []
+    held: list[threading.Lock] = []
+    try:
+        for (topic, qid), objects in sorted(found.candidates.items()):
+            if not dry_run:
+                lock = cold.lock(topic, qid)
+                if not lock.acquire(blocking=False):
+                    report.busy.append((topic, qid))
+                    continue
+                held.append(lock)
+            try:
+                fresh = cold.fetch(topic, qid)
+            except TieredError as exc:
+                report.errors[f"{topic}/{qid} orphans"] = str(exc)
+                log.error("orphan scan: manifest unreadable; queue skipped",
+                          extra={"topic": topic, "queue": qid, "error": str(exc)})
+                continue
+            if fresh is None:
+                report.unmanaged[f"{topic}/{qid}"] = len(objects)
+                continue
+            refs = fresh.referenced_keys()
+            doomed.extend(o.key for o in objects if o.key not in refs)
+        report.orphans = doomed
+        if doomed and not dry_run:
+            try:
+                before_write()
+                report.delete_requests += cold.store.delete_many(doomed)
+            except FencedError:
+                raise
+            except TieredError as exc:
+                report.errors["orphan delete"] = str(exc)
+                log.error("orphan scan: delete failed; next scan retries", extra={"error": str(exc)})
+                return
+            recorder.orphans_collected(len(doomed))
+            log.info("collected orphans", extra={"objects": len(doomed)})
+    finally:
+        for lock in held:
+            lock.release()
+

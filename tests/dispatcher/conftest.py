@@ -1,0 +1,46 @@
+"""Dispatcher test fixtures. Test helpers live in ``tests/helpers`` as plain
+modules (``faultproxy``, ``dispatchkit``): that directory is put on
+``sys.path`` here. Not ``tests/`` itself: its ``dispatcher/`` folder would
+then be importable as a namespace package shadowing the real one."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+_HELPERS = str(Path(__file__).resolve().parents[1] / "helpers")
+if _HELPERS not in sys.path:
+    sys.path.insert(0, _HELPERS)
+
+from dispatchkit import CountingRecorder  # noqa: E402
+from tiered.clock import ManualClock  # noqa: E402
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def recorder() -> CountingRecorder:
+    return CountingRecorder()
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():  # noqa: ANN202
+    """The CLI installs its own root handler (on CliRunner's captured stream,
+    closed after the call): put the test's logging back afterwards, and keep
+    the in-process moto server's access log out of command output."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    werkzeug = logging.getLogger("werkzeug")
+    wlevel = werkzeug.level
+    werkzeug.setLevel(logging.WARNING)
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    werkzeug.setLevel(wlevel)

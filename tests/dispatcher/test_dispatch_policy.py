@@ -1,0 +1,325 @@
+"""What a round decides, with a manual clock: size and age thresholds, the
+first archive's start position, topic filters, bounded parallelism and
+memory, catch-up, the per-round budget, idle rounds, and the backoff of a
+failing queue."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+from dispatchkit import CountingRecorder, assert_exact, new_dispatcher, new_writer, produce, read_manifest
+from dispatcher import TopicFilter, is_system_topic
+from tiered.localstore import LocalStore
+from tiered.storage import FileStore, RetryPolicy
+
+Q = ("Policy", 0)
+WRITES = ("put", "put_if_absent", "put_if_match")
+
+
+def _file_store(tmp_path, recorder=None):  # noqa: ANN001, ANN202
+    return FileStore(str(tmp_path / "cold"), recorder=recorder, retry=RetryPolicy(attempts=1))
+
+
+def test_size_threshold(tmp_path, clock, recorder):
+    store = _file_store(tmp_path, recorder)
+    w = new_writer(tmp_path / "store")
+    local = LocalStore(tmp_path / "store")
+    d = new_dispatcher(store, local, tmp_path / "state", clock, recorder=recorder, upload_bytes=6000,
+                       max_delay_ms=3_600_000, segment_bytes=1 << 20)
+    d.start()  # takes the lease: a write, but not one of the round's
+    before = sum(recorder.total_requests(op) for op in WRITES)
+    produce(w, *Q, 10, clock=clock, body_size=200)  # ~3 KB
+    assert d.run_round().segments == 0
+    assert read_manifest(store, *Q) is None
+    assert sum(recorder.total_requests(op) for op in WRITES) == before
+    produce(w, *Q, 15, clock=clock, body_size=200)  # now > 6 KB pending
+    r = d.run_round()
+    assert r.segments == 1 and r.messages == 25
+    w.close()
+
+
+def test_age_threshold_counts_from_the_oldest_pending_message(tmp_path, clock, recorder):
+    store = _file_store(tmp_path, recorder)
+    w = new_writer(tmp_path / "store")
+    local = LocalStore(tmp_path / "store")
+    d = new_dispatcher(store, local, tmp_path / "state", clock, recorder=recorder, upload_bytes=1 << 30,
+                       max_delay_ms=10_000)
+    produce(w, *Q, 3, clock=clock)
+    clock.advance(9)
+    produce(w, *Q, 3, clock=clock)  # young
+    assert d.run_round().segments == 0  # oldest is 9 s old
+    clock.advance(1)
+    r = d.run_round()  # oldest is 10 s old: everything pending goes, young ones too
+    assert r.segments == 1 and r.messages == 6
+    clock.advance(5)
+    produce(w, *Q, 2, clock=clock)
+    assert d.run_round().segments == 0
+    w.close()
+
+
+def test_start_position_earliest_latest_and_timestamp(tmp_path, clock):
+    w = new_writer(tmp_path / "store")
+    t0 = clock.now_ms()
+    for i in range(10):
+        produce(w, "Early", 0, 1, clock=clock, seed=i)
+        produce(w, "Late", 0, 1, clock=clock, seed=i)
+        produce(w, "Timed", 0, 1, clock=clock, seed=i)
+        clock.advance(1)
+    local = LocalStore(tmp_path / "store")
+    stamp = datetime.fromtimestamp((t0 + 5_000) / 1000, tz=timezone.utc).isoformat()
+    kw = dict(upload_bytes=1, max_delay_ms=0)
+    stores = {}
+    for pos, topic in (("earliest", "Early"), ("latest", "Late"), (stamp, "Timed")):
+        stores[topic] = FileStore(str(tmp_path / f"cold-{topic}"))
+        d = new_dispatcher(stores[topic], local, tmp_path / f"state-{topic}", clock, start_position=pos,
+                           topic_filter=TopicFilter(include=(topic,)), **kw)
+        d.run_round()
+        produce(w, topic, 0, 4, clock=clock, seed=99)
+        d.run_round()
+    assert read_manifest(stores["Early"], "Early", 0).first_offset == 0
+    late = read_manifest(stores["Late"], "Late", 0)
+    assert (late.first_offset, late.next_offset) == (10, 14)  # only what came after the first look
+    assert read_manifest(stores["Timed"], "Timed", 0).first_offset == 5
+    for topic in stores:
+        assert_exact(stores[topic], local, [(topic, 0)])
+    w.close()
+
+
+def test_topic_filter():
+    f = TopicFilter()
+    for system in ("SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "rmq_sys_wheel_timer", "TBW102",
+                   "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC", "%LMQ%q1"):
+        assert is_system_topic(system) and not f.accepts(system), system
+    for ordinary in ("Orders", "%RETRY%group", "%DLQ%group", "rmq_sys"):
+        assert f.accepts(ordinary), ordinary
+    f = TopicFilter(include=("Orders*", "%DLQ%*", "SCHEDULE_TOPIC_XXXX"), exclude=("*Test",))
+    assert f.accepts("Orders") and f.accepts("OrdersEU") and f.accepts("%DLQ%g")
+    assert not f.accepts("OrdersTest") and not f.accepts("%RETRY%g") and not f.accepts("Payments")
+    assert f.accepts("SCHEDULE_TOPIC_XXXX")  # a system topic named explicitly
+    assert not TopicFilter(include=("*",)).accepts("RMQ_SYS_TRACE_TOPIC")  # never through a wildcard
+    assert TopicFilter(include_system=True).accepts("RMQ_SYS_TRACE_TOPIC")
+    assert not TopicFilter(extra_system=frozenset({"DefaultCluster"})).accepts("DefaultCluster")
+
+
+def test_filters_decide_what_a_round_archives(tmp_path, clock):
+    w = new_writer(tmp_path / "store")
+    topics = ["Orders", "OrdersTest", "%RETRY%g", "%DLQ%g", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRACE_TOPIC", "broker-a"]
+    for t in topics:
+        produce(w, t, 0, 3, clock=clock)
+    local = LocalStore(tmp_path / "store")
+    store = FileStore(str(tmp_path / "cold"))
+    d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0,
+                       topic_filter=TopicFilter(exclude=("*Test",), extra_system=frozenset({"broker-a"})))
+    d.run_round()
+    archived = {t for t in topics if read_manifest(store, t, 0) is not None}
+    assert archived == {"Orders", "%RETRY%g", "%DLQ%g"}
+    w.close()
+
+
+def test_parallelism_and_memory_are_bounded(tmp_path, clock):
+    """At most ``parallelism`` segments are in flight at once, and no segment
+    exceeds ``segment_bytes``: memory is bounded by their product."""
+    store = _file_store(tmp_path)
+    active = {"now": 0, "max": 0}
+    lock = threading.Lock()
+    raw_put = store._raw_put
+
+    def slow_put(key, data):  # noqa: ANN001, ANN202
+        if "/commitlog/" in key:
+            with lock:
+                active["now"] += 1
+                active["max"] = max(active["max"], active["now"])
+            time.sleep(0.005)  # keep uploads in flight long enough to overlap
+            try:
+                return raw_put(key, data)
+            finally:
+                with lock:
+                    active["now"] -= 1
+        return raw_put(key, data)
+
+    store._raw_put = slow_put  # type: ignore[method-assign]
+    w = new_writer(tmp_path / "store", commitlog_file_size=1 << 20)
+    queues = [("Par", q) for q in range(8)]
+    for q in queues:
+        produce(w, *q, 40, clock=clock, body_size=200)
+    w.close()
+    local = LocalStore(tmp_path / "store")
+    d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0,
+                       segment_bytes=3000, parallelism=3)
+    r = d.run_round()
+    assert r.ok and r.messages == 320
+    assert 1 < active["max"] <= 3
+    for q in queues:
+        assert all(s.nbytes <= 3000 for s in read_manifest(store, *q).segments)
+    assert_exact(store, local, queues)
+
+
+def test_catch_up_uploads_several_segments_in_one_round(tmp_path, clock):
+    store = _file_store(tmp_path)
+    with new_writer(tmp_path / "store") as w:
+        produce(w, *Q, 200, clock=clock, body_size=200)
+    local = LocalStore(tmp_path / "store")
+    d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0,
+                       segment_bytes=4000)
+    r = d.run_round()
+    assert r.messages == 200 and r.segments >= 10 and r.lag_messages == 0
+    assert_exact(store, local, [Q])
+
+
+def test_round_budget_lets_every_queue_progress(tmp_path, clock):
+    """A huge backlog on one queue does not starve the others: every queue
+    gets a segment in turn, the big one catches up only while the budget
+    lasts, and continues next round. Each upload takes 1 s of manual time."""
+    store = _file_store(tmp_path)
+    raw_put = store._raw_put
+
+    def timed_put(key, data):  # noqa: ANN001, ANN202
+        if "/commitlog/" in key:
+            clock.advance(1)
+        return raw_put(key, data)
+
+    store._raw_put = timed_put  # type: ignore[method-assign]
+    big, big2 = ("Huge", 0), ("Huge", 1)
+    small = [("Small", q) for q in range(3)]
+    with new_writer(tmp_path / "store", commitlog_file_size=1 << 20) as w:
+        produce(w, *big, 400, clock=clock, body_size=200)
+        produce(w, *big2, 400, clock=clock, body_size=200)
+        for q in small:
+            produce(w, *q, 5, clock=clock, body_size=200)
+    local = LocalStore(tmp_path / "store")
+    d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0,
+                       segment_bytes=4000, parallelism=1, round_budget_s=10)
+    r = d.run_round()
+    for q in small:
+        assert read_manifest(store, *q).next_offset == 5, "a small queue was starved"
+    m1, m2 = read_manifest(store, *big), read_manifest(store, *big2)
+    assert 0 < m1.next_offset < 400 and 0 < m2.next_offset < 400
+    assert abs(len(m1.segments) - len(m2.segments)) <= 1  # the two backlogs share the budget in turns
+    assert r.segments <= 10 + len(small) + 2
+    assert r.lag_messages > 0
+    for _ in range(20):
+        if d.run_round().lag_messages == 0:
+            break
+    assert_exact(store, local, [big, big2, *small])
+
+
+def test_idle_round_makes_no_request(cold_url, open_cold, tmp_path, clock):
+    rec = CountingRecorder()
+    store = open_cold(cold_url, recorder=rec)
+    queues = [("Idle", q) for q in range(50)]
+    w = new_writer(tmp_path / "store")
+    for q in queues:
+        produce(w, *q, 2, clock=clock)
+    local = LocalStore(tmp_path / "store")
+    d = new_dispatcher(store, local, tmp_path / "state", clock, recorder=rec, upload_bytes=1 << 20,
+                       max_delay_ms=60_000)
+    clock.advance(60)
+    assert d.run_round().messages == 100
+    produce(w, "Pending", 0, 2, clock=clock)  # below both thresholds: waits, without a request
+    w.close()
+    before = rec.total_requests()
+    for _ in range(3):
+        clock.advance(1)
+        r = d.run_round()
+        assert r.ok and r.segments == 0
+    assert rec.total_requests() == before, rec.requests
+    # also after a restart with the manifest cache on disk
+    d2 = new_dispatcher(store, LocalStore(tmp_path / "store"), tmp_path / "state", clock, recorder=rec,
+                        upload_bytes=1 << 20, max_delay_ms=60_000)
+    d2.start()
+    before = rec.total_requests()
+    clock.advance(1)
+    d2.run_round()
+    assert rec.total_requests() == before
+
+
+def test_a_failing_queue_backs_off_with_jitter_and_the_others_go_on(tmp_path, clock, recorder):
+    store = _file_store(tmp_path, recorder)
+    attempts = {"n": 0}
+    raw_put = store._raw_put
+
+    def failing_put(key, data):  # noqa: ANN001, ANN202
+        if "/Bad/" in key:
+            attempts["n"] += 1
+            raise PermissionError(13, "denied")
+        return raw_put(key, data)
+
+    store._raw_put = failing_put  # type: ignore[method-assign]
+    w = new_writer(tmp_path / "store")
+    local = LocalStore(tmp_path / "store")
+    d = new_dispatcher(store, local, tmp_path / "state", clock, recorder=recorder, upload_bytes=1, max_delay_ms=0,
+                       failure_backoff_s=20, failure_backoff_max_s=600)
+    produce(w, "Bad", 0, 3, clock=clock)
+    produce(w, "Good", 0, 3, clock=clock)
+    r = d.run_round()
+    assert "Bad/0" in r.errors and read_manifest(store, "Good", 0).next_offset == 3
+    assert attempts["n"] == 1
+    d.run_round()  # the first retry comes with the next round
+    assert attempts["n"] == 2
+    failures, until = d.backoff("Bad", 0)
+    assert failures == 2 and 10 <= until - clock.monotonic() <= 20  # 20 s, jittered to [50%, 100%]
+    produce(w, "Good", 0, 3, clock=clock)
+    assert d.run_round().messages == 3  # the others go on; Bad waits
+    assert attempts["n"] == 2
+    clock.advance(20)
+    d.run_round()
+    assert attempts["n"] == 3
+    failures, until = d.backoff("Bad", 0)
+    assert failures == 3 and 20 <= until - clock.monotonic() <= 40
+    for _ in range(10):
+        clock.advance(600)
+        d.run_round()
+    assert d.backoff("Bad", 0)[1] - clock.monotonic() <= 600  # capped
+    store._raw_put = raw_put  # type: ignore[method-assign]
+    clock.advance(600)
+    assert d.run_round().ok
+    assert d.backoff("Bad", 0) == (0, 0.0)
+    assert read_manifest(store, "Bad", 0).next_offset == 3
+    w.close()
+
+
+def test_two_rounds_never_run_at_once(tmp_path, clock):
+    store = _file_store(tmp_path)
+    with new_writer(tmp_path / "store") as w:
+        produce(w, *Q, 5, clock=clock)
+    local = LocalStore(tmp_path / "store")
+    d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0)
+    entered, release = threading.Event(), threading.Event()
+    raw_put = store._raw_put
+
+    def blocking_put(key, data):  # noqa: ANN001, ANN202
+        entered.set()
+        assert release.wait(10)
+        return raw_put(key, data)
+
+    store._raw_put = blocking_put  # type: ignore[method-assign]
+    results = []
+    t = threading.Thread(target=lambda: results.append(d.run_round()))
+    t.start()
+    assert entered.wait(10)
+    second = d.run_round()
+    assert second.skipped and second.segments == 0
+    release.set()
+    t.join(10)
+    assert results[0].ok and results[0].messages == 5
+
+
+@pytest.mark.parametrize("parallelism", [1, 4])
+def test_a_queue_locked_by_the_cleaner_is_skipped_not_blocked(tmp_path, clock, parallelism):
+    store = _file_store(tmp_path)
+    with new_writer(tmp_path / "store") as w:
+        produce(w, "L", 0, 5, clock=clock)
+        produce(w, "L", 1, 5, clock=clock)
+    local = LocalStore(tmp_path / "store")
+    d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0,
+                       parallelism=parallelism)
+    d.start()
+    lock = d.cold.lock("L", 0)
+    with lock:
+        r = d.run_round()
+    assert r.ok and read_manifest(store, "L", 1).next_offset == 5 and read_manifest(store, "L", 0) is None
+    assert d.run_round().messages == 5

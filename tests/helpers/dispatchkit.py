@@ -1,0 +1,190 @@
+"""Shared pieces of the dispatcher tests: a counting recorder, a store
+producer, and an archive reader that is independent of ``tiered.verify``."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
+from tiered.clock import ManualClock
+from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE, Host, decode_record
+from tiered.coldtier import ColdTier
+from tiered.errors import CorruptRecordError
+from tiered.lease import LeaseManager
+from tiered.localstore import LocalStore
+from tiered.manifest import MANIFEST, Manifest, queue_prefix
+from tiered.recorder import NullRecorder
+from tiered.storage import ObjectStore
+from tiered.storewriter import StoreWriter
+
+CLUSTER = "TestCluster"
+BROKER = "broker-a"
+
+
+class CountingRecorder(NullRecorder):
+    """Counts what the core reports; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self.retries: Counter[str] = Counter()
+        self.gaps: Counter[tuple[str, int]] = Counter()
+        self.corrupt: Counter[tuple[str, int]] = Counter()
+        self.quarantines: Counter[tuple[str, int]] = Counter()
+        self.queue_errors: Counter[tuple[str, int]] = Counter()
+        self.archived_messages: Counter[tuple[str, int]] = Counter()
+        self.rounds: list[bool] = []
+
+    def store_request(self, op: str, outcome: str, seconds: float) -> None:
+        with self._lock:
+            self.requests[(op, outcome)] += 1
+
+    def store_retry(self, op: str) -> None:
+        with self._lock:
+            self.retries[op] += 1
+
+    def gap(self, topic: str, queue_id: int, messages: int) -> None:
+        with self._lock:
+            self.gaps[(topic, queue_id)] += messages
+
+    def corrupt_record(self, topic: str, queue_id: int) -> None:
+        with self._lock:
+            self.corrupt[(topic, queue_id)] += 1
+
+    def quarantined(self, topic: str, queue_id: int) -> None:
+        with self._lock:
+            self.quarantines[(topic, queue_id)] += 1
+
+    def queue_error(self, job: str, topic: str, queue_id: int) -> None:
+        with self._lock:
+            self.queue_errors[(topic, queue_id)] += 1
+
+    def archived(self, topic: str, queue_id: int, messages: int, nbytes: int) -> None:
+        with self._lock:
+            self.archived_messages[(topic, queue_id)] += messages
+
+    def round_finished(self, job: str, seconds: float, ok: bool, now_s: float) -> None:
+        with self._lock:
+            self.rounds.append(ok)
+
+    def total_requests(self, op: str | None = None) -> int:
+        with self._lock:
+            return sum(n for (o, _), n in self.requests.items() if op is None or o == op)
+
+
+def produce(writer: StoreWriter, topic: str, queue_id: int, count: int, *, clock: ManualClock | None = None,
+            body_size: int = 100, seed: int = 0, ipv6: bool = False) -> None:
+    """``count`` messages with varied bodies, keys and tags."""
+    import random
+
+    rng = random.Random(hash((topic, queue_id, seed)) & 0xFFFFFFFF)
+    for i in range(count):
+        size = rng.randint(max(0, body_size // 2), body_size * 2)
+        ts = clock.now_ms() if clock is not None else None
+        host = Host("::1", 50000) if ipv6 else None
+        writer.put(topic, queue_id, rng.randbytes(size), tags=rng.choice([None, "TagA", "TagB"]),
+                   keys=[f"k-{topic}-{queue_id}-{seed}-{i}"], unique_key=os.urandom(16).hex().upper(),
+                   store_timestamp=ts, born_timestamp=ts, born_host=host)
+
+
+def local_records(local: LocalStore, topic: str, queue_id: int, start: int | None = None) -> list[tuple[int, bytes]]:
+    """Valid local records from ``start`` (default: the first on disk); a
+    corrupt record is left out (a caller can compare everything around it)."""
+    rng = local.queue_range(topic, queue_id)
+    offset = rng.min_offset if start is None else start
+    out: list[tuple[int, bytes]] = []
+    while True:
+        try:
+            for item in local.iter_queue(topic, queue_id, offset):
+                out.append((item.queue_offset, bytes(item.record.raw)))
+                offset = item.queue_offset + 1
+            return out
+        except CorruptRecordError:
+            offset += 1
+
+
+def read_manifest(store: ObjectStore, topic: str, queue_id: int, cluster: str = CLUSTER,
+                  broker: str = BROKER) -> Manifest | None:
+    key = f"{queue_prefix(cluster, broker, topic, queue_id)}/{MANIFEST}"
+    if store.head(key) is None:
+        return None
+    return Manifest.from_bytes(store.get(key), key)
+
+
+def archived_records(store: ObjectStore, topic: str, queue_id: int, cluster: str = CLUSTER,
+                     broker: str = BROKER) -> list[tuple[int, bytes]]:
+    """Every archived record of a queue as (queue offset, raw bytes), read
+    through the manifest and the cold ConsumeQueue, in manifest order."""
+    m = read_manifest(store, topic, queue_id, cluster, broker)
+    if m is None:
+        return []
+    out: list[tuple[int, bytes]] = []
+    for seg in m.segments:
+        cl = store.get(seg.commitlog_key)
+        cq = store.get(seg.consumequeue_key)
+        assert len(cq) == seg.messages * CQ_ENTRY_SIZE
+        for i in range(seg.messages):
+            off, size, _tags = CQ_ENTRY.unpack_from(cq, i * CQ_ENTRY_SIZE)
+            rec = decode_record(memoryview(cl), off - seg.cl_start, seg.commitlog_key)
+            assert rec.size == size
+            assert rec.queue_offset == seg.q_start + i
+            out.append((rec.queue_offset, bytes(rec.raw)))
+    return out
+
+
+def assert_exact(store: ObjectStore, local: LocalStore, queues: list[tuple[str, int]], *, complete: bool = True,
+                 cluster: str = CLUSTER, broker: str = BROKER) -> dict[tuple[str, int], int]:
+    """Every queue's archive equals the local records byte for byte, in
+    order, no duplicates, no hole but recorded gaps; with ``complete`` it
+    also reaches the local end. Returns the archived record count per queue."""
+    counts = {}
+    for topic, qid in queues:
+        m = read_manifest(store, topic, qid, cluster, broker)
+        assert m is not None, f"{topic}/{qid}: no manifest"
+        m.check()
+        archived = archived_records(store, topic, qid, cluster, broker)
+        offsets = [o for o, _ in archived]
+        assert len(offsets) == len(set(offsets)), f"{topic}/{qid}: duplicate offsets"
+        assert offsets == sorted(offsets), f"{topic}/{qid}: out of order"
+        gap_offsets = {o for g in m.gaps for o in range(g.q_start, g.q_end)}
+        assert not gap_offsets & set(offsets), f"{topic}/{qid}: a gap overlaps archived records"
+        assert set(offsets) | gap_offsets == set(range(m.first_offset, m.next_offset)), f"{topic}/{qid}: hole"
+        local_map = dict(local_records(local, topic, qid))
+        for g in m.gaps:
+            if g.reason == "expired_locally":
+                still = [o for o in range(g.q_start, g.q_end) if o in local_map]
+                assert not still, f"{topic}/{qid}: gap {g} covers records still on local disk: {still[:5]}"
+        for off, raw in archived:
+            if off in local_map:
+                assert raw == local_map[off], f"{topic}/{qid} offset {off}: bytes differ"
+        if complete:
+            assert m.next_offset == local.max_offset(topic, qid), f"{topic}/{qid}: not archived to the end"
+            missing = [o for o in local_map if o >= m.first_offset and o not in set(offsets) | gap_offsets]
+            assert not missing, f"{topic}/{qid}: local records missing from the archive: {missing[:5]}"
+        counts[(topic, qid)] = len(archived)
+    return counts
+
+
+def new_writer(root: Path, **kw: Any) -> StoreWriter:
+    kw.setdefault("commitlog_file_size", 64 * 1024)
+    kw.setdefault("cq_entries_per_file", 128)
+    return StoreWriter(root, **kw)
+
+
+def new_dispatcher(store: ObjectStore, local: LocalStore, state_dir: Path, clock: ManualClock, *,
+                   identity: str = "writer-1", recorder: Any = None, lease: bool = True,
+                   topic_filter: TopicFilter | None = None, ttl_s: float = 120.0, force: bool = False,
+                   **opts: Any) -> Dispatcher:
+    archive_keys = {"upload_bytes", "max_delay_ms", "segment_bytes", "start_position", "quarantine_corrupt",
+                    "key_index"}
+    archive = ArchiveOptions(**{k: v for k, v in opts.items() if k in archive_keys})
+    rest = {k: v for k, v in opts.items() if k not in archive_keys}
+    cold = ColdTier(store, CLUSTER, BROKER, state_dir=state_dir, writer=identity, clock=clock)
+    lm = (LeaseManager(store, f"{CLUSTER}/{BROKER}", identity, clock=clock, ttl_s=ttl_s, force=force)
+          if lease else None)
+    return Dispatcher(local, cold, lease=lm, topic_filter=topic_filter, options=DispatchOptions(archive, **rest),
+                      recorder=recorder, clock=clock)

@@ -1,0 +1,378 @@
+"""Scans of the archive in parallel pieces: plan on one machine, read anywhere.
+
+``plan`` turns what a query asks for (``ScanSpec``: brokers, topics, queues,
+queue-offset and time ranges) into ``Slice``s, plain picklable descriptors
+of a run of one segment. Pruning happens before any data is read: the
+catalog drops queues (by name, and by a start time it cannot have), the
+manifests drop segments by their offset and store/born time ranges, and
+offset ranges trim slices exactly. A segment larger than ``max_slice_bytes``
+is cut into several slices by message count.
+
+``read_slice`` reads one slice with two ranged GETs: its cold ConsumeQueue
+entries, then the cold CommitLog bytes they cover. When the store-time range
+is narrower than the segment's, a binary search over record headers (one
+small ranged GET each) trims the CommitLog read to the records in range, so a
+one-hour query over a day-long segment reads about an hour of it.
+
+Everything a slice needs travels in it; the object store is rebuilt from a
+picklable ``ObjectStore`` (no client inside), so a slice can be read on any
+Spark executor.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tiered.codec import CQ_ENTRY_SIZE
+from tiered.columnar import BatchDecoder, Where, check_entries, parse_entries
+from tiered.errors import CorruptRecordError, StorageError
+from tiered.manifest import Manifest, Segment
+from tiered.reader import Archive, QueueRef, ReadStats, first_at_or_after, get_range, probe_store_ms
+from tiered.spark_schema import TIMESTAMP
+from tiered.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SLICE_BYTES = 128 << 20
+CHUNK_ROWS = 16384
+CHUNK_BYTES = 16 << 20
+PIECE_BYTES = 16 << 20  # CommitLog bytes per ranged GET when reading a slice
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """An inclusive integer range; None is unbounded."""
+
+    lo: int | None = None
+    hi: int | None = None
+
+    def and_(self, lo: int | None = None, hi: int | None = None) -> Bounds:
+        nlo = self.lo if lo is None else (lo if self.lo is None else max(lo, self.lo))
+        nhi = self.hi if hi is None else (hi if self.hi is None else min(hi, self.hi))
+        return Bounds(nlo, nhi)
+
+    @property
+    def empty(self) -> bool:
+        return self.lo is not None and self.hi is not None and self.lo > self.hi
+
+    @property
+    def unbounded(self) -> bool:
+        return self.lo is None and self.hi is None
+
+    def overlaps(self, lo: int, hi: int) -> bool:
+        """Does [lo, hi] meet this range?"""
+        return not self.empty and (self.lo is None or hi >= self.lo) and (self.hi is None or lo <= self.hi)
+
+    def covers(self, lo: int, hi: int) -> bool:
+        return (self.lo is None or lo >= self.lo) and (self.hi is None or hi <= self.hi)
+
+
+@dataclass(frozen=True)
+class ScanSpec:
+    """What a scan keeps. Set-valued fields: None keeps everything."""
+
+    clusters: frozenset[str] | None = None
+    brokers: frozenset[str] | None = None
+    topics: frozenset[str] | None = None
+    topic_prefixes: tuple[str, ...] | None = None
+    queue_ids: frozenset[int] | None = None
+    queue_offset: Bounds = Bounds()
+    store_us: Bounds = Bounds()  # microseconds, inclusive
+    born_us: Bounds = Bounds()
+
+    def with_set(self, name: str, values: frozenset) -> ScanSpec:
+        current = getattr(self, name)
+        return replace(self, **{name: values if current is None else current & values})
+
+    @property
+    def nothing(self) -> bool:
+        return any(s is not None and not s for s in (self.clusters, self.brokers, self.topics, self.queue_ids)) or \
+            self.queue_offset.empty or self.store_us.empty or self.born_us.empty
+
+    def topic_ok(self, topic: str) -> bool:
+        return (self.topics is None or topic in self.topics) and \
+            (self.topic_prefixes is None or any(topic.startswith(p) for p in self.topic_prefixes))
+
+    def queue_ok(self, queue_id: int) -> bool:
+        return self.queue_ids is None or queue_id in self.queue_ids
+
+    def segment_ok(self, seg: Segment) -> bool:
+        return (self.queue_offset.overlaps(seg.q_start, seg.q_end - 1)
+                and self.store_us.overlaps(seg.min_store_ms * 1000, seg.max_store_ms * 1000 + 999)
+                and self.born_us.overlaps(seg.min_born_ms * 1000, seg.max_born_ms * 1000 + 999))
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Queue offsets [q_start, q_end) of one segment: everything needed to read them."""
+
+    cluster: str
+    broker: str
+    topic: str
+    queue_id: int
+    commitlog_key: str
+    consumequeue_key: str
+    seg_q_start: int
+    seg_q_end: int
+    seg_cl_start: int
+    seg_cl_end: int
+    min_store_ms: int
+    max_store_ms: int
+    q_start: int
+    q_end: int
+
+    @property
+    def ref(self) -> QueueRef:
+        return QueueRef(self.cluster, self.broker, self.topic, self.queue_id)
+
+    @property
+    def messages(self) -> int:
+        return self.q_end - self.q_start
+
+    @property
+    def est_bytes(self) -> int:
+        seg_msgs = max(1, self.seg_q_end - self.seg_q_start)
+        return (self.seg_cl_end - self.seg_cl_start) * self.messages // seg_msgs
+
+    def segment(self) -> Segment:
+        """The parts of the segment a read needs (a Segment for the probe helpers)."""
+        return Segment(self.seg_q_start, self.seg_q_end, self.seg_cl_start, self.seg_cl_end, self.min_store_ms,
+                       self.max_store_ms, 0, 0, self.commitlog_key, self.consumequeue_key, None, 0, 0, 0)
+
+    def __str__(self) -> str:
+        return f"{self.cluster}/{self.broker}/{self.topic}/{self.queue_id} [{self.q_start},{self.q_end})"
+
+
+def segment_slices(ref: QueueRef, seg: Segment, q_lo: int, q_hi: int, max_bytes: int) -> list[Slice]:
+    """[q_lo, q_hi) of ``seg`` (clamped to it) cut into slices of about ``max_bytes``."""
+    lo, hi = max(q_lo, seg.q_start), min(q_hi, seg.q_end)
+    if lo >= hi:
+        return []
+    est = seg.nbytes * (hi - lo) // max(1, seg.messages)
+    parts = max(1, math.ceil(est / max(1, max_bytes)))
+    step = math.ceil((hi - lo) / parts)
+    out = []
+    for start in range(lo, hi, step):
+        out.append(Slice(ref.cluster, ref.broker, ref.topic, ref.queue_id, seg.commitlog_key, seg.consumequeue_key,
+                         seg.q_start, seg.q_end, seg.cl_start, seg.cl_end, seg.min_store_ms, seg.max_store_ms,
+                         start, min(hi, start + step)))
+    return out
+
+
+@dataclass
+class Plan:
+    slices: list[Slice]
+    queues: int = 0  # queues whose manifest was read
+    segments: int = 0  # segments listed by those manifests
+    segments_kept: int = 0
+
+
+def plan(archive: Archive, spec: ScanSpec, *, max_slice_bytes: int = DEFAULT_SLICE_BYTES) -> Plan:
+    """The slices a scan reads, pruned by catalog and manifests (no data read)."""
+    if spec.nothing:
+        return Plan([])
+    refs = []
+    broker_ok = lambda c, b: ((spec.clusters is None or c in spec.clusters)  # noqa: E731
+                              and (spec.brokers is None or b in spec.brokers))
+    for ref in archive.queues(spec.topic_ok, spec.queue_ok, broker_ok):
+        entry = archive.catalog_entry(ref)
+        # The catalog may lag the manifests: only what it cannot get wrong prunes.
+        # Its first offset and oldest time only grow, so a start past the query's
+        # end rules the queue out; its end offset and newest time may be stale.
+        if entry is not None:
+            if spec.store_us.hi is not None and entry.min_store_ms is not None \
+                    and entry.min_store_ms * 1000 > spec.store_us.hi:
+                continue
+            if spec.queue_offset.hi is not None and entry.first_offset > spec.queue_offset.hi \
+                    and entry.segments > 0:
+                continue
+        refs.append(ref)
+    manifests = archive.manifests(refs)
+    out = Plan([], queues=len(manifests))
+    q_lo = spec.queue_offset.lo if spec.queue_offset.lo is not None else 0
+    q_hi = spec.queue_offset.hi + 1 if spec.queue_offset.hi is not None else 1 << 62
+    for ref in refs:
+        m = manifests.get(ref)
+        if m is None:
+            continue
+        out.segments += len(m.segments)
+        for seg in m.segments:
+            if not spec.segment_ok(seg):
+                continue
+            out.segments_kept += 1
+            out.slices.extend(segment_slices(ref, seg, q_lo, q_hi, max_slice_bytes))
+    return out
+
+
+def manifest_slices(ref: QueueRef, m: Manifest, q_from: int, q_to: int, max_bytes: int) -> list[Slice]:
+    """Slices covering [q_from, q_to) of a queue (gaps and expired ranges left out)."""
+    out = []
+    for seg in m.segments:
+        if seg.q_end > q_from and seg.q_start < q_to:
+            out.extend(segment_slices(ref, seg, q_from, q_to, max_bytes))
+    return out
+
+
+# --- reading a slice --------------------------------------------------------------
+
+
+@dataclass
+class SliceResult:
+    rows: int = 0
+    skipped: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def _narrow(store: ObjectStore, sl: Slice, offsets: pa.Array, store_us: Bounds, stats: ReadStats) -> tuple[int, int]:
+    """[i, j): the entries whose store time may fall in ``store_us`` (binary
+    search over record headers; times grow with offsets)."""
+    n = len(offsets)
+    lo_ms = None if store_us.lo is None else -(-store_us.lo // 1000)  # first ms >= lo
+    hi_ms = None if store_us.hi is None else store_us.hi // 1000  # last ms <= hi
+    seg = sl.segment()
+    cache: dict[int, int] = {}
+    offs = offsets.to_pylist() if n <= 4096 else None
+
+    def ts_of(i: int) -> int:
+        if i not in cache:
+            off = offs[i] if offs is not None else offsets[i].as_py()
+            cache[i] = probe_store_ms(store, seg, off, stats)
+        return cache[i]
+
+    i = 0 if lo_ms is None or sl.min_store_ms >= lo_ms else first_at_or_after(n, ts_of, lo_ms)
+    j = n if hi_ms is None or sl.max_store_ms <= hi_ms else first_at_or_after(n, ts_of, hi_ms + 1)
+    return i, max(i, j)
+
+
+def read_slice(store: ObjectStore, sl: Slice, decoder: BatchDecoder, *, store_us: Bounds = Bounds(),
+               exact_store_us: Bounds = Bounds(), stats: ReadStats | None = None,
+               result: SliceResult | None = None, narrow: bool = True) -> Iterator[pa.RecordBatch]:
+    """The records of a slice as RecordBatches of ``decoder.columns``.
+
+    ``store_us`` narrows the read (records outside it may still come back);
+    ``exact_store_us`` filters rows exactly (and narrows too, unless ``narrow``
+    is false: then every row of the slice is read and filtered). A slice whose objects are missing
+    or whose ConsumeQueue is unusable raises (naming the object and offset),
+    or with ``decoder.skip_corrupt`` counts all its records as skipped.
+    """
+    stats = stats if stats is not None else ReadStats()
+    result = result if result is not None else SliceResult()
+    n = sl.messages
+    where = Where(sl.commitlog_key, sl.seg_cl_start, sl.consumequeue_key, sl.seg_q_start)
+    cq_lo = (sl.q_start - sl.seg_q_start) * CQ_ENTRY_SIZE
+    window = store_us.and_(exact_store_us.lo, exact_store_us.hi) if narrow else Bounds()
+    try:
+        cq = get_range(store, sl.consumequeue_key, cq_lo, cq_lo + n * CQ_ENTRY_SIZE, stats)
+        if len(cq) != n * CQ_ENTRY_SIZE:
+            raise CorruptRecordError(sl.consumequeue_key, cq_lo + len(cq) - len(cq) % CQ_ENTRY_SIZE,
+                                     f"object ends before queue offset {sl.q_end} (its manifest's range)")
+        offsets, sizes = parse_entries(cq, where, sl.q_start)
+        i, j = 0, n
+        if not window.covers(sl.min_store_ms * 1000, sl.max_store_ms * 1000 + 999):
+            try:
+                i, j = _narrow(store, sl, offsets, window, stats)
+            except (CorruptRecordError, StorageError) as exc:
+                log.info("no time narrowing for %s (%s): reading the whole slice", sl, exc)
+        if i >= j:
+            return
+        offsets, sizes = offsets.slice(i, j - i), sizes.slice(i, j - i)
+        first = offsets[0].as_py()
+        last_end = offsets[j - i - 1].as_py() + sizes[j - i - 1].as_py()
+        if first < sl.seg_cl_start or last_end > sl.seg_cl_end or last_end <= first:
+            raise CorruptRecordError(sl.consumequeue_key, cq_lo + i * CQ_ENTRY_SIZE,
+                                     f"entries point outside the segment's CommitLog bytes "
+                                     f"[{sl.seg_cl_start},{sl.seg_cl_end})")
+        check_entries(offsets, sizes, first, last_end - first, where, sl.q_start + i)
+    except (CorruptRecordError, StorageError) as exc:
+        _skip_slice(decoder, result, sl, n, exc)
+        return
+    m = j - i
+    pieces = _pieces(offsets, first, m)
+
+    def fetch(a: int, b: int) -> tuple[int, bytes]:
+        lo = offsets[a].as_py()
+        hi = offsets[b - 1].as_py() + sizes[b - 1].as_py()
+        data = get_range(store, sl.commitlog_key, lo - sl.seg_cl_start, hi - sl.seg_cl_start, stats)
+        if len(data) != hi - lo:
+            raise CorruptRecordError(sl.commitlog_key, lo - sl.seg_cl_start + len(data),
+                                     "object ends before its manifest's range")
+        return lo, data
+
+    avg = max(1, (last_end - first) // m)
+    step = max(1, min(CHUNK_ROWS, CHUNK_BYTES // avg))
+    filter_rows = not exact_store_us.unbounded and not exact_store_us.covers(
+        sl.min_store_ms * 1000, sl.max_store_ms * 1000 + 999)
+    lo_ts = pa.scalar(exact_store_us.lo, pa.int64()).cast(TIMESTAMP) if exact_store_us.lo is not None else None
+    hi_ts = pa.scalar(exact_store_us.hi, pa.int64()).cast(TIMESTAMP) if exact_store_us.hi is not None else None
+    work = decoder
+    if filter_rows and "store_timestamp" not in decoder.columns:
+        work = BatchDecoder(decoder.queue, decoder.columns + ("store_timestamp",), verify_crc=decoder.verify_crc,
+                            skip_corrupt=decoder.skip_corrupt)
+    try:
+        # each piece of the CommitLog range is fetched while the one before is decoded
+        with ThreadPoolExecutor(1, thread_name_prefix="tiered-fetch") as pool:
+            pending = pool.submit(fetch, *pieces[0])
+            for p, (a, b) in enumerate(pieces):
+                try:
+                    base, data = pending.result()
+                except (CorruptRecordError, StorageError) as exc:
+                    _skip_slice(decoder, result, sl, m - a, exc)
+                    return
+                if p + 1 < len(pieces):
+                    pending = pool.submit(fetch, *pieces[p + 1])
+                buf = pa.py_buffer(data)
+                for k in range(a, b, step):
+                    count = min(step, b - k)
+                    before = work.skipped
+                    batch = work.decode(buf, base, offsets.slice(k, count), sizes.slice(k, count),
+                                        sl.q_start + i + k, where)
+                    if work.skipped != before:
+                        result.skipped += work.skipped - before
+                        result.problems.extend(work.skipped_at[-3:])
+                        log.warning("skipped %d corrupt archived records of %s", work.skipped - before, sl)
+                    if filter_rows and batch.num_rows:
+                        ts = batch.column("store_timestamp")
+                        mask = None
+                        if lo_ts is not None:
+                            mask = pc.greater_equal(ts, lo_ts)
+                        if hi_ts is not None:
+                            upper = pc.less_equal(ts, hi_ts)
+                            mask = upper if mask is None else pc.and_(mask, upper)
+                        batch = batch.filter(mask)
+                        if work is not decoder:
+                            batch = batch.select(list(decoder.columns))
+                    result.rows += batch.num_rows
+                    if batch.num_rows:
+                        yield batch
+    finally:
+        if work is not decoder:
+            decoder.skipped += work.skipped
+            decoder.skipped_at.extend(work.skipped_at)
+
+
+def _skip_slice(decoder: BatchDecoder, result: SliceResult, sl: Slice, count: int, exc: Exception) -> None:
+    """A slice (or its rest) cannot be read: raise, or skip and count it."""
+    if not decoder.skip_corrupt:
+        raise exc
+    decoder.skipped += count
+    result.skipped += count
+    result.problems.append(str(exc))
+    log.warning("skipped %d archived records of %s: %s", count, sl, exc)
+
+
+def _pieces(offsets: pa.Array, first: int, m: int) -> list[tuple[int, int]]:
+    """Rows [0, m) cut into runs of whole records of about PIECE_BYTES each."""
+    piece = pc.divide(pc.subtract(offsets, first), PIECE_BYTES)
+    ends = pc.run_end_encode(piece).run_ends.to_pylist() if m else []
+    out, start = [], 0
+    for end in ends:
+        out.append((start, end))
+        start = end
+    return out

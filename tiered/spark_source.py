@@ -1,0 +1,496 @@
+"""The ``rocketmq`` Spark data source (pyspark >= 4.1 Python DataSource API).
+
+::
+
+    from tiered.spark_source import load, register
+    register(spark)   # also turns on spark.sql.python.filterPushdown.enabled
+    df = (spark.read.format("rocketmq")
+          .option("endpoint", "http://minio:9000")          # S3-compatible endpoint
+          .option("topics", "Orders,%DLQ%billing")
+          .option("startTime", "2024-05-01T00:00:00Z")
+          .load("s3://bucket/archive"))
+    df = load(spark, "s3://bucket/archive", endpoint="http://minio:9000")  # the same, guarded (below)
+
+The URL is a cold-tier root (``s3://bucket/prefix``, ``file:///path``).
+Every cluster and broker under it is read unless ``cluster`` / ``broker``
+name some (comma-separated). Schema and derived columns:
+``tiered.spark_schema``.
+
+Options (case-insensitive):
+
+============================  ===============================================
+``endpoint``, ``region``      S3 endpoint URL and region (default: the
+                              standard AWS settings of the executors)
+``access_key_id``,            credentials; they travel to the executors with
+``secret_access_key``,        the plan and are never logged or shown (prefer
+``session_token``             the executors' own AWS settings where possible)
+``addressing``                ``auto`` | ``path`` | ``virtual``
+``checksum_mode``             ``when_supported`` | ``when_required``
+``s3fs.NAME``                 passed to ``s3fs.S3FileSystem`` as NAME (JSON
+                              values are parsed: ``s3fs.anon=true``)
+``cluster``, ``broker``       only these (comma-separated)
+``topics``, ``queues``        only these topics / queue ids (comma-separated)
+``startTime``, ``endTime``    store time range [start, end): ISO 8601 or epoch
+                              ms; rows outside are dropped
+``skipCorrupt``               ``true``: skip and count corrupt records or
+                              objects instead of failing the query
+``verifyCrc``                 ``false``: do not check body CRCs (faster)
+``narrowTime``                ``false``: a store-time range prunes whole
+                              segments only, never inside one (for archives
+                              written across a broker clock step back: the
+                              search inside a segment assumes store times
+                              grow with queue offsets)
+``maxPartitionBytes``         largest input partition (default 128 MiB);
+                              larger segments are split
+``openCostInBytes``           cost of one more segment in a partition when
+                              packing small segments together (default 4 MiB)
+``filterPushdown``            ``false``: for sessions that cannot enable
+                              ``spark.sql.python.filterPushdown.enabled``
+``statsPath``                 a directory on the executors: each partition
+                              appends a JSON line with its object-store
+                              requests, bytes, rows and skipped records
+============================  ===============================================
+
+Filters on ``cluster``, ``broker``, ``topic``, ``queue_id`` (=, IN, topic
+LIKE 'prefix%') select queues exactly; filters on ``queue_offset``,
+``store_timestamp`` and ``born_timestamp`` (=, <, <=, >, >=) prune segments
+through the catalog and the manifests before any data is read, and a
+store-time range narrows the read inside a segment. Spark still applies
+the range filters to the rows.
+
+Spark 4.1-4.3 share the plan that filter pushdown produced among all scans of
+one loaded DataFrame, so a DataFrame queried again without a pushable filter
+would read the previous query's pruned partitions. ``load()`` adds an always
+true, always pushed filter (``queue_offset >= 0``) so that every query plans
+its own; ``tiered sql`` uses it. A self-join of one DataFrame with different
+filters needs two loads on these versions.
+
+The data source, its reader and its partitions pickle to plain data (URL,
+options, segment descriptors); the object store is built inside ``read()``
+on the executor, once per Python worker. Nothing depends on driver state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from datetime import date, datetime, timedelta, timezone
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    EqualNullSafe,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+    StringStartsWith,
+)
+
+from tiered.columnar import BatchDecoder, QueueInfo
+from tiered.config import parse_size
+from tiered.reader import Archive, ReadStats
+from tiered.scan import DEFAULT_SLICE_BYTES, Bounds, ScanSpec, Slice, SliceResult, plan, read_slice
+from tiered.spark_schema import COLUMN_NAMES, arrow_schema, spark_schema
+from tiered.storage import ObjectStore, S3Options, open_store
+from tiered.timeparse import parse_time_ms
+
+log = logging.getLogger(__name__)
+
+NAME = "rocketmq"
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+DEFAULT_OPEN_COST = 4 << 20
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_US = timedelta(microseconds=1)
+
+
+class OptionError(ValueError):
+    """A data source option that cannot be used (names the option, never its value
+    when it is a secret)."""
+
+
+def _flag(options: dict[str, str], name: str, default: bool) -> bool:
+    value = options.get(name.lower())
+    if value is None:
+        return default
+    v = str(value).strip().lower()
+    if v in ("true", "1", "yes", "on"):
+        return True
+    if v in ("false", "0", "no", "off"):
+        return False
+    raise OptionError(f"option {name}: expected true or false")
+
+
+def _list(options: dict[str, str], name: str) -> list[str] | None:
+    value = options.get(name.lower())
+    if value is None or not str(value).strip():
+        return None
+    return [v.strip() for v in str(value).split(",") if v.strip()]
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """Everything the reader needs, parsed once from the options: plain data."""
+
+    url: str
+    s3: S3Options
+    spec: ScanSpec  # from the options alone
+    option_store_us: Bounds  # startTime/endTime: filtered exactly
+    skip_corrupt: bool = False
+    verify_crc: bool = True
+    max_partition_bytes: int = DEFAULT_SLICE_BYTES
+    open_cost: int = DEFAULT_OPEN_COST
+    pushdown: bool = True
+    narrow_time: bool = True
+    stats_path: str | None = None
+
+    @classmethod
+    def from_options(cls, options: Any) -> SourceConfig:
+        opts = {str(k).lower(): v for k, v in dict(options).items()}
+        url = opts.get("path")
+        if not url and opts.get("paths"):
+            paths = json.loads(opts["paths"])
+            if len(paths) != 1:
+                raise OptionError("load() takes one cold-tier URL")
+            url = paths[0]
+        if not url:
+            raise OptionError("no cold-tier URL: spark.read.format('rocketmq').load('s3://bucket/prefix')")
+        extra: list[tuple[str, Any]] = []
+        for k, v in opts.items():
+            if k.startswith("s3fs."):
+                try:
+                    parsed = json.loads(v)
+                except (TypeError, ValueError):
+                    parsed = v
+                extra.append((k[5:], parsed))
+        addressing = opts.get("addressing", "auto")
+        if addressing not in ("auto", "path", "virtual"):
+            raise OptionError("option addressing: auto, path or virtual")
+        s3 = S3Options(
+            endpoint_url=opts.get("endpoint") or opts.get("endpoint_url"), region=opts.get("region"),
+            addressing=addressing, checksum_mode=opts.get("checksum_mode", "when_supported"),
+            access_key_id=opts.get("access_key_id"), secret_access_key=opts.get("secret_access_key"),
+            session_token=opts.get("session_token"), extra=tuple(sorted(extra)),
+        )
+        spec = ScanSpec()
+        for opt, attr in (("cluster", "clusters"), ("broker", "brokers"), ("topics", "topics")):
+            values = _list(opts, opt)
+            if values is not None:
+                spec = spec.with_set(attr, frozenset(values))
+        queues = _list(opts, "queues")
+        if queues is not None:
+            try:
+                spec = spec.with_set("queue_ids", frozenset(int(q) for q in queues))
+            except ValueError:
+                raise OptionError("option queues: comma-separated queue ids") from None
+        bounds = Bounds()
+        try:
+            if opts.get("starttime"):
+                bounds = bounds.and_(lo=parse_time_ms(opts["starttime"]) * 1000)
+            if opts.get("endtime"):
+                bounds = bounds.and_(hi=parse_time_ms(opts["endtime"]) * 1000 - 1)
+        except ValueError as exc:
+            raise OptionError(f"option startTime/endTime: {exc}") from None
+        spec = replace(spec, store_us=bounds)
+        try:
+            max_bytes = parse_size(opts.get("maxpartitionbytes", DEFAULT_SLICE_BYTES))
+            open_cost = parse_size(opts.get("opencostinbytes", DEFAULT_OPEN_COST))
+        except ValueError as exc:
+            raise OptionError(f"option maxPartitionBytes/openCostInBytes: {exc}") from None
+        return cls(url=url, s3=s3, spec=spec, option_store_us=bounds,
+                   skip_corrupt=_flag(opts, "skipCorrupt", False), verify_crc=_flag(opts, "verifyCrc", True),
+                   max_partition_bytes=max_bytes, open_cost=open_cost, pushdown=_flag(opts, "filterPushdown", True),
+                   narrow_time=_flag(opts, "narrowTime", True), stats_path=opts.get("statspath"))
+
+    def __repr__(self) -> str:  # the S3Options repr hides secrets; keep it that way
+        return f"SourceConfig(url={self.url!r}, spec={self.spec!r})"
+
+
+# --- stores, once per Python worker -----------------------------------------------
+
+_STORES: dict[tuple[str, S3Options], ObjectStore] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def store_for(url: str, s3: S3Options) -> ObjectStore:
+    key = (url, s3)
+    with _STORES_LOCK:
+        store = _STORES.get(key)
+        if store is None:
+            store = _STORES[key] = open_store(url, s3=s3)
+        return store
+
+
+# --- partitions ---------------------------------------------------------------------
+
+
+class SlicesPartition(InputPartition):
+    """One input partition: slices of segments (one segment, part of a large
+    one, or several small ones packed together)."""
+
+    def __init__(self, index: int, slices: list[Slice]) -> None:
+        super().__init__(index)
+        self.index = index
+        self.slices = slices
+
+    def __repr__(self) -> str:
+        return f"SlicesPartition({self.index}, {len(self.slices)} slices: {', '.join(map(str, self.slices[:3]))})"
+
+
+def pack(slices: list[Slice], max_bytes: int, open_cost: int) -> list[list[Slice]]:
+    """Consecutive slices packed into groups of at most ``max_bytes`` (each
+    slice costing at least ``open_cost``)."""
+    groups: list[list[Slice]] = []
+    current: list[Slice] = []
+    size = 0
+    for sl in slices:
+        cost = max(sl.est_bytes, open_cost) if open_cost else sl.est_bytes
+        if current and size + cost > max_bytes:
+            groups.append(current)
+            current, size = [], 0
+        current.append(sl)
+        size += cost
+    if current:
+        groups.append(current)
+    return groups
+
+
+# --- filters ------------------------------------------------------------------------
+
+
+def _micros(value: Any) -> int | None:
+    if isinstance(value, datetime):
+        dt = value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+        return (dt - _EPOCH) // _US
+    if isinstance(value, date):
+        return (datetime(value.year, value.month, value.day, tzinfo=timezone.utc) - _EPOCH) // _US
+    return None
+
+
+_SETS = {"cluster": "clusters", "broker": "brokers", "topic": "topics", "queue_id": "queue_ids"}
+_RANGES = {"queue_offset": "queue_offset", "store_timestamp": "store_us", "born_timestamp": "born_us"}
+
+
+def apply_filter(spec: ScanSpec, f: Filter) -> tuple[ScanSpec, bool] | None:
+    """(narrowed spec, exact) when ``f`` can prune; None when it cannot.
+    ``exact``: the plan alone guarantees the filter (Spark need not apply it)."""
+    attr = getattr(f, "attribute", None)
+    if not attr or len(attr) != 1:
+        return None
+    col = attr[0]
+    value = getattr(f, "value", None)
+    if col in _SETS:
+        want_int = col == "queue_id"
+
+        def ok(v: Any) -> bool:
+            return (isinstance(v, int) and not isinstance(v, bool)) if want_int else isinstance(v, str)
+
+        if isinstance(f, (EqualTo, EqualNullSafe)) and ok(value):
+            return spec.with_set(_SETS[col], frozenset([value])), True
+        if isinstance(f, In) and all(ok(v) or v is None for v in value):
+            return spec.with_set(_SETS[col], frozenset(v for v in value if v is not None)), True
+        if col == "topic" and isinstance(f, StringStartsWith) and isinstance(value, str):
+            prefixes = (value,) if spec.topic_prefixes is None else tuple(
+                max(p, value, key=len) for p in spec.topic_prefixes if p.startswith(value) or value.startswith(p))
+            return replace(spec, topic_prefixes=prefixes), True
+        return None
+    if col in _RANGES:
+        if col == "queue_offset":
+            v = value if isinstance(value, int) and not isinstance(value, bool) else None
+        else:
+            v = _micros(value)
+        if v is None:
+            return None
+        bounds: Bounds = getattr(spec, _RANGES[col])
+        if isinstance(f, (EqualTo, EqualNullSafe)):
+            bounds = bounds.and_(v, v)
+        elif isinstance(f, GreaterThan):
+            bounds = bounds.and_(lo=v + 1)
+        elif isinstance(f, GreaterThanOrEqual):
+            bounds = bounds.and_(lo=v)
+        elif isinstance(f, LessThan):
+            bounds = bounds.and_(hi=v - 1)
+        elif isinstance(f, LessThanOrEqual):
+            bounds = bounds.and_(hi=v)
+        else:
+            return None
+        return replace(spec, **{_RANGES[col]: bounds}), False
+    return None
+
+
+# --- the reader ---------------------------------------------------------------------
+
+
+def _columns(schema: Any) -> tuple[str, ...]:
+    """The requested columns: the full schema, or a subset of it given with
+    ``.schema(...)`` (same names and types) to decode only those."""
+    names = tuple(f.name for f in schema.fields)
+    full = spark_schema()
+    by_name = {f.name: f for f in full.fields}
+    for f in schema.fields:
+        known = by_name.get(f.name)
+        if known is None:
+            raise OptionError(f"unknown column {f.name!r}; the rocketmq source has: {', '.join(COLUMN_NAMES)}")
+        if known.dataType != f.dataType:
+            raise OptionError(f"column {f.name!r} is {known.dataType.simpleString()}, "
+                              f"not {f.dataType.simpleString()}")
+    return names
+
+
+class RocketMQReader(DataSourceReader):
+    def __init__(self, config: SourceConfig, columns: tuple[str, ...]) -> None:
+        self.config = config
+        self.columns = columns
+        self.spec = config.spec
+        self.pushed: list[str] = []
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:  # noqa: N802 - Spark's name
+        for f in filters:
+            applied = apply_filter(self.spec, f)
+            if applied is None:
+                yield f
+                continue
+            self.spec, exact = applied
+            self.pushed.append(type(f).__name__ + str(f.attribute))
+            if not exact:
+                yield f  # pruning only: Spark still checks the rows
+
+    def plan(self) -> tuple[list[SlicesPartition], Any]:
+        store = store_for(self.config.url, self.config.s3)
+        spec = self.spec
+        clusters, brokers = spec.clusters, spec.brokers
+        skip = self.config.skip_corrupt
+        if clusters is not None and brokers is not None and len(clusters) == 1 and len(brokers) == 1:
+            archive = Archive(store, brokers=[(next(iter(clusters)), next(iter(brokers)))], skip_corrupt=skip)
+        else:
+            archive = Archive(store, cluster=next(iter(clusters)) if clusters and len(clusters) == 1 else None,
+                              broker=next(iter(brokers)) if brokers and len(brokers) == 1 else None,
+                              skip_corrupt=skip)
+        p = plan(archive, spec, max_slice_bytes=self.config.max_partition_bytes)
+        groups = pack(p.slices, self.config.max_partition_bytes, self.config.open_cost)
+        return [SlicesPartition(i, g) for i, g in enumerate(groups)], p
+
+    def partitions(self) -> list[InputPartition]:
+        parts, p = self.plan()
+        log.info("rocketmq scan: %d partitions, %d slices of %d/%d segments of %d queues", len(parts),
+                 len(p.slices), p.segments_kept, p.segments, p.queues)
+        return list(parts)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        if not isinstance(partition, SlicesPartition):
+            return  # the empty plan: Spark's single InputPartition(None)
+        cfg = self.config
+        store = store_for(cfg.url, cfg.s3)
+        stats = ReadStats()
+        result = SliceResult()
+        started = time.perf_counter()
+        for sl in partition.slices:
+            decoder = BatchDecoder(QueueInfo(sl.cluster, sl.broker, sl.topic, sl.queue_id), self.columns,
+                                   verify_crc=cfg.verify_crc, skip_corrupt=cfg.skip_corrupt)
+            yield from read_slice(store, sl, decoder, store_us=self.spec.store_us if cfg.narrow_time else Bounds(),
+                                  exact_store_us=cfg.option_store_us, stats=stats, result=result,
+                                  narrow=cfg.narrow_time)
+        if result.skipped:
+            log.warning("rocketmq partition %d: skipped %d corrupt records: %s", partition.index, result.skipped,
+                        "; ".join(result.problems[:3]))
+        if cfg.stats_path:
+            _write_stats(cfg.stats_path, {
+                "partition": partition.index, "slices": [str(s) for s in partition.slices],
+                "requests": stats.gets, "bytes": stats.bytes, "rows": result.rows, "skipped": result.skipped,
+                "problems": result.problems[:10], "seconds": round(time.perf_counter() - started, 4)})
+
+
+class _NoPushdownReader(DataSourceReader):
+    """The same reader without ``pushFilters``, for sessions where filter
+    pushdown is disabled (Spark refuses readers that implement it then)."""
+
+    def __init__(self, config: SourceConfig, columns: tuple[str, ...]) -> None:
+        self._inner = RocketMQReader(config, columns)
+
+    def partitions(self) -> list[InputPartition]:
+        return self._inner.partitions()
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return self._inner.read(partition)
+
+
+def _write_stats(path: str, doc: dict[str, Any]) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, f"{os.getpid()}.jsonl"), "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(doc) + "\n")
+    except OSError as exc:
+        log.warning("cannot write scan stats to %s: %s", path, exc)
+
+
+class RocketMQDataSource(DataSource):
+    """``spark.read.format("rocketmq").load(URL)``: archived RocketMQ messages."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> Any:
+        return spark_schema()
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        config = SourceConfig.from_options(self.options)
+        columns = _columns(schema)
+        if config.pushdown:
+            return RocketMQReader(config, columns)
+        return _NoPushdownReader(config, columns)
+
+
+def register(spark: Any) -> None:
+    """Register the ``rocketmq`` format on a session and enable Python filter
+    pushdown (unless the session set it explicitly)."""
+    if spark.conf.get(PUSHDOWN_CONF, None) in (None, ""):
+        spark.conf.set(PUSHDOWN_CONF, "true")
+    elif str(spark.conf.get(PUSHDOWN_CONF)).lower() != "true":
+        log.warning("%s is false: use .option('filterPushdown', 'false') with the rocketmq source", PUSHDOWN_CONF)
+    spark.dataSource.register(RocketMQDataSource)
+
+
+# Spark 4.1-4.3 keep the read plan (partitions and read function) that filter
+# pushdown produced on the relation, shared by every later scan of the same
+# loaded DataFrame: a later query with no pushable filter, or the other side of
+# a self-join, silently reads the partitions planned for another query's
+# filters (fixed upstream by scoping the plan to the scan). A filter that is
+# true for every row and always pushable makes every query plan afresh.
+GUARD = "queue_offset >= 0"
+
+
+def load(spark: Any, url: str, **options: str) -> Any:
+    """``spark.read.format("rocketmq").options(**options).load(url)``, registered
+    and guarded so every query on the DataFrame (or a view of it) plans its own
+    pruning. Prefer it to a bare ``load()`` whenever a DataFrame is queried more
+    than once. Two scans of one DataFrame in the same query (a self-join with
+    different filters) still share one plan on these Spark versions: load the
+    DataFrame twice for that."""
+    register(spark)
+    return spark.read.format(NAME).options(**options).load(url).where(GUARD)
+
+
+def plan_partitions(options: dict[str, str], filters: list[Filter] = (), schema: Any = None
+                    ) -> tuple[list[SlicesPartition], Any, list[Filter]]:
+    """Plan a scan as Spark would, without Spark: (partitions, plan, filters
+    left for Spark). For tests and tools that check pruning."""
+    source = RocketMQDataSource(options)
+    reader = source.reader(schema or spark_schema())
+    inner = reader._inner if isinstance(reader, _NoPushdownReader) else reader
+    left = list(inner.pushFilters(list(filters))) if isinstance(reader, RocketMQReader) else list(filters)
+    parts, p = inner.plan()
+    return parts, p, left
+
+
+__all__ = ["NAME", "RocketMQDataSource", "SourceConfig", "arrow_schema", "load", "plan_partitions", "register"]
