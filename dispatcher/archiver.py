@@ -168,7 +168,6 @@ class QueueArchiver:
             start = self._first_start(topic, queue_id, rng.min_offset, rng.max_offset)
             if rng.max_offset <= start:
                 return
-            manifest = self.cold.current(topic, queue_id)  # one lookup before the first write
         steps = 0
         conflicts = 0
         while True:
@@ -190,6 +189,13 @@ class QueueArchiver:
                     break
                 if nbytes < self.options.upload_bytes and not self._old_enough(topic, queue_id, next_offset):
                     break
+                if manifest is None:
+                    # A queue the cache does not know: look it up once before
+                    # writing anything for it (never assume it is new), and only
+                    # when there is something to write, so waiting costs nothing.
+                    manifest = self.cold.current(topic, queue_id)
+                    if manifest is not None:
+                        continue
                 built, stop = self._build(topic, queue_id, next_offset, manifest)
                 if built is not None:
                     manifest = self._upload(topic, queue_id, manifest, built, result)

@@ -500,7 +500,9 @@ class LocalStore:
                                 except FileNotFoundError:
                                     raise self._expired(topic, queue_id, offset) from None
                                 if window is None:
-                                    return
+                                    if offset != last:
+                                        raise self._missing(phys, offset)
+                                    return  # the tail: not (completely) written yet
                                 if cl_view is not _EMPTY and window[0] != cl_start:
                                     commitlog.release(cl_start, cl_released)  # done with that file
                                 cl_start, cl_view, cl_source = window
@@ -532,7 +534,9 @@ class LocalStore:
                         if rec is None:
                             rec = check(cl_view, pos, cl_source, topic_raw, queue_id, offset, phys, size, verify_crc)
                     except NotWrittenYetError:
-                        return
+                        if offset != last:
+                            raise self._missing(phys, offset) from None
+                        return  # the tail: not (completely) written yet
                     except CorruptRecordError:
                         if unpack(view, (offset - base) * CQ_ENTRY_SIZE) != entry:
                             return  # the entry changed under us: it was being written
@@ -556,6 +560,16 @@ class LocalStore:
                 commitlog.release(cl_start, cl_released, cl_limit)
             if cq_start >= 0:
                 files.release(cq_start)
+
+    def _missing(self, phys: int, offset: int) -> CorruptRecordError:
+        """A record that is not on disk while a later ConsumeQueue entry is:
+        the broker writes records in order and each entry after its record,
+        so this is not a tail still being written but lost data."""
+        start = self.commitlog.locate(phys)
+        source = str(self.commitlog.path(start)) if start is not None else str(self.root / "commitlog")
+        return CorruptRecordError(source, phys - (start or 0),
+                                  f"record of queue offset {offset} is missing (zeros or cut off) "
+                                  "while later ConsumeQueue entries exist")
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         """The next queue offset the broker will write: cheap enough to call for

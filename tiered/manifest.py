@@ -23,7 +23,7 @@ queue offset not yet archived and survives the expiry of every segment.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from tiered.errors import CorruptRecordError, FormatVersionError
@@ -96,6 +96,9 @@ class Segment:
 
     def keys(self) -> tuple[str, ...]:
         return tuple(k for k in (self.commitlog_key, self.consumequeue_key, self.index_key) if k)
+
+
+_SEGMENT_FIELDS = tuple(f.name for f in fields(Segment))
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,11 +213,16 @@ class Manifest:
     # --- JSON ----------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["segments"] = [asdict(s) for s in self.segments]
-        d["gaps"] = [asdict(g) for g in self.gaps]
-        d["pending_deletes"] = [{"keys": list(p.keys), "after_ms": p.after_ms} for p in self.pending_deletes]
-        return d
+        # Field by field, not asdict(self): that deep-copies every segment, and
+        # big manifests are written on every commit.
+        return {
+            "topic": self.topic, "queue_id": self.queue_id, "next_offset": self.next_offset,
+            "cl_next": self.cl_next, "generation": self.generation, "writer": self.writer,
+            "updated_ms": self.updated_ms, "format_version": self.format_version,
+            "segments": [{f: getattr(s, f) for f in _SEGMENT_FIELDS} for s in self.segments],
+            "gaps": [asdict(g) for g in self.gaps],
+            "pending_deletes": [{"keys": list(p.keys), "after_ms": p.after_ms} for p in self.pending_deletes],
+        }
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True).encode("utf-8")

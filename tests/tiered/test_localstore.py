@@ -620,3 +620,27 @@ def test_resident_pages_are_given_back(tmp_path: Path, monkeypatch: pytest.Monke
         assert [i.record.body_bytes()[:1] for i in items] == [bytes([i % 256]) for i in range(1000)]
         assert [i.record.physical_offset for i in items] == [a.commitlog_offset for a in appended]
         assert len(rest) == 500
+
+
+def test_zeroed_record_before_the_tail_is_corruption(tmp_path: Path) -> None:
+    # not a tail being written: later entries (and their records) exist
+    appended = make_store(tmp_path, n=12, queues=1)
+    a = appended[5]
+    patch(cl_path(tmp_path, a.commitlog_offset), a.commitlog_offset % FILE, bytes(a.size))
+    with LocalStore(tmp_path) as store:
+        seen, err = _iter_until_error(store)
+        assert seen == list(range(5))
+        assert (err.source, err.offset) == (str(cl_path(tmp_path, a.commitlog_offset)), a.commitlog_offset % FILE)
+        # stopping right before it is fine, and so is a read that ends on it
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 0, max_count=5)] == list(range(5))
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 3, max_count=3)] == [3, 4]
+        assert [i.queue_offset for i in store.iter_queue("T", 0, 6)] == list(range(6, 12))
+
+
+def test_truncated_commitlog_with_later_entries_is_corruption(tmp_path: Path) -> None:
+    appended = make_store(tmp_path, n=12, queues=1)
+    a = appended[8]
+    os.truncate(cl_path(tmp_path, a.commitlog_offset), a.commitlog_offset % FILE + 20)
+    with LocalStore(tmp_path) as store:
+        seen, err = _iter_until_error(store)
+        assert seen == list(range(8)) and err.offset == a.commitlog_offset % FILE
