@@ -31,7 +31,11 @@ A ConsumeQueue entry is [CommitLog offset: 8][record size: 4][tags code: 8].
 Decoding walks a memoryview with ``unpack_from``; the body stays a slice of
 the caller's buffer until ``body_bytes()`` is asked for. Every malformed
 input raises ``CorruptRecordError`` (source, offset, reason); bytes that are
-simply not written yet (zeros) raise ``NotWrittenYetError``.
+simply not written yet (zeros) raise ``NotWrittenYetError``. The common
+record (both hosts IPv4, every length consistent) is decoded by one unpack
+of its 88-byte fixed part; anything else, and every error, by a
+field-by-field walk. ``decode_and_check`` adds the ConsumeQueue entry's
+checks in the same pass (the archiving hot path).
 """
 
 from __future__ import annotations

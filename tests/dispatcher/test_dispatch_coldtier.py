@@ -1,0 +1,178 @@
+"""The cold tier as the dispatcher uses it: the local manifest cache (lost,
+corrupt, stale after a crash), the catalog, format versions, and the S3
+options (encryption, checksum mode, the standard AWS settings)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from dispatchkit import BROKER, CLUSTER, CountingRecorder, assert_exact, new_dispatcher, new_writer, produce
+from dispatchkit import read_manifest
+from tiered.cli import app
+from tiered.coldtier import ColdTier
+from tiered.errors import FormatVersionError
+from tiered.localstore import LocalStore
+from tiered.manifest import CATALOG, Catalog, Manifest
+from tiered.storage import S3Options, open_store
+
+QUEUES = [("Cache", 0), ("Cache", 1)]
+
+
+def _round(d, w, clock, n=10):  # noqa: ANN001, ANN202
+    for q in QUEUES:
+        produce(w, *q, n, clock=clock)
+    r = d.run_round()
+    assert r.ok, r.errors
+    return r
+
+
+@pytest.mark.parametrize("damage", ["lost", "corrupt"])
+def test_cache_lost_or_corrupt_is_rebuilt_from_the_bucket(damage, cold_url, open_cold, tmp_path, clock):
+    store = open_cold(cold_url)
+    w = new_writer(tmp_path / "store")
+    local = LocalStore(tmp_path / "store")
+    kw = dict(upload_bytes=1, max_delay_ms=0, segment_bytes=1500)
+    d = new_dispatcher(store, local, tmp_path / "state", clock, **kw)
+    _round(d, w, clock)
+    cache = tmp_path / "state" / "manifests"
+    if damage == "lost":
+        shutil.rmtree(cache)
+    else:
+        for f in cache.rglob("*.json*"):
+            f.write_bytes(b"{not json")
+    rec = CountingRecorder()
+    d2 = new_dispatcher(open_cold(cold_url, recorder=rec), LocalStore(tmp_path / "store"), tmp_path / "state",
+                        clock, recorder=rec, **kw)
+    d2.start()
+    assert rec.requests[("get", "ok")] >= 1  # the manifests were read back
+    _round(d2, w, clock)
+    w.close()
+    assert_exact(store, local, QUEUES)
+    # and the rebuilt cache is good again: a further restart trusts it
+    rec3 = CountingRecorder()
+    d3 = new_dispatcher(open_cold(cold_url, recorder=rec3), LocalStore(tmp_path / "store"), tmp_path / "state",
+                        clock, recorder=rec3, **kw)
+    d3.start()
+    assert rec3.total_requests("list") == 0 and rec3.requests[("get", "ok")] == 1  # the lease only
+
+
+def test_stale_cache_after_a_crash_continues_without_duplicates(cold_url, open_cold, tmp_path, clock):
+    """A crash between the manifest write and the cache update leaves the
+    cache one commit behind the bucket: the next commit's precondition fails,
+    the manifest is re-read, and archiving continues from it."""
+    store = open_cold(cold_url)
+    w = new_writer(tmp_path / "store")
+    local = LocalStore(tmp_path / "store")
+    kw = dict(upload_bytes=1, max_delay_ms=0, segment_bytes=1500)
+    d = new_dispatcher(store, local, tmp_path / "state", clock, **kw)
+    _round(d, w, clock)
+    shutil.copytree(tmp_path / "state", tmp_path / "state-before")
+    _round(d, w, clock)
+    shutil.rmtree(tmp_path / "state")
+    shutil.copytree(tmp_path / "state-before", tmp_path / "state")  # the cache as it was before the commits
+    d2 = new_dispatcher(store, LocalStore(tmp_path / "store"), tmp_path / "state", clock, **kw)
+    r = _round(d2, w, clock)
+    assert r.messages == 20
+    w.close()
+    assert_exact(store, local, QUEUES)
+
+
+def test_catalog_lists_the_archived_queues(tmp_path, clock):
+    from tiered.storage import FileStore
+
+    store = FileStore(str(tmp_path / "cold"))
+    with new_writer(tmp_path / "store") as w:
+        for q in QUEUES:
+            produce(w, *q, 7, clock=clock)
+    d = new_dispatcher(store, LocalStore(tmp_path / "store"), tmp_path / "state", clock, upload_bytes=1,
+                       max_delay_ms=0)
+    d.run_round()
+    cat = Catalog.from_bytes(store.get(f"{CLUSTER}/{BROKER}/{CATALOG}"))
+    assert [(q.topic, q.queue_id, q.first_offset, q.next_offset) for q in cat.queues] == [
+        ("Cache", 0, 0, 7), ("Cache", 1, 0, 7)]
+    assert all(q.min_store_ms == clock.now_ms() for q in cat.queues)
+    # a reader finds every queue with one GET
+    rec = CountingRecorder()
+    reader = ColdTier(FileStore(str(tmp_path / "cold"), recorder=rec), CLUSTER, BROKER)
+    reader.rebuild()
+    assert set(reader.manifests()) == set(QUEUES)
+    assert rec.total_requests("list") == 0
+
+
+def test_a_newer_major_format_is_refused_clearly(tmp_path, clock):
+    from tiered.storage import FileStore
+
+    store = FileStore(str(tmp_path / "cold"))
+    with new_writer(tmp_path / "store") as w:
+        produce(w, *QUEUES[0], 5, clock=clock)
+    d = new_dispatcher(store, LocalStore(tmp_path / "store"), tmp_path / "state", clock, upload_bytes=1,
+                       max_delay_ms=0)
+    d.run_round()
+    key = f"{CLUSTER}/{BROKER}/Cache/0/manifest.json"
+    doc = json.loads(store.get(key))
+    doc["format_version"] = "2.0"
+    store.put(key, json.dumps(doc).encode())
+    with pytest.raises(FormatVersionError, match="format version 2.0.*upgrade tiered"):
+        Manifest.from_bytes(store.get(key), key)
+    cat_key = f"{CLUSTER}/{BROKER}/{CATALOG}"
+    cat = json.loads(store.get(cat_key))
+    cat["format_version"] = "3.1"
+    store.put(cat_key, json.dumps(cat).encode())
+    with pytest.raises(FormatVersionError, match="3.1"):
+        Catalog.from_bytes(store.get(cat_key), cat_key)
+    # the CLI says so in one line and fails
+    env = {"TIERED_STATE_DIR": str(tmp_path / "state2"), "TIERED_CLUSTER": CLUSTER, "TIERED_BROKER": BROKER,
+           "TIERED_LOG__LEVEL": "WARNING"}
+    res = CliRunner().invoke(app, ["verify", "--store", str(tmp_path / "store"), "--cold",
+                                   f"file://{tmp_path / 'cold'}"], env=env)
+    assert res.exit_code == 1 and "format version 2.0" in res.stdout and "upgrade tiered" in res.stdout
+    res = CliRunner().invoke(app, ["dispatch", "--store", str(tmp_path / "store"), "--cold",
+                                   f"file://{tmp_path / 'cold'}", "--once"], env=env)
+    assert res.exit_code == 1 and "upgrade tiered" in res.output
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("sse", ["AES256", "aws:kms"])
+def test_server_side_encryption_on_every_object(sse, moto_endpoint, s3_bucket, s3_client, tmp_path, clock):
+    kms_key = None
+    if sse == "aws:kms":
+        import boto3
+
+        kms_key = boto3.client("kms", endpoint_url=moto_endpoint).create_key()["KeyMetadata"]["KeyId"]
+    opts = S3Options(endpoint_url=moto_endpoint, sse=sse, sse_kms_key_id=kms_key, addressing="path",
+                     checksum_mode="when_required", region="us-east-1")
+    store = open_store(f"s3://{s3_bucket}/enc", s3=opts)
+    with new_writer(tmp_path / "store") as w:
+        produce(w, *QUEUES[0], 5, clock=clock)
+    d = new_dispatcher(store, LocalStore(tmp_path / "store"), tmp_path / "state", clock, upload_bytes=1,
+                       max_delay_ms=0)
+    assert d.run_round().ok
+    objects = s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="enc/")["Contents"]
+    kinds = {o["Key"].rsplit("/", 2)[-2] if "/commitlog/" in o["Key"] or "/consumequeue/" in o["Key"]
+             or "/index/" in o["Key"] else o["Key"].rsplit("/", 1)[-1] for o in objects}
+    assert {"commitlog", "consumequeue", "index", "manifest.json", "_lease.json", "_catalog.json"} <= kinds
+    for o in objects:  # data (s3fs) and conditional writes (boto3) alike
+        head = s3_client.head_object(Bucket=s3_bucket, Key=o["Key"])
+        assert head["ServerSideEncryption"] == sse, o["Key"]
+        if kms_key:
+            assert kms_key in head["SSEKMSKeyId"]
+    assert_exact(store, LocalStore(tmp_path / "store"), [QUEUES[0]])
+
+
+@pytest.mark.s3
+def test_standard_aws_settings_reach_both_clients(moto_endpoint, s3_bucket, monkeypatch, tmp_path, clock):
+    """No endpoint in our options: AWS_ENDPOINT_URL_S3 and the AWS credential
+    chain (environment here) are honoured by s3fs and boto3 alike."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_endpoint)
+    store = open_store(f"s3://{s3_bucket}/std")
+    with new_writer(tmp_path / "store") as w:
+        produce(w, *QUEUES[0], 5, clock=clock)
+    d = new_dispatcher(store, LocalStore(tmp_path / "store"), tmp_path / "state", clock, upload_bytes=1,
+                       max_delay_ms=0)
+    assert d.run_round().ok
+    assert read_manifest(store, *QUEUES[0]).next_offset == 5
+    assert "secret" not in repr(S3Options(secret_access_key="secret", access_key_id="id"))
