@@ -114,6 +114,9 @@ class Gap:
     detail: str = ""
 
 
+_GAP_FIELDS = tuple(f.name for f in fields(Gap))
+
+
 @dataclass(frozen=True, slots=True)
 class PendingDelete:
     """Objects replaced by a merge, deleted once ``after_ms`` has passed so a
@@ -234,8 +237,10 @@ class Manifest:
             return cls(
                 topic=d["topic"], queue_id=int(d["queue_id"]), next_offset=int(d["next_offset"]),
                 cl_next=int(d["cl_next"]), generation=int(d["generation"]),
-                segments=tuple(Segment(**s) for s in d.get("segments", [])),
-                gaps=tuple(Gap(**g) for g in d.get("gaps", [])),
+                # fields added by a newer minor version are ignored, not fatal
+                segments=tuple(Segment(**{k: v for k, v in s.items() if k in _SEGMENT_FIELDS})
+                               for s in d.get("segments", [])),
+                gaps=tuple(Gap(**{k: v for k, v in g.items() if k in _GAP_FIELDS}) for g in d.get("gaps", [])),
                 pending_deletes=tuple(PendingDelete(tuple(p["keys"]), int(p["after_ms"]))
                                       for p in d.get("pending_deletes", [])),
                 writer=d.get("writer", ""), updated_ms=int(d.get("updated_ms", 0)),
