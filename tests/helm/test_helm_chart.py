@@ -843,3 +843,26 @@ def test_notes_explain_the_mode(chart: helm_python.Chart) -> None:
     values = load_values(SCENARIOS["irsa"])
     notes = chart.render(values, name=RELEASE, namespace=NAMESPACE)["rocketmq-tiered/templates/NOTES.txt"]
     assert "Sidecar mode" in notes and "eks.amazonaws.com/role-arn" in notes and "WARNING" not in notes
+
+
+def test_export_cronjob_runs_a_valid_tiered_export(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """The CronJob's command line parses against the real `tiered export` command."""
+    import typer.main
+
+    from tiered.cli import app
+
+    job = one(rendered["sidecar-s3-monitoring"], "CronJob")
+    container = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["tiered"]
+    args = container["args"]
+    assert args[:2] == ["export", "--config"] and args[args.index("--to") + 1] == "s3://analytics-lake/rocketmq"
+    group = typer.main.get_command(app)
+    ctx = group.make_context("tiered", list(args), resilient_parsing=False)
+    name, cmd, rest = group.resolve_command(ctx, list(args))
+    sub = cmd.make_context(name, rest, parent=ctx)
+    assert sub.params["to"] == "s3://analytics-lake/rocketmq" and sub.params["engine"] == "spark"
+
+
+def test_export_cronjob_requires_a_target(chart: helm_python.Chart) -> None:
+    with pytest.raises(Exception, match="exportJob.to"):
+        render(chart, {"exportJob": {"enabled": True}})
