@@ -172,7 +172,9 @@ class QueueArchiver:
         conflicts = 0
         while True:
             if steps and ((max_steps is not None and steps >= max_steps) or self.clock.monotonic() >= deadline):
-                result.more = True  # catch-up continues later; other queues get their turn
+                # catch-up continues later; other queues get their turn
+                result.more = manifest is not None and self._local(
+                    self.local.max_offset, topic, queue_id) > manifest.next_offset
                 break
             next_offset = manifest.next_offset if manifest else self._first_start(
                 topic, queue_id, rng.min_offset, rng.max_offset)
@@ -232,7 +234,8 @@ class QueueArchiver:
                 log.info("%s; continuing from the re-read manifest", exc)
                 manifest = self.cold.current(topic, queue_id)
                 rng = self._local(self.local.queue_range, topic, queue_id)
-        self._report_lag(topic, queue_id, manifest, result)
+        if not result.more or self.clock.monotonic() >= deadline:
+            self._report_lag(topic, queue_id, manifest, result)  # the queue's last turn this round
 
     def _oldest_pending_ms(self, topic: str, queue_id: int, offset: int) -> int | None:
         try:
@@ -329,6 +332,8 @@ class QueueArchiver:
         if manifest is None:
             return
         count, nbytes = self._local(self.local.pending, topic, queue_id, manifest.next_offset)
+        # pending() counts at most 1M entries; the message count is exact anyway
+        count = max(count, self._local(self.local.max_offset, topic, queue_id) - manifest.next_offset)
         seconds = 0.0
         oldest = self._oldest_pending_ms(topic, queue_id, manifest.next_offset) if count else None
         if oldest is not None:

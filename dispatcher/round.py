@@ -1,11 +1,14 @@
 """One dispatch round over every eligible queue of the store.
 
-Queues run in a bounded thread pool (memory <= parallelism x segment size).
-Each queue gets at least one segment per round; catch-up beyond that only
-while the round's time budget lasts, so one huge backlog cannot starve the
-others. A queue that failed is retried from its first uncommitted offset
-after a jittered, growing pause. An idle round reads a few ConsumeQueue
-bytes per queue and makes no object-store request.
+Idle queues are settled first, in the calling thread: a cached manifest and
+a few ConsumeQueue bytes per queue, no lock, no request. The others take
+turns in a bounded thread pool (memory <= parallelism x segment size): one
+segment per turn, round robin, each queue at least one turn per round and
+more only while the round's time budget lasts, so one huge backlog cannot
+starve the others and two backlogs share the budget. A queue that failed is
+retried from its first uncommitted offset: at the next round, then after a
+jittered, growing pause. A lost lease stops the round (nothing more is
+written) and makes the next round win the lease back and reload first.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from queue import SimpleQueue
 
 from dispatcher.archiver import ArchiveOptions, QueueArchiver, QueueResult
 from dispatcher.filters import TopicFilter
@@ -182,19 +186,33 @@ class Dispatcher:
                 if merge(self.archiver.run(key[0], key[1], deadline, max_steps=1)):
                     line.append(key)
             return
+        # At most `parallelism` queues are in flight; the line holds the rest,
+        # and completions come back through one queue (no per-completion scan
+        # of every pending future: a round over 10,000 queues stays linear).
+        line = deque(queues)
+        done: SimpleQueue[Future[QueueResult]] = SimpleQueue()
         fenced: FencedError | None = None
+        inflight = 0
         with ThreadPoolExecutor(self.options.parallelism, thread_name_prefix="dispatch") as pool:
-            pending = {pool.submit(self.archiver.run, t, q, deadline, max_steps=1) for t, q in queues}
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    try:
-                        r = fut.result()
-                    except FencedError as exc:
-                        fenced = fenced or exc
-                        continue
-                    if merge(r) and fenced is None:
-                        pending.add(pool.submit(self.archiver.run, r.topic, r.queue_id, deadline, max_steps=1))
+            def fill() -> None:
+                nonlocal inflight
+                while fenced is None and line and inflight < self.options.parallelism:
+                    topic, qid = line.popleft()
+                    pool.submit(self.archiver.run, topic, qid, deadline, max_steps=1).add_done_callback(done.put)
+                    inflight += 1
+
+            fill()
+            while inflight:
+                fut = done.get()
+                inflight -= 1
+                try:
+                    r = fut.result()
+                except FencedError as exc:
+                    fenced = fenced or exc
+                else:
+                    if merge(r):
+                        line.append((r.topic, r.queue_id))
+                fill()
         if fenced is not None:
             raise fenced
 

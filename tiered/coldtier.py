@@ -158,8 +158,10 @@ class ColdTier:
     def _persist(self, topic: str, queue_id: int, entry: _Entry) -> None:
         if self.cache_dir is None or entry.manifest is None:
             return
+        # No fsync: a cache entry lost or torn by a power cut is rebuilt (or
+        # found one commit behind, which the conditional commit detects).
         write_json(self.cache_dir / _cache_name(topic, queue_id),
-                   {"manifest": entry.manifest.to_dict(), "etag": entry.etag})
+                   {"manifest": entry.manifest.to_dict(), "etag": entry.etag}, fsync=False)
 
     # --- reading -----------------------------------------------------------------
 

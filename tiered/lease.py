@@ -171,9 +171,9 @@ class LeaseManager:
             return self.lease
 
     def check(self) -> Lease:
-        """``ensure``, then one GET proving nobody replaced the lease since
-        we last wrote it (a forced takeover, or a restart of our identity
-        elsewhere). Called before every commit, so a writer that lost its
+        """One GET proving nobody replaced the lease since we last wrote it
+        (a forced takeover, or a restart of our identity elsewhere), then
+        ``ensure``. Called before every commit, so a writer that lost its
         lease stops at its next commit rather than at its next renewal."""
         with self._lock:
             before = self.lease

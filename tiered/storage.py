@@ -7,8 +7,9 @@ ones with capped, jittered backoff. Client libraries' own retry loops are
 turned off so every retry is seen and counted here.
 
 ``FileStore`` serves ``file://`` (the embedded default); ``S3Store`` serves
-``s3://`` through s3fs, with boto3 only for what fsspec cannot do:
-conditional writes (``IfNoneMatch``/``IfMatch``) and batched deletes.
+``s3://`` through s3fs, with boto3 for what fsspec cannot do: conditional
+writes (``IfNoneMatch``/``IfMatch``), batched deletes, and single PUTs of a
+buffer without copying it (s3fs copies a body several times while sending).
 
 Keys are relative to the store's root URL and use ``/``.
 """
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 DELETE_BATCH = 1000
+_SINGLE_PUT_LIMIT = 5 << 30  # S3's largest single PUT
 
 
 @dataclass(frozen=True)
@@ -468,7 +470,15 @@ class S3Store(ObjectStore):
         return resp["Body"].read(), resp["ETag"].strip('"')
 
     def _raw_put(self, key: str, data: bytes) -> str:
-        out = self.fs.pipe_file(self._path(key), data)
+        if len(data) < _SINGLE_PUT_LIMIT:
+            # boto3, not s3fs: s3fs's put holds ~3 extra copies of a bytearray body
+            # while it sends (measured: +88 MiB for 32 MiB), which would break the
+            # dispatcher's memory bound of parallelism x segment size; boto3 sends
+            # the caller's buffer as it is, and is ~15% faster doing it.
+            resp = self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data,
+                                          **self.options.put_kwargs())
+            return resp["ETag"].strip('"')
+        out = self.fs.pipe_file(self._path(key), data)  # multipart beyond a single PUT's limit
         etag = out.get("ETag", "") if isinstance(out, dict) else ""
         return etag.strip('"')
 

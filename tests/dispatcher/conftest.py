@@ -14,6 +14,18 @@ _HELPERS = str(Path(__file__).resolve().parents[1] / "helpers")
 if _HELPERS not in sys.path:
     sys.path.insert(0, _HELPERS)
 
+# Run as plain ``pytest`` (not ``python -m pytest``), sys.path holds ``tests/``
+# (for the rootdir conftest) but not the repository root, so ``import
+# dispatcher`` would find this very folder as a namespace package before the
+# editable install's finder is asked. Put the root first, as ``python -m``
+# does, and drop a namespace ``dispatcher`` imported meanwhile.
+_ROOT = str(Path(__file__).resolve().parents[2])
+if sys.path[0] != _ROOT:
+    sys.path.insert(0, _ROOT)
+_mod = sys.modules.get("dispatcher")
+if _mod is not None and getattr(_mod, "__file__", None) is None:
+    del sys.modules["dispatcher"]
+
 from dispatchkit import CountingRecorder  # noqa: E402
 from tiered.clock import ManualClock  # noqa: E402
 

@@ -176,3 +176,17 @@ def test_standard_aws_settings_reach_both_clients(moto_endpoint, s3_bucket, monk
     assert d.run_round().ok
     assert read_manifest(store, *QUEUES[0]).next_offset == 5
     assert "secret" not in repr(S3Options(secret_access_key="secret", access_key_id="id"))
+
+
+@pytest.mark.parametrize("addressing", ["path", "virtual"])
+def test_addressing_style_and_checksum_mode_reach_the_clients(addressing):
+    store = open_store("s3://some-bucket/p", s3=S3Options(endpoint_url="https://s3.example.com", region="eu-west-1",
+                                                          addressing=addressing, checksum_mode="when_required"))
+    config = store.client.meta.config
+    assert config.s3["addressing_style"] == addressing
+    assert config.request_checksum_calculation == "when_required"
+    assert config.response_checksum_validation == "when_required"
+    assert store.client.meta.region_name == "eu-west-1"
+    fs_config = store.fs.config_kwargs
+    assert fs_config["s3"]["addressing_style"] == addressing
+    assert fs_config["request_checksum_calculation"] == "when_required"

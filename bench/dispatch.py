@@ -1,0 +1,401 @@
+"""Dispatch throughput, memory and idle cost, with baselines measured in the same run.
+
+    python bench/dispatch.py                 # 1 GiB of 1 KiB messages over 16 queues
+    python bench/dispatch.py --size-mb 128   # a quick run
+
+What it does, each measured phase in a fresh child process (so peak RSS is
+that phase's own):
+
+1. Generates a store (cached in --workdir, reused when its size matches):
+   1 KiB message bodies round robin over 16 queues, broker-sized
+   CommitLog files (1 GiB unless --commitlog-mb).
+2. ``cp``: copies the CommitLog files (page cache warm for every phase).
+3. dispatch -> file://: one full round (every queue archived to the end).
+4. raw boto3 ``put_object`` of the same CommitLog bytes, cut into objects of
+   the segment size, with the same parallelism, to a moto server running in
+   its own process.
+5. dispatch -> s3:// on that moto server.
+6. idle: a store of 10,000 queues, archived once; then one more round with
+   nothing new: its CPU seconds and object-store requests.
+
+MB/s counts CommitLog bytes (the records), the same bytes for every
+baseline; the ConsumeQueue, index and manifest objects the dispatcher also
+writes are overhead it carries. Peak RSS is ``ru_maxrss`` of the phase's
+process: it includes file-backed CommitLog pages mapped while reading, so
+the peak anonymous memory (sampled) is printed next to it.
+
+Goals: dispatch >= 0.5 x cp (file://), >= 0.8 x raw boto3 (moto), peak RSS
+<= 300 MiB, idle round over 10,000 queues <= 0.5 s CPU and 0 requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+MiB = 1 << 20
+QUEUES = 16
+TOPIC = "BenchTopic"  # not the broker's "BenchmarkTest" system topic
+CLUSTER, BROKER = "BenchCluster", "bench-broker"
+
+
+# --- measuring helpers ------------------------------------------------------------
+
+
+class AnonPeak:
+    """Samples RssAnon from /proc/self/status (Linux) while a phase runs."""
+
+    def __init__(self, every: float = 0.02) -> None:
+        self.every = every
+        self.peak_kib = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        try:
+            with open("/proc/self/status") as fh:
+                for line in fh:
+                    if line.startswith("RssAnon:"):
+                        self.peak_kib = max(self.peak_kib, int(line.split()[1]))
+                        return
+        except OSError:
+            pass
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self._sample()
+
+    def __enter__(self) -> AnonPeak:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+
+def maxrss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def commitlog_bytes(store: Path) -> int:
+    """Bytes of records in the CommitLog: what the queues' ConsumeQueues point at."""
+    from tiered.localstore import LocalStore
+
+    with LocalStore(store) as local:
+        return sum(local.pending(t, q, 0, max_entries=1 << 40)[1] for t, q in local.queues())
+
+
+# --- phases (each runs in its own process) --------------------------------------------
+
+
+def phase_generate(args: argparse.Namespace) -> dict:
+    from tiered.storewriter import StoreWriter
+
+    store = Path(args.workdir) / "store"
+    if store.exists():
+        shutil.rmtree(store)
+    body = os.urandom(1024)
+    target = args.size_mb * MiB
+    started = time.perf_counter()
+    n = 0
+    with StoreWriter(store, commitlog_file_size=args.commitlog_mb * MiB) as w:
+        while w.position < target:
+            # vary the first bytes so bodies (and CRCs) differ; no copy of the rest
+            w.put(TOPIC, n % QUEUES, n.to_bytes(8, "big") + body[8:], keys=[f"k{n}"])
+            n += 1
+    return {"messages": n, "bytes": commitlog_bytes(store), "seconds": time.perf_counter() - started}
+
+
+def _dispatcher(args: argparse.Namespace, url: str, endpoint: str | None, recorder=None):  # noqa: ANN001, ANN202
+    from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
+    from tiered.coldtier import ColdTier
+    from tiered.lease import LeaseManager
+    from tiered.localstore import LocalStore
+    from tiered.storage import S3Options, open_store
+
+    store = open_store(url, s3=S3Options(endpoint_url=endpoint), recorder=recorder)
+    state = Path(args.workdir) / f"state-{abs(hash(url))}"
+    shutil.rmtree(state, ignore_errors=True)
+    cold = ColdTier(store, CLUSTER, BROKER, state_dir=state, writer="bench")
+    options = DispatchOptions(ArchiveOptions(upload_bytes=1, max_delay_ms=0, segment_bytes=args.segment_mb * MiB,
+                                             key_index=not getattr(args, "no_key_index", 0)),
+                              parallelism=args.parallelism, round_budget_s=float("inf"))
+    local = LocalStore(Path(args.workdir) / args.store_name)
+    return Dispatcher(local, cold, lease=LeaseManager(store, f"{CLUSTER}/{BROKER}", "bench"), options=options,
+                      recorder=recorder)
+
+
+def phase_dispatch(args: argparse.Namespace) -> dict:
+    d = _dispatcher(args, args.url, args.endpoint)
+    d.start()
+    with AnonPeak() as anon:
+        started = time.perf_counter()
+        cpu = time.process_time()
+        result = d.run_round()
+        seconds = time.perf_counter() - started
+        cpu = time.process_time() - cpu
+    if not result.ok or result.lag_messages:
+        raise SystemExit(f"dispatch round incomplete: {result}")
+    return {"bytes": result.nbytes, "messages": result.messages, "segments": result.segments, "seconds": seconds,
+            "cpu_seconds": cpu, "maxrss_mib": maxrss_mib(), "anon_peak_mib": anon.peak_kib / 1024}
+
+
+def phase_raw_boto3(args: argparse.Namespace) -> dict:
+    """put_object of the CommitLog records' bytes in segment-sized objects."""
+    import boto3
+    from concurrent.futures import ThreadPoolExecutor
+    from botocore.config import Config
+
+    client = boto3.client("s3", endpoint_url=args.endpoint, config=Config(
+        retries={"total_max_attempts": 1}, max_pool_connections=max(10, args.parallelism)))
+    seg = args.object_bytes
+    files = sorted((Path(args.workdir) / "store" / "commitlog").iterdir())
+    total = args.bytes
+
+    def chunks():  # noqa: ANN202
+        left = total
+        for f in files:
+            with open(f, "rb") as fh:
+                while left > 0:
+                    data = fh.read(min(seg, left))
+                    if not data:
+                        break
+                    left -= len(data)
+                    yield data
+
+    with AnonPeak() as anon:
+        started = time.perf_counter()
+        sent = 0
+        with ThreadPoolExecutor(args.parallelism) as pool:
+            inflight = []
+            for i, data in enumerate(chunks()):
+                inflight.append(pool.submit(client.put_object, Bucket=args.bucket, Key=f"raw/{i:08d}", Body=data))
+                sent += len(data)
+                if len(inflight) >= args.parallelism:  # as many objects in memory as the dispatcher's segments
+                    inflight.pop(0).result()
+            for fut in inflight:
+                fut.result()
+        seconds = time.perf_counter() - started
+    return {"bytes": sent, "seconds": seconds, "maxrss_mib": maxrss_mib(), "anon_peak_mib": anon.peak_kib / 1024}
+
+
+def phase_idle(args: argparse.Namespace) -> dict:
+    sys.path.insert(0, str(ROOT / "tests" / "helpers"))
+    from tiered.recorder import NullRecorder
+    from tiered.storewriter import StoreWriter
+
+    class Counting(NullRecorder):
+        requests = 0
+
+        def store_request(self, op: str, outcome: str, seconds: float) -> None:
+            Counting.requests += 1
+
+    store = Path(args.workdir) / args.store_name
+    shutil.rmtree(store, ignore_errors=True)
+    per_topic = 1000  # 10 topics x 1000 queues: the broker's topics.json stays small
+    started = time.perf_counter()
+    with StoreWriter(store, commitlog_file_size=64 * MiB, cq_entries_per_file=1000) as w:
+        for i in range(args.idle_queues):
+            w.put(f"Idle{i // per_topic:03d}", i % per_topic, b"x" * 100)
+    generated = time.perf_counter() - started
+    rec = Counting()
+    d = _dispatcher(args, args.url, None, recorder=rec)
+    started = time.perf_counter()
+    first = d.run_round()  # archives one message per queue
+    assert first.ok and first.messages == args.idle_queues, first
+    archived = time.perf_counter() - started
+    before = Counting.requests
+    cpu = time.process_time()
+    started = time.perf_counter()
+    result = d.run_round()
+    cpu = time.process_time() - cpu
+    seconds = time.perf_counter() - started
+    return {"queues": result.queues, "cpu_seconds": cpu, "seconds": seconds,
+            "requests": Counting.requests - before, "generate_seconds": generated, "first_round_seconds": archived}
+
+
+PHASES = {"generate": phase_generate, "dispatch": phase_dispatch, "raw_boto3": phase_raw_boto3, "idle": phase_idle}
+
+
+def run_phase(name: str, args: argparse.Namespace, **extra: object) -> dict:
+    cmd = [sys.executable, __file__, "--phase", name, "--workdir", args.workdir, "--size-mb", str(args.size_mb),
+           "--parallelism", str(args.parallelism), "--segment-mb", str(args.segment_mb),
+           "--commitlog-mb", str(args.commitlog_mb), "--idle-queues", str(args.idle_queues)]
+    for k, v in extra.items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"phase {name} failed:\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def moto_process() -> tuple[subprocess.Popen, str]:
+    code = ("import sys, time\nfrom moto.server import ThreadedMotoServer\n"
+            "s = ThreadedMotoServer(ip_address='127.0.0.1', port=0, verbose=False); s.start()\n"
+            "h, p = s.get_host_and_port(); print(f'http://{h}:{p}', flush=True)\n"
+            "sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    return proc, proc.stdout.readline().strip()
+
+
+def mbps(nbytes: int, seconds: float) -> float:
+    return nbytes / MiB / seconds if seconds > 0 else float("inf")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size-mb", type=int, default=1024, help="CommitLog bytes to generate (default 1024)")
+    ap.add_argument("--workdir", default=None, help="where the store and archives go (default: a temp dir)")
+    ap.add_argument("--parallelism", type=int, default=4)
+    ap.add_argument("--segment-mb", type=int, default=16,
+                    help="segment (object) size, MiB; memory is bounded by parallelism x this (default 16)")
+    ap.add_argument("--commitlog-mb", type=int, default=1024, help="CommitLog file size, MiB")
+    ap.add_argument("--idle-queues", type=int, default=10_000)
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--phase", choices=sorted(PHASES), help=argparse.SUPPRESS)
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--endpoint", help=argparse.SUPPRESS)
+    ap.add_argument("--bucket", help=argparse.SUPPRESS)
+    ap.add_argument("--bytes", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--object-bytes", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--no-key-index", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--store-name", default="store", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+
+    if args.phase:
+        print(json.dumps(PHASES[args.phase](args)))
+        return
+
+    import tempfile
+
+    tmp = None
+    if args.workdir is None:
+        tmp = tempfile.mkdtemp(prefix="tiered-bench-")
+        args.workdir = tmp
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        marker = work / "store.json"
+        meta = json.loads(marker.read_text()) if marker.exists() else {}
+        if meta.get("size_mb") != args.size_mb or meta.get("commitlog_mb") != args.commitlog_mb:
+            print(f"generating {args.size_mb} MiB of 1 KiB messages over {QUEUES} queues ...", flush=True)
+            gen = run_phase("generate", args)
+            meta = {"size_mb": args.size_mb, "commitlog_mb": args.commitlog_mb, **gen}
+            marker.write_text(json.dumps(meta))
+        nbytes = meta["bytes"]
+        print(f"store: {meta['messages']} messages, {nbytes / MiB:.0f} MiB of records, {QUEUES} queues; "
+              f"parallelism {args.parallelism}, segments {args.segment_mb} MiB", flush=True)
+        # warm the page cache once for everybody
+        for f in sorted((work / "store" / "commitlog").iterdir()):
+            subprocess.run(["cat", str(f)], stdout=subprocess.DEVNULL, check=True)
+
+        # cp of the same CommitLog files: the best of two runs, and once more with sync
+        dest = work / "cp-dest"
+        cl_dir = work / "store" / "commitlog"
+        cp_s = float("inf")
+        for _ in range(2):
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir()
+            started = time.perf_counter()
+            subprocess.run(["cp", "-r", str(cl_dir), str(dest)], check=True)
+            cp_s = min(cp_s, time.perf_counter() - started)
+        shutil.rmtree(dest)
+        dest.mkdir()
+        subprocess.run(["sync"], check=True)
+        started = time.perf_counter()
+        subprocess.run(["sh", "-c", f"cp -r '{cl_dir}' '{dest}' && sync"], check=True)
+        cp_sync_s = time.perf_counter() - started
+        shutil.rmtree(dest)
+        # the same bytes for every rate: the records (cp also copies the written
+        # part of the last, preallocated file; its sparse tail costs it nothing)
+        cp_mbps = mbps(nbytes, cp_s)
+        cp_sync_mbps = mbps(nbytes, cp_sync_s)
+
+        cold = work / "cold-file"
+        shutil.rmtree(cold, ignore_errors=True)
+        fd = run_phase("dispatch", args, url=f"file://{cold}")
+        assert fd["bytes"] == nbytes, (fd["bytes"], nbytes)
+        shutil.rmtree(cold, ignore_errors=True)
+
+        # what the per-segment key index costs (informational; the default keeps it)
+        fd_noix = run_phase("dispatch", args, url=f"file://{cold}", no_key_index=1)
+        shutil.rmtree(cold, ignore_errors=True)
+
+        moto, endpoint = moto_process()
+        try:
+            import boto3
+
+            s3 = boto3.client("s3", endpoint_url=endpoint)
+            s3.create_bucket(Bucket="bench-tiered")
+            sd = run_phase("dispatch", args, url="s3://bench-tiered/archive", endpoint=endpoint)
+            assert sd["bytes"] == nbytes
+            # the baseline uploads the same bytes in objects of the size the dispatcher produced
+            object_bytes = -(-nbytes // sd["segments"])
+            s3.create_bucket(Bucket="bench-raw")
+            raw = run_phase("raw_boto3", args, endpoint=endpoint, bucket="bench-raw", bytes=nbytes,
+                            object_bytes=object_bytes)
+        finally:
+            moto.stdin.close()
+            moto.wait(timeout=30)
+
+        idle = run_phase("idle", args, url=f"file://{work / 'cold-idle'}", store_name="store-idle")
+        shutil.rmtree(work / "cold-idle", ignore_errors=True)
+        shutil.rmtree(work / "store-idle", ignore_errors=True)
+
+        f_mbps, s_mbps, raw_mbps = mbps(nbytes, fd["seconds"]), mbps(nbytes, sd["seconds"]), mbps(
+            raw["bytes"], raw["seconds"])
+        rss = max(fd["maxrss_mib"], sd["maxrss_mib"])
+        anon = max(fd["anon_peak_mib"], sd["anon_peak_mib"])
+        rows = [
+            ("dispatch -> file://", f"{f_mbps:8.1f} MB/s", f"{fd['seconds']:.2f} s, {fd['segments']} segments, "
+             f"CPU {fd['cpu_seconds']:.2f} s, peak RSS {fd['maxrss_mib']:.0f} MiB (anon {fd['anon_peak_mib']:.0f})"),
+            ("cp (same CommitLog)", f"{cp_mbps:8.1f} MB/s", f"{cp_s:.2f} s; cp + sync {cp_sync_mbps:.1f} MB/s"),
+            ("dispatch -> moto s3://", f"{s_mbps:8.1f} MB/s", f"{sd['seconds']:.2f} s, CPU {sd['cpu_seconds']:.2f} s,"
+             f" peak RSS {sd['maxrss_mib']:.0f} MiB (anon {sd['anon_peak_mib']:.0f})"),
+            ("boto3 put_object (moto)", f"{raw_mbps:8.1f} MB/s", f"{raw['seconds']:.2f} s, same bytes, "
+             f"{object_bytes / MiB:.1f} MiB objects, {args.parallelism} threads"),
+            ("(file://, no key index)", f"{mbps(nbytes, fd_noix['seconds']):8.1f} MB/s",
+             f"{fd_noix['seconds']:.2f} s, CPU {fd_noix['cpu_seconds']:.2f} s: what the key index costs"),
+        ]
+        print()
+        for name, rate, note in rows:
+            print(f"{name:26s} {rate}   {note}")
+        checks = [
+            ("file:// vs cp", f_mbps / cp_mbps, ">=", 0.5),
+            ("moto vs raw boto3", s_mbps / raw_mbps, ">=", 0.8),
+            ("peak RSS MiB", rss, "<=", 300),
+            ("idle round CPU s", idle["cpu_seconds"], "<=", 0.5),
+            ("idle round requests", idle["requests"], "<=", 0),
+        ]
+        print(f"\nidle round over {idle['queues']} queues: {idle['cpu_seconds']:.3f} s CPU, "
+              f"{idle['seconds']:.3f} s wall, {idle['requests']} requests")
+        print(f"peak anonymous memory (sampled): {anon:.0f} MiB\n")
+        for name, value, op, goal in checks:
+            ok = value >= goal if op == ">=" else value <= goal
+            print(f"{name:22s} {value:8.3f}  goal {op} {goal}  {'OK' if ok else 'MISSED'}")
+    finally:
+        if tmp and not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
