@@ -123,7 +123,7 @@ def build_merged(store: ObjectStore, prefix: str, topic: str, queue_id: int, run
 
     cl_key, cq_key, ix_key = segment_keys(prefix, first.cl_start, last.cl_end, first.q_start, last.q_end)
     index = build_index(first.q_start, keys) if keys else None
-    bloom = build_bloom(k for _, ks in keys for k in ks) if keys else None
+    bloom = build_bloom(k for _, ks in keys for k in ks)  # every record was read: fully indexed
     seg = Segment(
         q_start=first.q_start, q_end=last.q_end, cl_start=first.cl_start, cl_end=last.cl_end,
         min_store_ms=min_store, max_store_ms=max_store, min_born_ms=min_born, max_born_ms=max_born,

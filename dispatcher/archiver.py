@@ -77,6 +77,8 @@ class QueueArchiver:
         # first-archive start chosen for queues without a manifest ('latest' / a time)
         self._starts: dict[tuple[str, int], int] = {}
         self._reported_corrupt: set[tuple[str, int, int]] = set()
+        # (topic, queue) -> (first pending offset, when we first saw it pending)
+        self._pending_since: dict[tuple[str, int], tuple[int, int]] = {}
 
     def _local(self, fn: Callable[..., T], *args: object, **kw: object) -> T:
         """A LocalStore read, once more after a rescan when a file it knew of
@@ -246,8 +248,17 @@ class QueueArchiver:
         return None
 
     def _old_enough(self, topic: str, queue_id: int, offset: int) -> bool:
+        """Due by age: the oldest pending message's store time, or (when the
+        broker's clock runs ahead of ours) how long we have seen it pending,
+        so a fast broker clock delays an upload by at most ``max_delay``."""
+        now = self.clock.now_ms()
+        seen = self._pending_since.get((topic, queue_id))
+        if seen is None or seen[0] != offset:
+            seen = (offset, now)
+            self._pending_since[(topic, queue_id)] = seen
         ts = self._oldest_pending_ms(topic, queue_id, offset)
-        return ts is None or self.clock.now_ms() - ts >= self.options.max_delay_ms
+        age = max(now - seen[1], now - ts if ts is not None else self.options.max_delay_ms)
+        return age >= self.options.max_delay_ms
 
     def _build(
         self, topic: str, queue_id: int, start: int, manifest: Manifest | None

@@ -122,7 +122,7 @@ class SegmentBuilder:
         cq = b"".join(map(CQ_ENTRY.pack, offsets, sizes, self._tags))
         cl_key, cq_key, ix_key = segment_keys(self.prefix, self.cl_start, cl_end, self.q_start, q_end)
         index = build_index(self.q_start, self._keys) if self._keys else None
-        bloom = build_bloom(k for _, keys in self._keys for k in keys) if self._keys else None
+        bloom = build_bloom(k for _, keys in self._keys for k in keys) if self.key_index else None
         # min and max, not first and last: a broker clock stepping back must not lie here
         seg = Segment(
             q_start=self.q_start, q_end=q_end, cl_start=self.cl_start, cl_end=cl_end,

@@ -94,11 +94,11 @@ class RetrySettings(_Section):
 class DispatchSettings(_Section):
     interval: Duration = 20.0
     # Upload a segment once this much is pending ...
-    upload_bytes: Size = 64 << 20
+    upload_bytes: Size = 16 << 20
     # ... or once the oldest pending message is this old.
     max_delay: Duration = 60.0
-    # Largest segment one upload carries; also bounds memory per queue.
-    segment_bytes: Size = 256 << 20
+    # Largest segment one upload carries; memory is about parallelism x this.
+    segment_bytes: Size = 32 << 20
     start_position: str = "earliest"
     parallelism: int = Field(default=4, ge=1, le=64)
     round_budget: Duration = 15.0

@@ -46,10 +46,16 @@ def _positions(key: str, m: int, k: int) -> Iterable[int]:
     return ((h1 + i * h2) % m for i in range(k))
 
 
-def build_bloom(keys: Iterable[str]) -> str | None:
+# A segment indexed but holding no key: a filter with no bit set answers
+# "certainly not" for every key, so lookups skip it instead of scanning it
+# like an old, unindexed segment.
+EMPTY_BLOOM = base64.b64encode(bytes([1]) + bytes(8)).decode("ascii")
+
+
+def build_bloom(keys: Iterable[str]) -> str:
     unique = set(keys)
     if not unique:
-        return None
+        return EMPTY_BLOOM
     nbytes = min(MAX_BLOOM_BYTES, max(8, math.ceil(len(unique) * BITS_PER_KEY / 8)))
     m = nbytes * 8
     k = max(1, min(10, round(m / len(unique) * math.log(2))))

@@ -586,7 +586,11 @@ class LocalStore:
         except FileNotFoundError:
             files.refresh()
             return self._max_offset(files)
-        view = files.view(last)
+        try:
+            view = files.view(last)
+        except FileNotFoundError:  # deleted by the broker since we listed it
+            files.refresh()
+            return self._max_offset(files)
         if end - last // CQ_ENTRY_SIZE >= len(view) // CQ_ENTRY_SIZE:
             files.refresh()  # the last file is full: a next one may have started
             if files.starts and files.starts[-1] != last:

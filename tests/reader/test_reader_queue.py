@@ -169,3 +169,18 @@ def test_missing_object_is_an_error_or_skipped(archived) -> None:
     skipping = ColdReader(archived.store, skip_corrupt=True)
     got = list(skipping.iter_queue(ref, 0))
     assert skipping.skipped == seg.messages and got[0].queue_offset == seg.q_end
+
+
+def test_indexed_segments_without_keys_are_skipped_not_scanned(tmp_path, open_cold) -> None:
+    from tiered.storewriter import StoreWriter
+
+    with StoreWriter(tmp_path / "store", commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
+        for i in range(50):
+            w.put("NoKeys", 0, b"payload-%d" % i)  # no KEYS, no UNIQ_KEY
+    store = open_cold(f"file://{tmp_path / 'cold'}")
+    archive(tmp_path / "store", store, tmp_path / "state", segment_bytes=2048)
+    reader = ColdReader(store, stats=ReadStats(record_keys=True))
+    m = reader.archive.manifest(QueueRef(CLUSTER, BROKER, "NoKeys", 0))
+    assert len(m.segments) > 1 and all(s.index_key is None and s.bloom for s in m.segments)
+    assert list(reader.find_key("anything")) == []
+    assert reader.stats.keys == [] or not any("/commitlog/" in k or "/index/" in k for k in reader.stats.keys)
