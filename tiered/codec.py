@@ -35,7 +35,7 @@ simply not written yet (zeros) raise ``NotWrittenYetError``. The common
 record (both hosts IPv4, every length consistent) is decoded by one unpack
 of its 88-byte fixed part; anything else, and every error, by a
 field-by-field walk. ``decode_and_check`` adds the ConsumeQueue entry's
-checks in the same pass (the archiving hot path).
+checks.
 """
 
 from __future__ import annotations
@@ -86,6 +86,7 @@ _HEAD = struct.Struct(">iIiiiqqiq")
 _FIXED_V4 = struct.Struct(">iIiiiqqiq8sq8siqi")
 _FIXED_V4_SIZE = _FIXED_V4.size  # 88: where the body starts when both hosts are IPv4
 _I64 = struct.Struct(">q")
+_I32 = struct.Struct(">i")
 _RECON_PREP_BODYLEN = struct.Struct(">iqi")
 _U16 = struct.Struct(">H")
 _I16 = struct.Struct(">h")
@@ -590,6 +591,20 @@ def encode_cq_entry(commitlog_offset: int, size: int, tags: int) -> bytes:
     return CQ_ENTRY.pack(commitlog_offset, size, tags)
 
 
+def cq_written_entries(buf: memoryview | bytes) -> int:
+    """How many entries of a preallocated ConsumeQueue file are written:
+    the first entry whose size is 0, by binary search (entries are written
+    in order, and zeros follow the last one)."""
+    lo, hi = 0, len(buf) // CQ_ENTRY_SIZE
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _I32.unpack_from(buf, mid * CQ_ENTRY_SIZE + 8)[0] != 0:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 def decode_cq_entry(buf: memoryview | bytes, position: int = 0) -> tuple[int, int, int]:
     if position < 0 or position + CQ_ENTRY_SIZE > len(buf):
         raise NotWrittenYetError("<consumequeue>", position, "entry beyond the written data")
@@ -625,44 +640,14 @@ def decode_and_check(
     size: int,
     verify_crc: bool = True,
 ) -> Record:
-    """``decode_record`` then ``check_against_entry``, in one pass: the
-    archiving hot path (records read through their ConsumeQueue entry).
+    """``decode_record`` then ``check_against_entry``: a record read through
+    its ConsumeQueue entry. (``LocalStore.iter_queue`` inlines the common
+    case in its loop and calls this for everything else.)
 
     Raises exactly what the two would: NotWrittenYetError for zeros,
     CorruptRecordError (source, offset) for a malformed record or one that
     is not what its entry says.
     """
-    if position >= 0:
-        try:
-            f = _FIXED_V4.unpack_from(buf, position)
-        except struct.error:
-            f = None
-        if (f is not None and f[0] == size and not f[7] & 0x30 and f[3] == queue_id
-                and f[5] == queue_offset and f[6] == commitlog_offset):
-            magic = f[1]
-            rec_end = position + size
-            body_len = f[14]
-            p = position + _FIXED_V4_SIZE + body_len  # topic length
-            if ((magic == MAGIC_V1 or magic == MAGIC_V2) and size >= MIN_RECORD_SIZE and rec_end <= len(buf)
-                    and body_len >= 0 and p + 3 <= rec_end):
-                if magic == MAGIC_V1:
-                    t = p + 1
-                    q = t + buf[p]
-                else:
-                    t = p + 2
-                    q = t + ((buf[p] << 8) | buf[p + 1])
-                if q + 2 <= rec_end and buf[t:q] == topic:
-                    props_len = (buf[q] << 8) | buf[q + 1]
-                    if props_len < 0x8000 and q + 2 + props_len == rec_end and (
-                        not verify_crc or _crc32(buf[position + _FIXED_V4_SIZE:p]) & CRC_MASK == f[2]
-                    ):
-                        rec = _new_record(Record)
-                        rec._f = f
-                        rec.raw = buf[position:rec_end]
-                        rec.source = source
-                        rec.position = position
-                        rec._props = None
-                        return rec
     rec = decode_record(buf, position, source, verify_crc=verify_crc)
     check_against_entry(
         rec, topic=topic, queue_id=queue_id, queue_offset=queue_offset, commitlog_offset=commitlog_offset, size=size

@@ -41,6 +41,7 @@ from tiered.codec import (  # _FIXED_V4: iter_queue inlines decode_and_check's f
     MAGIC_V1,
     Peek,
     Record,
+    cq_written_entries,
     decode_and_check,
     decode_record,
     peek,
@@ -260,13 +261,7 @@ class LocalStore:
                 continue
             while True:
                 n = len(view) // CQ_ENTRY_SIZE
-                lo, hi = 0, n  # first index whose size field is 0
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if struct.unpack_from(">i", view, mid * CQ_ENTRY_SIZE + 8)[0] != 0:
-                        lo = mid + 1
-                    else:
-                        hi = mid
+                lo = cq_written_entries(view)
                 if lo < n or start != files.starts[-1]:
                     break
                 # every mapped entry is written: the last file may have grown

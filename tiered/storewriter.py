@@ -30,6 +30,7 @@ from tiered.codec import (
     Message,
     Peek,
     encode_blank,
+    cq_written_entries,
     encode_record,
     peek,
     tags_code,
@@ -159,15 +160,7 @@ class StoreWriter:
         except FileNotFoundError:
             return 0
         for start in reversed(names):
-            data = (directory / f"{start:020d}").read_bytes()
-            n = len(data) // CQ_ENTRY_SIZE
-            lo, hi = 0, n
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if struct.unpack_from(">i", data, mid * CQ_ENTRY_SIZE + 8)[0] != 0:
-                    lo = mid + 1
-                else:
-                    hi = mid
+            lo = cq_written_entries((directory / f"{start:020d}").read_bytes())
             if lo:
                 return start // CQ_ENTRY_SIZE + lo
         return names[0] // CQ_ENTRY_SIZE if names else 0
