@@ -141,7 +141,8 @@ def _dispatcher(args: argparse.Namespace, url: str, endpoint: str | None, record
 
 
 def phase_dispatch(args: argparse.Namespace) -> dict:
-    d = _dispatcher(args, args.url, args.endpoint)
+    rec = _counting_recorder()
+    d = _dispatcher(args, args.url, args.endpoint, recorder=rec)
     d.start()
     with AnonPeak() as anon:
         started = time.perf_counter()
@@ -152,7 +153,8 @@ def phase_dispatch(args: argparse.Namespace) -> dict:
     if not result.ok or result.lag_messages:
         raise SystemExit(f"dispatch round incomplete: {result}")
     return {"bytes": result.nbytes, "messages": result.messages, "segments": result.segments, "seconds": seconds,
-            "cpu_seconds": cpu, "maxrss_mib": maxrss_mib(), "anon_peak_mib": anon.peak_kib / 1024}
+            "cpu_seconds": cpu, "maxrss_mib": maxrss_mib(), "anon_peak_mib": anon.peak_kib / 1024,
+            "requests": dict(rec.ops)}
 
 
 def phase_raw_boto3(args: argparse.Namespace) -> dict:
@@ -163,17 +165,21 @@ def phase_raw_boto3(args: argparse.Namespace) -> dict:
 
     client = boto3.client("s3", endpoint_url=args.endpoint, config=Config(
         retries={"total_max_attempts": 1}, max_pool_connections=max(10, args.parallelism)))
-    seg = args.object_bytes
     files = sorted((Path(args.workdir) / "store" / "commitlog").iterdir())
-    total = args.bytes
+    # objects of one size cut from the CommitLog bytes, or (--sizes) exactly
+    # as many objects of the sizes the dispatcher wrote
+    sizes = json.loads(args.sizes) if args.sizes else None
+    total = sum(sizes) if sizes else args.bytes
 
     def chunks():  # noqa: ANN202
         left = total
+        want = iter(sizes) if sizes else None
         for f in files:
             with open(f, "rb") as fh:
                 while left > 0:
-                    data = fh.read(min(seg, left))
-                    if not data:
+                    n = next(want, 0) if want else min(args.object_bytes, left)
+                    data = fh.read(n)
+                    if len(data) < n:
                         break
                     left -= len(data)
                     yield data
@@ -194,16 +200,27 @@ def phase_raw_boto3(args: argparse.Namespace) -> dict:
     return {"bytes": sent, "seconds": seconds, "maxrss_mib": maxrss_mib(), "anon_peak_mib": anon.peak_kib / 1024}
 
 
-def phase_idle(args: argparse.Namespace) -> dict:
-    sys.path.insert(0, str(ROOT / "tests" / "helpers"))
+def _counting_recorder():  # noqa: ANN202
+    from collections import Counter
+
     from tiered.recorder import NullRecorder
-    from tiered.storewriter import StoreWriter
 
     class Counting(NullRecorder):
-        requests = 0
+        def __init__(self) -> None:
+            self.ops: Counter[str] = Counter()
+
+        @property
+        def requests(self) -> int:
+            return sum(self.ops.values())
 
         def store_request(self, op: str, outcome: str, seconds: float) -> None:
-            Counting.requests += 1
+            self.ops[op] += 1
+
+    return Counting()
+
+
+def phase_idle(args: argparse.Namespace) -> dict:
+    from tiered.storewriter import StoreWriter
 
     store = Path(args.workdir) / args.store_name
     shutil.rmtree(store, ignore_errors=True)
@@ -213,20 +230,20 @@ def phase_idle(args: argparse.Namespace) -> dict:
         for i in range(args.idle_queues):
             w.put(f"Idle{i // per_topic:03d}", i % per_topic, b"x" * 100)
     generated = time.perf_counter() - started
-    rec = Counting()
+    rec = _counting_recorder()
     d = _dispatcher(args, args.url, None, recorder=rec)
     started = time.perf_counter()
     first = d.run_round()  # archives one message per queue
     assert first.ok and first.messages == args.idle_queues, first
     archived = time.perf_counter() - started
-    before = Counting.requests
+    before = rec.requests
     cpu = time.process_time()
     started = time.perf_counter()
     result = d.run_round()
     cpu = time.process_time() - cpu
     seconds = time.perf_counter() - started
     return {"queues": result.queues, "cpu_seconds": cpu, "seconds": seconds,
-            "requests": Counting.requests - before, "generate_seconds": generated, "first_round_seconds": archived}
+            "requests": rec.requests - before, "generate_seconds": generated, "first_round_seconds": archived}
 
 
 PHASES = {"generate": phase_generate, "dispatch": phase_dispatch, "raw_boto3": phase_raw_boto3, "idle": phase_idle}
@@ -274,6 +291,7 @@ def main() -> None:
     ap.add_argument("--bucket", help=argparse.SUPPRESS)
     ap.add_argument("--bytes", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--object-bytes", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--sizes", help=argparse.SUPPRESS)
     ap.add_argument("--no-key-index", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--store-name", default="store", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -353,6 +371,13 @@ def main() -> None:
             s3.create_bucket(Bucket="bench-raw")
             raw = run_phase("raw_boto3", args, endpoint=endpoint, bucket="bench-raw", bytes=nbytes,
                             object_bytes=object_bytes)
+            # and the objects the dispatcher wrote, as many and as big (CommitLog,
+            # ConsumeQueue, index, manifests, catalog, lease): what the protocol costs
+            written = [o["Size"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket="bench-tiered")
+                       for o in page.get("Contents", [])]
+            s3.create_bucket(Bucket="bench-raw-same")
+            same = run_phase("raw_boto3", args, endpoint=endpoint, bucket="bench-raw-same", bytes=sum(written),
+                             object_bytes=0, sizes=json.dumps(written))
         finally:
             moto.stdin.close()
             moto.wait(timeout=30)
@@ -373,6 +398,9 @@ def main() -> None:
              f" peak RSS {sd['maxrss_mib']:.0f} MiB (anon {sd['anon_peak_mib']:.0f})"),
             ("boto3 put_object (moto)", f"{raw_mbps:8.1f} MB/s", f"{raw['seconds']:.2f} s, same bytes, "
              f"{object_bytes / MiB:.1f} MiB objects, {args.parallelism} threads"),
+            ("  put of the same objects", f"{mbps(nbytes, same['seconds']):8.1f} MB/s",
+             f"{same['seconds']:.2f} s: the {len(written)} objects the dispatcher wrote, as big, no other work "
+             f"(dispatch/this {mbps(nbytes, sd['seconds']) / mbps(nbytes, same['seconds']):.2f})"),
             ("(file://, no key index)", f"{mbps(nbytes, fd_noix['seconds']):8.1f} MB/s",
              f"{fd_noix['seconds']:.2f} s, CPU {fd_noix['cpu_seconds']:.2f} s: what the key index costs"),
         ]
@@ -386,7 +414,9 @@ def main() -> None:
             ("idle round CPU s", idle["cpu_seconds"], "<=", 0.5),
             ("idle round requests", idle["requests"], "<=", 0),
         ]
-        print(f"\nidle round over {idle['queues']} queues: {idle['cpu_seconds']:.3f} s CPU, "
+        ops = ", ".join(f"{k} {v}" for k, v in sorted(sd["requests"].items()))
+        print(f"\nrequests of the moto round: {ops} ({sd['segments']} segments)")
+        print(f"idle round over {idle['queues']} queues: {idle['cpu_seconds']:.3f} s CPU, "
               f"{idle['seconds']:.3f} s wall, {idle['requests']} requests")
         print(f"peak anonymous memory (sampled): {anon:.0f} MiB\n")
         for name, value, op, goal in checks:

@@ -20,11 +20,10 @@ objects until their deferred deletion.
 from __future__ import annotations
 
 import logging
-import zlib
 from dataclasses import dataclass
 
 from cleaner.plan import MergeRun
-from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE, decode_record
+from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record
 from tiered.errors import CorruptRecordError, NotWrittenYetError
 from tiered.keyindex import build_bloom, build_index
 from tiered.manifest import Segment, segment_keys
@@ -61,11 +60,11 @@ def build_merged(store: ObjectStore, prefix: str, topic: str, queue_id: int, run
     cq = bytearray()
     for seg in segs:
         data = store.get(seg.commitlog_key)
-        if len(data) != seg.nbytes or zlib.crc32(data) != seg.commitlog_crc:
+        if len(data) != seg.nbytes or crc32(data) != seg.commitlog_crc:
             raise CorruptRecordError(seg.commitlog_key, 0, "length or CRC differs from the manifest")
         cl += data
         entries = store.get(seg.consumequeue_key)
-        if len(entries) != seg.messages * CQ_ENTRY_SIZE or zlib.crc32(entries) != seg.consumequeue_crc:
+        if len(entries) != seg.messages * CQ_ENTRY_SIZE or crc32(entries) != seg.consumequeue_crc:
             raise CorruptRecordError(seg.consumequeue_key, 0, "length or CRC differs from the manifest")
         cq += entries
 
@@ -128,6 +127,6 @@ def build_merged(store: ObjectStore, prefix: str, topic: str, queue_id: int, run
         q_start=first.q_start, q_end=last.q_end, cl_start=first.cl_start, cl_end=last.cl_end,
         min_store_ms=min_store, max_store_ms=max_store, min_born_ms=min_born, max_born_ms=max_born,
         commitlog_key=cl_key, consumequeue_key=cq_key, index_key=ix_key if index is not None else None,
-        commitlog_crc=zlib.crc32(cl), consumequeue_crc=zlib.crc32(cq), created_ms=now_ms, bloom=bloom,
+        commitlog_crc=crc32(cl), consumequeue_crc=crc32(cq), created_ms=now_ms, bloom=bloom,
     )
     return MergedSegment(run, seg, cl, cq, index)

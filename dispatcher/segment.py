@@ -3,87 +3,135 @@
 The cold CommitLog object is the records' bytes exactly as the broker
 wrote them, concatenated; the cold ConsumeQueue holds one 20-byte entry per
 record pointing into the queue's own cold CommitLog byte space (absolute
-offsets, so segments can later be merged by concatenation).
-
-The hot path of archiving, so: ``add`` copies each record's bytes once, at
-once, into the segment's buffer (so the local store can give the mapped
-CommitLog pages back behind the read; holding slices of the mapping until
-the build would fault them in again) and keeps a few integers; ``build``
-hands that buffer over without copying it. Memory is the segment's bytes
-plus some 100 bytes per record while it is built.
+offsets, so segments can later be merged by concatenation). The hot path
+of archiving: records come in batches (``LocalStore.iter_batches``) and
+everything per record is done on arrays, except copying the bytes, hashing
+keys and one CRC over each object.
 """
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
-from itertools import accumulate
 
-from tiered.codec import CQ_ENTRY
+import numpy as np
+
+from tiered.batch import CQ_DTYPE, RecordBatch
+from tiered.codec import crc32
 from tiered.errors import CorruptRecordError
-from tiered.keyindex import build_bloom, build_index
-from tiered.localstore import QueuedRecord
+from tiered.keyindex import EMPTY_BLOOM, bloom_of_hashes, hash_spans, index_of_hashes
 from tiered.manifest import Segment, segment_keys
 
-_KEYS = "KEYS\x01"
-_UNIQ = "UNIQ_KEY\x01"
+_NAMES = np.void(b"KEYS\x01"), np.void(b"UNIQ_KEY\x01")
 
 
-def _value(props: str, name: str) -> str | None:
-    """The value of property ``name`` ("NAME\\x01") in the broker's
-    ``name \\x01 value \\x02`` encoding, without splitting all of it."""
-    i = props.find(name)
-    if i < 0:
-        return None
-    while i > 0 and props[i - 1] != "\x02":  # inside another property's name or value
-        i = props.find(name, i + 1)
-        if i < 0:
-            return None
-    start = i + len(name)
-    end = props.find("\x02", start)
-    return props[start:end] if end >= 0 else props[start:]
+def _spans(view: memoryview, starts: np.ndarray, ends: np.ndarray) -> list[memoryview]:
+    """Views of ``view[starts[i]:ends[i]]``, adjacent spans merged into one."""
+    if len(starts) > 1:
+        cut = np.flatnonzero(starts[1:] != ends[:-1]) + 1
+        starts, ends = starts[np.concatenate(([0], cut))], ends[np.concatenate((cut - 1, [len(ends) - 1]))]
+    return list(map(view.__getitem__, map(slice, starts.tolist(), ends.tolist())))
 
 
-def index_keys(props_raw: bytes | memoryview, source: str = "<record>", position: int = 0) -> list[str]:
-    """The keys a record is indexed by: its KEYS (space separated) and its
-    UNIQ_KEY. Properties that are not UTF-8 make the record corrupt, as
-    ``codec.decode_properties`` says."""
-    if not props_raw:
-        return []
-    try:
-        props = bytes(props_raw).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CorruptRecordError(source, position + exc.start, "properties are not valid UTF-8") from None
-    keys: list[str] = []
-    value = _value(props, _KEYS)
-    if value:
-        keys.extend(k for k in value.split(" ") if k)
-    uniq = _value(props, _UNIQ)
-    if uniq:
-        keys.append(uniq)
-    return keys
+class BadProperties(ValueError):
+    """Properties of record ``record`` are not UTF-8, from byte ``at`` of them."""
+
+    def __init__(self, record: int, at: int) -> None:
+        super().__init__(f"properties of record {record} are not valid UTF-8 at byte {at}")
+        self.record = record
+        self.at = at
+
+
+def batch_keys(
+    buf: bytes | memoryview, starts: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, bytes, np.ndarray, np.ndarray]:
+    """The keys records are indexed by, given their properties
+    ``buf[starts[i]:ends[i]]``, read as ``Record.keys`` and
+    ``Record.unique_key`` read them: each space-separated KEYS entry and the
+    UNIQ_KEY, the last occurrence of a property counting. Returns (record
+    index, buffer, start, end) arrays: key j is ``buffer[start[j]:end[j]]``,
+    of record ``record[j]``.
+
+    Properties are ``name \x01 value \x02 ...``: the records' are joined
+    behind one more \x02, so every property starts after a \x02 and every
+    value ends at the next one; all the rest is array work. Raises
+    BadProperties for the first record whose properties are not UTF-8.
+    """
+    blob = b"\x02" + b"\x02".join(map(buf.__getitem__, map(slice, starts.tolist(), ends.tolist())))
+    lengths = ends - starts + 1
+    bounds = np.cumsum(lengths) - lengths  # the separator before record i's properties
+    if not blob.isascii():
+        try:
+            blob.decode("utf-8")  # the separators are ASCII: valid as a whole iff each is
+        except UnicodeDecodeError as exc:
+            i = int(np.searchsorted(bounds, exc.start, side="right")) - 1
+            raise BadProperties(i, exc.start - int(bounds[i]) - 1) from None
+    padded = blob + bytes(9)
+    seps = np.flatnonzero(np.frombuffer(blob, np.uint8) == 2)
+    is_keys = _at(padded, 5, seps + 1) == _NAMES[0]
+    hit = is_keys | (_at(padded, 9, seps + 1) == _NAMES[1])
+    named, is_keys = seps[hit], is_keys[hit]
+    empty = np.zeros(0, np.int64)
+    if not len(named):
+        return empty, blob, empty, empty
+    owners = np.searchsorted(bounds, named, side="right") - 1
+    # the last occurrence of each (record, name) wins, as in a dict of properties
+    slots = owners * 2 + is_keys
+    last = np.sort(len(slots) - 1 - np.unique(slots[::-1], return_index=True)[1])
+    named, is_keys, owners = named[last], is_keys[last], owners[last]
+    value_at = named + 1 + np.where(is_keys, 5, 9)
+    nxt = np.searchsorted(seps, value_at)  # the separator ending the value, if any
+    value_end = np.where(nxt < len(seps), seps[np.minimum(nxt, len(seps) - 1)], len(blob))
+    # KEYS: split at spaces; an empty piece is no key
+    k_at, k_end, k_owner = value_at[is_keys], value_end[is_keys], owners[is_keys]
+    spaces = np.flatnonzero(np.frombuffer(blob, np.uint8) == 0x20)
+    if len(spaces) and len(k_at):
+        inside = np.searchsorted(k_at, spaces, side="right") - 1
+        spaces = spaces[(inside >= 0) & (spaces < k_end[np.maximum(inside, 0)])]
+        k_at, k_end = np.sort(np.concatenate((k_at, spaces + 1))), np.sort(np.concatenate((k_end, spaces)))
+        k_owner = owners[is_keys][np.searchsorted(value_at[is_keys], k_at, side="right") - 1]
+    u = ~is_keys
+    key_at, key_end = np.concatenate((k_at, value_at[u])), np.concatenate((k_end, value_end[u]))
+    key_owner = np.concatenate((k_owner, owners[u]))
+    nonempty = key_end > key_at
+    return key_owner[nonempty], blob, key_at[nonempty], key_end[nonempty]
+
+
+def _at(buf: bytes, width: int, positions: np.ndarray) -> np.ndarray:
+    """The ``width`` bytes at each position, as numpy voids (one gather)."""
+    items = np.ndarray(shape=(len(buf) - width + 1,), dtype=f"V{width}", buffer=buf, strides=(1,))
+    return items[positions]
 
 
 @dataclass(frozen=True)
 class BuiltSegment:
     segment: Segment
     commitlog: bytes | bytearray
-    consumequeue: bytes | bytearray
+    consumequeue: bytes
     index: bytes | None
 
 
 class SegmentBuilder:
+    """Collects consecutive records of one queue, batch by batch.
+
+    ``add`` copies the records' bytes at once into the segment's buffer (so
+    the local store can give the mapped CommitLog pages back behind the
+    read; holding views of the mapping until the build would fault them in
+    again) and keeps a few arrays; ``build`` hands the buffer over without
+    copying it. Memory is the segment's bytes plus some 50 bytes per record.
+    """
+
     def __init__(self, prefix: str, q_start: int, cl_start: int, *, key_index: bool = True) -> None:
         self.prefix = prefix
         self.q_start = q_start
         self.cl_start = cl_start
         self.key_index = key_index
         self._cl = bytearray()
-        self._sizes: list[int] = []
-        self._tags: list[int] = []
-        self._store: list[int] = []
-        self._born: list[int] = []
-        self._keys: list[tuple[int, list[str]]] = []
+        self._sizes: list[np.ndarray] = []
+        self._tags: list[np.ndarray] = []
+        self._store: list[np.ndarray] = []
+        self._born: list[np.ndarray] = []
+        self._key_offsets: list[np.ndarray] = []  # queue offset - q_start, per key
+        self._key_hashes: list[np.ndarray] = []
         self.count = 0
 
     @property
@@ -94,41 +142,67 @@ class SegmentBuilder:
     def next_offset(self) -> int:
         return self.q_start + self.count
 
-    def add(self, item: QueuedRecord) -> None:
-        rec = item.record
-        offset = item.queue_offset
-        if offset != self.q_start + self.count:
-            raise ValueError(f"record {offset} does not follow {self.next_offset - 1}")
-        raw = rec.raw
-        self._cl += raw
-        self._sizes.append(len(raw))
-        self._tags.append(item.tags_code)
-        self._store.append(rec.store_timestamp)
-        self._born.append(rec.born_timestamp)
+    def add(self, batch: RecordBatch) -> None:
+        """Adds ``batch``; when a record's properties are corrupt, adds the
+        records before it and raises CorruptRecordError."""
+        if batch.first_offset != self.next_offset:
+            raise ValueError(f"record {batch.first_offset} does not follow {self.next_offset - 1}")
+        positions, sizes = batch.positions, batch.sizes
+        # copied first: the keys are then read from memory just written, not
+        # from pages of the mapped CommitLog all over again
+        chunk = b"".join(_spans(batch.view, positions, positions + sizes))
+        at = np.cumsum(sizes) - sizes  # of each record in chunk
+        n = batch.count
+        error: CorruptRecordError | None = None
         if self.key_index:
-            keys = index_keys(rec.properties_raw, rec.source, rec.position)
-            if keys:
-                self._keys.append((offset, keys))
-        self.count += 1
+            props_at, ends = at + (batch.props_at - positions), at + sizes
+            try:
+                owners, blob, key_at, key_end = batch_keys(chunk, props_at, ends)
+            except BadProperties as bad:
+                n = bad.record  # the records before it
+                error = CorruptRecordError(batch.source, int(batch.props_at[n]) + bad.at,
+                                           "properties are not valid UTF-8")
+                owners, blob, key_at, key_end = batch_keys(chunk, props_at[:n], ends[:n])
+            if len(owners):
+                self._key_offsets.append(owners + (batch.first_offset - self.q_start))
+                self._key_hashes.append(hash_spans(blob, key_at, key_end))
+        if n:
+            self._cl += chunk if n == batch.count else chunk[:int(at[n])]
+            self._sizes.append(sizes[:n])
+            self._tags.append(batch.tags[:n])
+            self._store.append(batch.store_ms[:n])
+            self._born.append(batch.born_ms[:n])
+            self.count += n
+        if error is not None:
+            raise error
 
     def build(self, now_ms: int) -> BuiltSegment:
         if not self.count:
             raise ValueError("an empty segment is never built")
         q_end = self.q_start + self.count
-        sizes = self._sizes
+        sizes = np.concatenate(self._sizes)
         cl, self._cl = self._cl, bytearray()  # handed over, not copied: the builder is done
         cl_end = self.cl_start + len(cl)
-        offsets = accumulate(sizes[:-1], initial=self.cl_start)
-        cq = b"".join(map(CQ_ENTRY.pack, offsets, sizes, self._tags))
+        entries = np.empty(len(sizes), CQ_DTYPE)
+        entries["phys"] = np.cumsum(sizes) - sizes + self.cl_start
+        entries["size"] = sizes
+        entries["tags"] = np.concatenate(self._tags)
+        cq = entries.tobytes()
         cl_key, cq_key, ix_key = segment_keys(self.prefix, self.cl_start, cl_end, self.q_start, q_end)
-        index = build_index(self.q_start, self._keys) if self._keys else None
-        bloom = build_bloom(k for _, keys in self._keys for k in keys) if self.key_index else None
+        index = bloom = None
+        if self.key_index:
+            bloom = EMPTY_BLOOM
+            if self._key_hashes:
+                hashes = np.concatenate(self._key_hashes)
+                index = index_of_hashes(self.q_start, np.concatenate(self._key_offsets), hashes)
+                bloom = bloom_of_hashes(hashes)
+        store, born = np.concatenate(self._store), np.concatenate(self._born)
         # min and max, not first and last: a broker clock stepping back must not lie here
         seg = Segment(
             q_start=self.q_start, q_end=q_end, cl_start=self.cl_start, cl_end=cl_end,
-            min_store_ms=min(self._store), max_store_ms=max(self._store),
-            min_born_ms=min(self._born), max_born_ms=max(self._born),
+            min_store_ms=int(store.min()), max_store_ms=int(store.max()),
+            min_born_ms=int(born.min()), max_born_ms=int(born.max()),
             commitlog_key=cl_key, consumequeue_key=cq_key, index_key=ix_key if index else None,
-            commitlog_crc=zlib.crc32(cl), consumequeue_crc=zlib.crc32(cq), created_ms=now_ms, bloom=bloom,
+            commitlog_crc=crc32(cl), consumequeue_crc=crc32(cq), created_ms=now_ms, bloom=bloom,
         )
         return BuiltSegment(seg, cl, cq, index)

@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import ipaddress
 import struct
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum, IntFlag
 from typing import Any
+
+from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, the same values, ~5x faster (SIMD)
 
 from tiered.errors import CorruptRecordError, NotWrittenYetError
 
@@ -105,7 +106,6 @@ MAX_PROPERTIES = 0x7FFF
 (_F_SIZE, _F_MAGIC, _F_CRC, _F_QUEUE_ID, _F_FLAG, _F_QUEUE_OFFSET, _F_PHYSICAL_OFFSET, _F_SYS_FLAG,
  _F_BORN_TS, _F_BORN_HOST, _F_STORE_TS, _F_STORE_HOST, _F_RECONSUME, _F_PREPARED, _F_BODY_LEN) = range(15)
 
-_crc32 = zlib.crc32
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +157,7 @@ def _host_of(packed: bytes) -> Host:
 
 
 def body_crc(body: bytes | memoryview) -> int:
-    return zlib.crc32(body) & CRC_MASK
+    return crc32(body) & CRC_MASK
 
 
 def tags_code(tags: str | None) -> int:
@@ -403,7 +403,7 @@ def decode_record(
                 if q + 2 <= rec_end:
                     props_len = (buf[q] << 8) | buf[q + 1]
                     if props_len < 0x8000 and q + 2 + props_len == rec_end and (
-                        not verify_crc or _crc32(buf[position + _FIXED_V4_SIZE:p]) & CRC_MASK == f[2]
+                        not verify_crc or crc32(buf[position + _FIXED_V4_SIZE:p]) & CRC_MASK == f[2]
                     ):
                         rec = _new_record(Record)
                         rec._f = f
@@ -474,7 +474,7 @@ def _decode_walk(buf: memoryview, position: int, source: str, verify_crc: bool) 
         raise CorruptRecordError(
             source, p - 2, f"properties length {props_len} does not end at the total size {size}"
         )
-    if verify_crc and _crc32(buf[body_at:body_at + body_len]) & CRC_MASK != head[2]:
+    if verify_crc and crc32(buf[body_at:body_at + body_len]) & CRC_MASK != head[2]:
         raise CorruptRecordError(source, position, "body CRC mismatch")
     rec = _new_record(Record)
     rec._f = head + (born, store_ts, store, reconsume, prepared, body_len)

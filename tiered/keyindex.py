@@ -5,15 +5,20 @@ Index object layout (big-endian)::
     header  "TKIX" | version u16 | reserved u16 | count u32 | q_start u64     (20 bytes)
     entries count x [key hash u64 | queue offset - q_start u32], sorted
 
-The key hash is the first 8 bytes of BLAKE2b(key): stable across processes
-and machines (Python's ``hash`` is not). A hash hit is a candidate only:
-the reader checks the record's keys, so collisions cost a read, never a
-wrong answer.
+The key hash (version 2) is ``hash_spans`` below: a 64-bit multiply-rotate
+hash of the key's UTF-8 bytes, 8 at a time, with the SplitMix64 finalizer,
+computed for a whole segment's keys at once with numpy. Version 1 indexes
+(the first 8 bytes of BLAKE2b, one call per key) stay readable. A hash hit
+is a candidate only: the reader checks the record's keys, so collisions
+cost a read, never a wrong answer.
 
 The bloom filter travels in the manifest (base64: k u8 | bit array), so a
 lookup skips segments that cannot hold the key without reading anything.
-Its size is capped (``MAX_BLOOM_BYTES``); a huge segment's filter only gets
-less selective, never wrong.
+Its bit positions are ``h1 + i * h2 (mod m)`` for i < k, with h1 and h2 the
+low and high halves of the version 2 key hash, marked by the top bit of the
+k byte; filters written before (top bit clear) took h1 and h2 from a
+separate BLAKE2b and stay readable. Its size is capped (``MAX_BLOOM_BYTES``);
+a huge segment's filter only gets less selective, never wrong.
 """
 
 from __future__ import annotations
@@ -22,28 +27,98 @@ import base64
 import hashlib
 import math
 import struct
-from collections.abc import Iterable
 from bisect import bisect_left
+from collections.abc import Iterable
+
+import numpy as np
 
 from tiered.errors import CorruptRecordError
 
 MAGIC = b"TKIX"
-VERSION = 1
+VERSION = 2
 _HEADER = struct.Struct(">4sHHIQ")
 _ENTRY = struct.Struct(">QI")
+_ENTRY_DTYPE = np.dtype([("hash", ">u8"), ("rel", ">u4")])
 MAX_BLOOM_BYTES = 16 * 1024
 BITS_PER_KEY = 10
+_FROM_KEY_HASH = 0x80  # in the bloom's k byte: positions from the version 2 key hash
+
+_U64 = np.uint64
+_SEED = _U64(0xC2B2AE3D27D4EB4F)
+_LEN_MUL = _U64(0x9E3779B97F4A7C15)
+_WORD_MUL = _U64(0x87C37B91114253D5)
+_ROUND_MUL = _U64(0x4CF5AD432745937F)
+_FIN1 = _U64(0xBF58476D1CE4E5B9)
+_FIN2 = _U64(0x94D049BB133111EB)
 
 
-def key_hash(key: str) -> int:
-    return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "big")
+def _rotl31(h: np.ndarray) -> np.ndarray:
+    return (h << _U64(31)) | (h >> _U64(33))
 
 
-def _positions(key: str, m: int, k: int) -> Iterable[int]:
+def hash_spans(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The version 2 key hash of each ``buf[starts[i]:ends[i]]``, as uint64.
+
+    h = len * C0 ^ SEED; for each little-endian 8-byte word w (the last one
+    zero-padded): h = rotl(h ^ w * C1, 31) * C2; then SplitMix64's finalizer.
+    All arithmetic mod 2**64. Keys are processed in groups of equal word
+    count, each group as one array.
+    """
+    starts = np.asarray(starts, np.int64)
+    lengths = np.asarray(ends, np.int64) - starts
+    out = np.empty(len(starts), _U64)
+    if not len(starts):
+        return out
+    words = (lengths + 7) // 8
+    width = int(words.max()) * 8
+    padded = np.frombuffer(buf + bytes(width), np.uint8)
+    h0 = (lengths.astype(_U64) * _LEN_MUL) ^ _SEED
+    with np.errstate(over="ignore"):
+        for w in np.unique(words).tolist():
+            group = np.flatnonzero(words == w)
+            h = h0[group]
+            if w:
+                raw = np.ndarray(shape=(len(padded) - 8 * w + 1,), dtype=f"V{8 * w}", buffer=padded, strides=(1,))
+                block = raw[starts[group]].view(np.uint8).reshape(len(group), 8 * w).copy()
+                block[np.arange(8 * w)[None, :] >= lengths[group][:, None]] = 0  # bytes past the key
+                cols = block.view("<u8").astype(_U64)
+                for j in range(w):
+                    h = _rotl31(h ^ (cols[:, j] * _WORD_MUL)) * _ROUND_MUL
+            h ^= h >> _U64(30)
+            h *= _FIN1
+            h ^= h >> _U64(27)
+            h *= _FIN2
+            h ^= h >> _U64(31)
+            out[group] = h
+    return out
+
+
+def key_hash(key: str, version: int = VERSION) -> int:
+    raw = key.encode("utf-8")
+    if version == 1:
+        return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big")
+    return int(hash_spans(raw, np.zeros(1, np.int64), np.array([len(raw)], np.int64))[0])
+
+
+def key_hashes(keys: Iterable[str]) -> np.ndarray:
+    """``key_hash`` of many keys at once."""
+    encoded = [key.encode("utf-8") for key in keys]
+    lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+    ends = np.cumsum(lengths)
+    return hash_spans(b"".join(encoded), ends - lengths, ends)
+
+
+def _legacy_positions(key: str, m: int, k: int) -> Iterable[int]:
     d = hashlib.blake2b(key.encode("utf-8"), digest_size=16, person=b"tiered-bloom").digest()
     h1 = int.from_bytes(d[:8], "big")
     h2 = int.from_bytes(d[8:], "big") | 1
     return ((h1 + i * h2) % m for i in range(k))
+
+
+def _positions(hashes: np.ndarray, m: int, k: int) -> np.ndarray:
+    h1 = hashes & _U64(0xFFFFFFFF)
+    h2 = (hashes >> _U64(32)) | _U64(1)
+    return (h1[:, None] + np.arange(k, dtype=_U64)[None, :] * h2[:, None]) % _U64(m)
 
 
 # A segment indexed but holding no key: a filter with no bit set answers
@@ -53,17 +128,20 @@ EMPTY_BLOOM = base64.b64encode(bytes([1]) + bytes(8)).decode("ascii")
 
 
 def build_bloom(keys: Iterable[str]) -> str:
-    unique = set(keys)
-    if not unique:
+    return bloom_of_hashes(key_hashes(keys))
+
+
+def bloom_of_hashes(hashes: np.ndarray) -> str:
+    """The bloom filter of the keys with these version 2 key hashes."""
+    unique = np.unique(hashes)
+    if not len(unique):
         return EMPTY_BLOOM
     nbytes = min(MAX_BLOOM_BYTES, max(8, math.ceil(len(unique) * BITS_PER_KEY / 8)))
     m = nbytes * 8
     k = max(1, min(10, round(m / len(unique) * math.log(2))))
-    bits = bytearray(nbytes)
-    for key in unique:
-        for p in _positions(key, m, k):
-            bits[p >> 3] |= 1 << (p & 7)
-    return base64.b64encode(bytes([k]) + bits).decode("ascii")
+    bits = np.zeros(m, dtype=bool)
+    bits[_positions(unique, m, k).ravel()] = True
+    return base64.b64encode(bytes([k | _FROM_KEY_HASH]) + np.packbits(bits, bitorder="little").tobytes()).decode("ascii")
 
 
 def bloom_may_contain(bloom: str | None, key: str) -> bool:
@@ -74,15 +152,34 @@ def bloom_may_contain(bloom: str | None, key: str) -> bool:
     raw = base64.b64decode(bloom)
     k, bits = raw[0], raw[1:]
     m = len(bits) * 8
-    return all(bits[p >> 3] & (1 << (p & 7)) for p in _positions(key, m, k))
+    if k & _FROM_KEY_HASH:
+        positions = _positions(np.array([key_hash(key)], _U64), m, k & ~_FROM_KEY_HASH)[0].tolist()
+    else:
+        positions = _legacy_positions(key, m, k)
+    return all(bits[p >> 3] & (1 << (p & 7)) for p in positions)
 
 
 def build_index(q_start: int, keys_by_offset: Iterable[tuple[int, Iterable[str]]]) -> bytes:
-    entries = sorted({(key_hash(key), off - q_start) for off, keys in keys_by_offset for key in keys})
-    out = bytearray(_HEADER.pack(MAGIC, VERSION, 0, len(entries), q_start))
-    for h, rel in entries:
-        out += _ENTRY.pack(h, rel)
-    return bytes(out)
+    rel: list[int] = []
+    keys: list[str] = []
+    for off, ks in keys_by_offset:
+        for key in ks:
+            rel.append(off - q_start)
+            keys.append(key)
+    return index_of_hashes(q_start, np.array(rel, _U64), key_hashes(keys))
+
+
+def index_of_hashes(q_start: int, rel_offsets: np.ndarray, hashes: np.ndarray) -> bytes:
+    """The index object of (version 2 key hash, queue offset - ``q_start``) pairs."""
+    hashes, rel_offsets = hashes.astype(_U64), rel_offsets.astype(_U64)
+    order = np.lexsort((rel_offsets, hashes))  # by hash, then offset
+    hashes, rel_offsets = hashes[order], rel_offsets[order]
+    keep = np.ones(len(order), bool)
+    keep[1:] = (hashes[1:] != hashes[:-1]) | (rel_offsets[1:] != rel_offsets[:-1])  # a key twice in a record
+    out = np.empty(int(keep.sum()), _ENTRY_DTYPE)
+    out["hash"] = hashes[keep]
+    out["rel"] = rel_offsets[keep]
+    return _HEADER.pack(MAGIC, VERSION, 0, len(out), q_start) + out.tobytes()
 
 
 def lookup(index: bytes, key: str, source: str = "<index>") -> list[int]:
@@ -90,11 +187,11 @@ def lookup(index: bytes, key: str, source: str = "<index>") -> list[int]:
     if len(index) < _HEADER.size:
         raise CorruptRecordError(source, 0, "key index shorter than its header")
     magic, version, _, count, q_start = _HEADER.unpack_from(index, 0)
-    if magic != MAGIC or version > VERSION:
+    if magic != MAGIC or not 1 <= version <= VERSION:
         raise CorruptRecordError(source, 0, f"not a key index (magic {magic!r}, version {version})")
     if len(index) != _HEADER.size + count * _ENTRY.size:
         raise CorruptRecordError(source, _HEADER.size, f"key index of {count} entries has {len(index)} bytes")
-    h = key_hash(key)
+    h = key_hash(key, version)
     hashes = _HashView(index, count)
     i = bisect_left(hashes, h)
     out = []

@@ -16,8 +16,9 @@ of any race gets a precondition failure and stops writing.
   identity apart: the one replaced by a restart is fenced.
 
 Between renewals a writer learns of a takeover through ``check`` (one GET,
-called before every commit, never on an idle round). A takeover that lands
-between ``check`` and the manifest write is still harmless: manifest commits
+which the dispatcher makes before the first commit of a round and then at
+most every ``lease_check_s``, never on an idle round). A takeover that lands
+between ``check`` and a manifest write is still harmless: manifest commits
 are conditional (see ``coldtier``) and data objects are named by their
 content's range, so two writers can only ever write the same bytes under the
 same key, and at most one manifest update per base wins.
@@ -173,8 +174,8 @@ class LeaseManager:
     def check(self) -> Lease:
         """One GET proving nobody replaced the lease since we last wrote it
         (a forced takeover, or a restart of our identity elsewhere), then
-        ``ensure``. Called before every commit, so a writer that lost its
-        lease stops at its next commit rather than at its next renewal."""
+        ``ensure``. Called before commits (see the module's text), so a writer
+        that lost its lease stops soon rather than at its next renewal."""
         with self._lock:
             before = self.lease
         if before is None:

@@ -26,19 +26,19 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-import zlib
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tiered.codec import (  # _FIXED_V4: iter_queue inlines decode_and_check's fast path
-    _FIXED_V4,
+import numpy as np
+
+from tiered.batch import CQ_DTYPE, RecordBatch, check_run
+from tiered.codec import (
     CQ_ENTRY,
     CQ_ENTRY_SIZE,
     CQ_FILLER_SIZE,
-    MAGIC_V1,
     Peek,
     Record,
     cq_written_entries,
@@ -52,7 +52,10 @@ from tiered.jsonfile import read_json
 _EMPTY = memoryview(b"")
 _NO_LIMIT = 1 << 63
 # iter_queue gives back the CommitLog pages behind it every so many bytes
-_RELEASE_EVERY = 16 << 20
+_RELEASE_EVERY = 64 << 20
+# at most so many ConsumeQueue entries are checked at once (bounds the arrays)
+_RUN = 8192
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14; the name is Python >= 3.13
 _I32 = struct.Struct(">i")
 _CHECKPOINT_CONFIRM = struct.Struct(">q")
 _CHECKPOINT_CONFIRM_AT = 32
@@ -144,6 +147,23 @@ class _FileSet:
                 mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
             except (AttributeError, OSError, ValueError):
                 pass  # advisory only
+
+    def populate(self, start: int, lo: int, hi: int) -> None:
+        """Map this process's pages of file ``start`` for bytes [lo, hi) in
+        one call: a reader about to touch all of them (every record of a
+        run) saves a page fault per few pages. Advisory: a kernel older
+        than 5.14 faults them in as they are touched."""
+        cached = self._maps.get(start)
+        if cached is None or cached[0] is None:
+            return
+        mm = cached[0]
+        lo -= lo % mmap.PAGESIZE
+        hi = min(hi, len(mm))
+        if hi > lo:
+            try:
+                mm.madvise(_MADV_POPULATE_READ, lo, hi - lo)
+            except (AttributeError, OSError, ValueError):
+                pass
 
     def _drop(self, start: int) -> None:
         # Forget the map, never release or close it here: a suspended
@@ -371,7 +391,26 @@ class LocalStore:
         max_bytes: int | None = None,
         verify_crc: bool = True,
     ) -> Iterator[QueuedRecord]:
-        """Validated records of a queue from ``from_offset``, in order.
+        """Validated records of a queue from ``from_offset``, in order, one by
+        one: ``iter_batches`` flattened (see there)."""
+        for batch in self.iter_batches(topic, queue_id, from_offset, max_count=max_count, max_bytes=max_bytes,
+                                       verify_crc=verify_crc):
+            tags = batch.tags.tolist()
+            for i in range(batch.count):
+                yield QueuedRecord(batch.first_offset + i, tags[i], batch.record(i))
+
+    def iter_batches(
+        self,
+        topic: str,
+        queue_id: int,
+        from_offset: int,
+        *,
+        max_count: int | None = None,
+        max_bytes: int | None = None,
+        verify_crc: bool = True,
+    ) -> Iterator[RecordBatch]:
+        """Validated records of a queue from ``from_offset``, in order, as
+        batches of consecutive records.
 
         Stops (without error) at the end of written data, at a record not
         completely written yet, at ``max_count`` records, before exceeding
@@ -379,13 +418,19 @@ class LocalStore:
 
         Raises ExpiredLocallyError when ``from_offset`` (or a later offset)
         is no longer on local disk, and CorruptRecordError naming the file
-        and offset for invalid data; records yielded before stay valid.
+        and offset for invalid data; batches yielded before stay valid.
 
         New ConsumeQueue and CommitLog files, and files that grew since they
         were mapped, are found without ``refresh()``. Memory: the pages read
         are given back every ``_RELEASE_EVERY`` bytes and when the iteration
         ends (they stay in the page cache), so RSS does not grow with the
-        store; the records' views stay valid.
+        store; the batches' views stay valid.
+
+        Runs of ordinary records go through ``batch.check_run`` at once;
+        the first record it does not accept, the chunk's last entry (maybe
+        still being written) and every file or window change go through
+        the record-by-record path below, which decides tails, races and
+        errors.
         """
         files = self._queue(topic, queue_id)
         topic_raw = topic.encode("utf-8")
@@ -397,22 +442,13 @@ class LocalStore:
             return
         offset = from_offset
         total = 0
-        # hot loop: locals only; the CommitLog file in use is kept as a window
         unpack = CQ_ENTRY.unpack_from
-        iter_unpack = CQ_ENTRY.iter_unpack
         size_at = _I32.unpack_from
-        check = decode_and_check
-        fixed = _FIXED_V4.unpack_from
-        crc32 = zlib.crc32
-        new_record = object.__new__
-        new_item = object.__new__
-        set_offset = QueuedRecord.queue_offset.__set__  # type: ignore[attr-defined]
-        set_tags = QueuedRecord.tags_code.__set__  # type: ignore[attr-defined]
-        set_record = QueuedRecord.record.__set__  # type: ignore[attr-defined]
         # the CommitLog file in use, as a window: cl_limit stops short of the
         # file's end at the next point where pages behind are given back
         cl_start, cl_view, cl_limit, cl_source = 0, _EMPTY, 0, ""
         cl_released = 0  # pages of the current file below this were given back
+        cl_populated = 0  # and the pages up to here were mapped at once
         cq_start = -1
         commitlog = self.commitlog
         try:
@@ -448,8 +484,7 @@ class LocalStore:
                 if rel + CQ_ENTRY_SIZE > end:
                     return  # the file is shorter than its slot: this entry is not written yet
                 # The written part of this chunk ends at the first entry of size 0
-                # (entries are written in order): found by bisection, then the
-                # entries before it are unpacked in one pass.
+                # (entries are written in order): found by bisection.
                 first = rel // CQ_ENTRY_SIZE
                 lo, hi = first, min(end, rel + remaining * CQ_ENTRY_SIZE) // CQ_ENTRY_SIZE
                 if size_at(view, hi * CQ_ENTRY_SIZE - 12)[0] == 0:
@@ -461,14 +496,42 @@ class LocalStore:
                             hi = mid
                 if hi == first:
                     return  # nothing written past this offset yet
-                chunk_end = hi * CQ_ENTRY_SIZE
                 # An entry is not written atomically: the last one of the chunk may
                 # be the tail the broker is completing. It is read again after its
                 # record checked out, so a torn tags code is never yielded; a torn
                 # offset or size fails the record check and is read again too.
-                last = offset + hi - first - 1  # queue offset of the chunk's last entry
+                entries = np.frombuffer(view, CQ_DTYPE, count=hi - first, offset=rel)
+                n_entries = hi - first
+                last = offset + n_entries - 1  # queue offset of the chunk's last entry
                 base = offset - first  # entry index -> queue offset
-                for entry in iter_unpack(view[rel:chunk_end]):
+                i = 0
+                while i < n_entries:
+                    # Fast path: the ordinary entries up to the chunk's last whose
+                    # records lie in the current window, checked at once.
+                    j = min(n_entries - 1, i + _RUN)
+                    if j > i and cl_view is not _EMPTY:
+                        run = entries[i:j]
+                        phys_a = run["phys"].astype(np.int64)
+                        size_a = run["size"].astype(np.int64)
+                        pos_a = phys_a - cl_start
+                        ok = ((size_a > 0) & (size_a != CQ_FILLER_SIZE) & (pos_a >= 0)
+                              & (pos_a + size_a <= cl_limit) & (phys_a + size_a <= phys_limit)
+                              & (total + np.cumsum(size_a) <= budget))
+                        k = int(np.argmin(ok)) if not ok.all() else len(ok)
+                        if k and pos_a[k - 1] + size_a[k - 1] > cl_populated:
+                            cl_populated = int(pos_a[k - 1] + size_a[k - 1])
+                            commitlog.populate(cl_start, int(pos_a[0]), cl_populated)
+                        batch = check_run(cl_view, cl_start, run[:k], topic=topic_raw, queue_id=queue_id,
+                                          first_offset=offset, source=cl_source,
+                                          verify_crc=verify_crc) if k else None
+                        if batch is not None:
+                            yield batch
+                            total += batch.nbytes
+                            offset += batch.count
+                            i += batch.count
+                            continue
+                    # One entry, record by record.
+                    entry = unpack(view, (offset - base) * CQ_ENTRY_SIZE)
                     phys, size, tags = entry
                     if size <= 0 or size == CQ_FILLER_SIZE or phys < 0:
                         if size == 0:
@@ -502,32 +565,10 @@ class LocalStore:
                                     commitlog.release(cl_start, cl_released)  # done with that file
                                 cl_start, cl_view, cl_source = window
                                 pos = phys - cl_start
-                            cl_released = pos
+                            cl_released = cl_populated = pos
                             cl_limit = min(len(cl_view), pos + _RELEASE_EVERY)
-                        # decode_and_check's fast path, inlined (a function call costs
-                        # ~10% here): magic v1, IPv4 hosts, every length consistent,
-                        # every field as the entry says. Anything else, including every
-                        # error, goes through decode_and_check itself.
-                        rec = None
-                        f = fixed(cl_view, pos)
-                        if (f[0] == size and f[1] == MAGIC_V1 and not f[7] & 0x30 and f[3] == queue_id
-                                and f[5] == offset and f[6] == phys and f[14] >= 0):
-                            body_end = pos + 88 + f[14]
-                            rec_end = pos + size
-                            if body_end + 3 <= rec_end:
-                                q = body_end + 1 + cl_view[body_end]
-                                if (q + 2 <= rec_end and cl_view[body_end + 1:q] == topic_raw
-                                        and cl_view[q] < 0x80
-                                        and q + 2 + ((cl_view[q] << 8) | cl_view[q + 1]) == rec_end
-                                        and (not verify_crc or crc32(cl_view[pos + 88:body_end]) & 0x7FFFFFFF == f[2])):
-                                    rec = new_record(Record)
-                                    rec._f = f
-                                    rec.raw = cl_view[pos:rec_end]
-                                    rec.source = cl_source
-                                    rec.position = pos
-                                    rec._props = None
-                        if rec is None:
-                            rec = check(cl_view, pos, cl_source, topic_raw, queue_id, offset, phys, size, verify_crc)
+                        rec = decode_and_check(cl_view, pos, cl_source, topic_raw, queue_id, offset, phys, size,
+                                               verify_crc)
                     except NotWrittenYetError:
                         if offset != last:
                             raise self._missing(phys, offset) from None
@@ -538,15 +579,12 @@ class LocalStore:
                         raise
                     if offset == last and unpack(view, (offset - base) * CQ_ENTRY_SIZE) != entry:
                         return  # still being written: next round
-                    item = new_item(QueuedRecord)
-                    set_offset(item, offset)
-                    set_tags(item, tags)
-                    set_record(item, rec)
-                    yield item
+                    yield RecordBatch.of_record(offset, tags, rec, cl_view)
                     total += size
                     offset += 1
+                    i += 1
                 # the chunk never holds more than ``remaining`` entries
-                remaining -= hi - first
+                remaining -= n_entries
                 if remaining == 0:
                     return
         finally:

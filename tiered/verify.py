@@ -13,10 +13,9 @@ collects them after a grace period).
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 
-from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE, decode_record
+from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record
 from tiered.coldtier import ColdTier
 from tiered.errors import ExpiredLocallyError, TieredError
 from tiered.keyindex import lookup
@@ -51,10 +50,10 @@ def verify_segment(cold: ColdTier, m: Manifest, seg: Segment, report: VerifyRepo
         report.problems.append(f"{m.topic}/{m.queue_id} segment {seg.q_start}-{seg.q_end}: {exc}")
         return
     where = f"{m.topic}/{m.queue_id} [{seg.q_start},{seg.q_end})"
-    if len(cl) != seg.nbytes or zlib.crc32(cl) != seg.commitlog_crc:
+    if len(cl) != seg.nbytes or crc32(cl) != seg.commitlog_crc:
         report.problems.append(f"{where}: {seg.commitlog_key} size/checksum differs from the manifest")
         return
-    if len(cq) != seg.messages * CQ_ENTRY_SIZE or zlib.crc32(cq) != seg.consumequeue_crc:
+    if len(cq) != seg.messages * CQ_ENTRY_SIZE or crc32(cq) != seg.consumequeue_crc:
         report.problems.append(f"{where}: {seg.consumequeue_key} size/checksum differs from the manifest")
         return
     view = memoryview(cl)

@@ -178,3 +178,38 @@ def test_cli_refuses_while_another_sidecar_holds_the_prefix(tmp_path, clock):
     assert res.exit_code == 1
     assert "held by writer 'the-other-sidecar'" in res.output and "refusing to write" in res.output
     assert not list((tmp_path / "cold").rglob("manifest.json"))
+
+
+def test_the_lease_is_read_once_per_round_then_every_lease_check_s(cold_url, open_cold, tmp_path, clock):
+    w, local = _setup(tmp_path, open_cold, cold_url, clock, n=40)
+    a, rec_a, store = _disp(open_cold, cold_url, local, tmp_path, clock, "sidecar-a", parallelism=1)
+    assert a.run_round().ok
+    for topic, qid in QUEUES:
+        produce(w, topic, qid, 40, clock=clock)
+    gets = rec_a.total_requests("get")
+    result = a.run_round()
+    assert result.ok and result.segments >= 10
+    assert rec_a.total_requests("get") - gets == 1, "one lease read for the whole round"
+
+    # A takeover in the middle of a long round is noticed once lease_check_s has passed.
+    b, _, _ = _disp(open_cold, cold_url, local, tmp_path, clock, "sidecar-b", force=True)
+    for topic, qid in QUEUES:
+        produce(w, topic, qid, 40, clock=clock)
+    commits = []
+
+    class TakeOverMidRound(CountingRecorder):
+        def store_request(self, op: str, outcome: str, seconds: float) -> None:
+            super().store_request(op, outcome, seconds)
+            if op == "put_if_match":
+                commits.append(op)
+                if len(commits) == 3:
+                    b.start()  # forced takeover
+                    clock.advance(6)  # past lease_check_s (5 s)
+
+    a.cold.store.recorder = TakeOverMidRound()
+    result = a.run_round()
+    assert result.fenced is not None
+    assert len(commits) == 3, "a commit after the takeover was noticed"
+    assert b.run_round().ok
+    w.close()
+    assert_exact(store, local, QUEUES)

@@ -22,6 +22,7 @@ from tiered.codec import (
     SysFlag,
     body_crc,
     check_against_entry,
+    crc32,
     decode_cq_entry,
     decode_properties,
     decode_record,
@@ -457,3 +458,10 @@ def test_to_dict_fields() -> None:
         "reconsume_times": 0, "prepared_transaction_offset": 0, "tags": "t", "keys": [], "unique_key": None,
         "msg_id": offset_msg_id(Host("127.0.0.1", 10911), 777), "properties": {"TAGS": "t"}, "body_length": 7,
     }
+
+
+@given(st.binary(max_size=5000), st.integers(0, 2**32 - 1))
+def test_the_crc32_in_use_is_zlibs(data: bytes, start: int) -> None:
+    # archives and manifests hold these values: they must be zlib's CRC-32 exactly
+    assert crc32(data) == zlib.crc32(data)
+    assert crc32(data, start) == zlib.crc32(data, start)

@@ -1,0 +1,88 @@
+"""Key extraction for the index, on arrays: the same keys the codec reads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dispatcher.segment import SegmentBuilder, batch_keys
+from tiered.batch import RecordBatch
+from tiered.codec import decode_properties
+from tiered.errors import CorruptRecordError
+from tiered.keyindex import lookup
+
+_NAMES = st.sampled_from(["KEYS", "UNIQ_KEY", "TAGS", "XKEYS", "KEYSX", "UNIQ_KEYS", "", "K", "k€ys"])
+_VALUE = st.lists(st.sampled_from(list("ab  c\x01é€K") + ["KEYS", "UNIQ_KEY\x01x"]), max_size=8).map("".join)
+_PROPS = st.lists(st.tuples(_NAMES, _VALUE), max_size=6)
+
+
+def _expected(props: bytes) -> list[str]:
+    """What Record.keys and Record.unique_key read, the index's definition."""
+    parsed = decode_properties(props)
+    keys = [k for k in parsed.get("KEYS", "").split(" ") if k]
+    uniq = parsed.get("UNIQ_KEY")
+    return keys + ([uniq] if uniq else [])
+
+
+def _batch(records: list[tuple[bytes, bytes]], first_offset: int = 0) -> RecordBatch:
+    """A batch over a buffer of (bytes before the properties, properties)
+    pairs: all that batch_keys reads of a record."""
+    buf = bytearray()
+    positions, sizes, props_at = [], [], []
+    for head, props in records:
+        positions.append(len(buf))
+        props_at.append(len(buf) + len(head))
+        buf += head + props
+        sizes.append(len(head) + len(props))
+    n = len(records)
+    a = lambda v: np.array(v, np.int64)  # noqa: E731
+    return RecordBatch(first_offset, memoryview(bytes(buf)), "/store/commitlog/0", a(positions), a(sizes),
+                       np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64), a(props_at))
+
+
+def _encode(items: list[tuple[str, str]], trailing: bool) -> bytes:
+    text = "\x02".join(f"{k}\x01{v}" for k, v in items) + ("\x02" if trailing and items else "")
+    return text.encode("utf-8")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_PROPS, st.booleans(), st.binary(max_size=20)), min_size=1, max_size=8))
+def test_batch_keys_equal_what_the_codec_reads(records) -> None:  # noqa: ANN001
+    raw = [(head, _encode(items, trailing)) for items, trailing, head in records]
+    b = _batch(raw)
+    owners, blob, at, end = batch_keys(b.view, b.props_at, b.positions + b.sizes)
+    got: list[list[str]] = [[] for _ in raw]
+    for owner, a, e in zip(owners.tolist(), at.tolist(), end.tolist()):
+        got[owner].append(blob[a:e].decode("utf-8"))
+    assert [sorted(g) for g in got] == [sorted(_expected(props)) for _, props in raw]
+
+
+def test_batch_keys_of_ordinary_records() -> None:
+    raw = [(b"\x00" * 30, f"TAGS\x01t\x02KEYS\x01k{i} other\x02UNIQ_KEY\x01U{i:04d}\x02".encode()) for i in range(5)]
+    b = _batch(raw)
+    owners, blob, at, end = batch_keys(b.view, b.props_at, b.positions + b.sizes)
+    pairs = sorted((o, blob[a:e]) for o, a, e in zip(owners.tolist(), at.tolist(), end.tolist()))
+    assert pairs == sorted([(i, f"k{i}".encode()) for i in range(5)] + [(i, b"other") for i in range(5)]
+                           + [(i, f"U{i:04d}".encode()) for i in range(5)])
+
+
+def test_properties_that_are_not_utf8_name_the_record_and_byte() -> None:
+    raw = [(b"h" * 10, b"KEYS\x01a\x02"), (b"h" * 10, b"KEYS\x01ok\x02"), (b"h" * 10, b"KEYS\x01b\xff\x02")]
+    batch = _batch(raw, first_offset=7)
+    with pytest.raises(CorruptRecordError) as exc:
+        SegmentBuilder("p", 7, 0).add(batch)
+    assert exc.value.source == "/store/commitlog/0"
+    assert exc.value.offset == int(batch.props_at[2]) + len(b"KEYS\x01b")
+
+
+def test_builder_keeps_the_records_before_corrupt_properties() -> None:
+    raw = [(b"h" * 10, b"KEYS\x01a\x02"), (b"h" * 10, b"KEYS\x01b\x02"), (b"h" * 10, b"KEYS\x01\xc3(\x02")]
+    builder = SegmentBuilder("p", 100, 0)
+    with pytest.raises(CorruptRecordError):
+        builder.add(_batch(raw, first_offset=100))
+    assert builder.count == 2
+    built = builder.build(now_ms=1)
+    assert bytes(built.commitlog) == b"".join(h + p for h, p in raw[:2])
+    assert lookup(built.index, "a") == [100] and lookup(built.index, "b") == [101] and lookup(built.index, "c") == []
