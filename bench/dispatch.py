@@ -11,10 +11,12 @@ that phase's own):
    CommitLog files (1 GiB unless --commitlog-mb).
 2. ``cp``: copies the CommitLog files (page cache warm for every phase).
 3. dispatch -> file://: one full round (every queue archived to the end).
-4. raw boto3 ``put_object`` of the same CommitLog bytes, cut into objects of
-   the segment size, with the same parallelism, to a moto server running in
-   its own process.
-5. dispatch -> s3:// on that moto server.
+4. dispatch -> s3:// on a moto server running in its own process.
+5. raw boto3 ``put_object`` of the same CommitLog bytes, cut into objects of
+   the segment size, with the same parallelism (the goal's baseline); and
+   of objects as many and as big as those the dispatcher wrote (data,
+   ConsumeQueue, index, manifests): what the archive's protocol costs on
+   moto, ~5 ms of its CPU per request. Each on a fresh moto server.
 6. idle: a store of 10,000 queues, archived once; then one more round with
    nothing new: its CPU seconds and object-store requests.
 
@@ -31,6 +33,7 @@ Goals: dispatch >= 0.5 x cp (file://), >= 0.8 x raw boto3 (moto), peak RSS
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -39,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,21 +172,24 @@ def phase_raw_boto3(args: argparse.Namespace) -> dict:
     files = sorted((Path(args.workdir) / "store" / "commitlog").iterdir())
     # objects of one size cut from the CommitLog bytes, or (--sizes) exactly
     # as many objects of the sizes the dispatcher wrote
-    sizes = json.loads(args.sizes) if args.sizes else None
+    sizes = json.loads(Path(args.sizes).read_text()) if args.sizes else None
     total = sum(sizes) if sizes else args.bytes
 
     def chunks():  # noqa: ANN202
-        left = total
-        want = iter(sizes) if sizes else None
-        for f in files:
-            with open(f, "rb") as fh:
-                while left > 0:
-                    n = next(want, 0) if want else min(args.object_bytes, left)
-                    data = fh.read(n)
-                    if len(data) < n:
-                        break
-                    left -= len(data)
-                    yield data
+        """Objects of the wanted sizes, cut from the CommitLog files read as one stream."""
+        want = iter(sizes) if sizes else (min(args.object_bytes, total - i) for i in range(0, total, args.object_bytes))
+        handles = iter(files)
+        fh = open(next(handles), "rb")
+        try:
+            for n in want:
+                data = fh.read(n)
+                while len(data) < n:  # the file ended: go on in the next one
+                    fh.close()
+                    fh = open(next(handles), "rb")
+                    data += fh.read(n - len(data))
+                yield data
+        finally:
+            fh.close()
 
     with AnonPeak() as anon:
         started = time.perf_counter()
@@ -261,14 +268,25 @@ def run_phase(name: str, args: argparse.Namespace, **extra: object) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def moto_process() -> tuple[subprocess.Popen, str]:
+@contextlib.contextmanager
+def moto_server(bucket: str) -> Iterator[str]:
+    """A fresh moto server in its own process, with ``bucket``: every moto
+    phase gets its own, as moto slows down with what it already holds."""
     code = ("import sys, time\nfrom moto.server import ThreadedMotoServer\n"
             "s = ThreadedMotoServer(ip_address='127.0.0.1', port=0, verbose=False); s.start()\n"
             "h, p = s.get_host_and_port(); print(f'http://{h}:{p}', flush=True)\n"
             "sys.stdin.read()\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
-    return proc, proc.stdout.readline().strip()
+    try:
+        endpoint = proc.stdout.readline().strip()
+        import boto3
+
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+        yield endpoint
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
 
 
 def mbps(nbytes: int, seconds: float) -> float:
@@ -358,29 +376,25 @@ def main() -> None:
         fd_noix = run_phase("dispatch", args, url=f"file://{cold}", no_key_index=1)
         shutil.rmtree(cold, ignore_errors=True)
 
-        moto, endpoint = moto_process()
-        try:
-            import boto3
-
-            s3 = boto3.client("s3", endpoint_url=endpoint)
-            s3.create_bucket(Bucket="bench-tiered")
+        with moto_server("bench-tiered") as endpoint:
             sd = run_phase("dispatch", args, url="s3://bench-tiered/archive", endpoint=endpoint)
             assert sd["bytes"] == nbytes
-            # the baseline uploads the same bytes in objects of the size the dispatcher produced
-            object_bytes = -(-nbytes // sd["segments"])
-            s3.create_bucket(Bucket="bench-raw")
+            import boto3
+
+            listing = boto3.client("s3", endpoint_url=endpoint).get_paginator("list_objects_v2")
+            written = [o["Size"] for page in listing.paginate(Bucket="bench-tiered") for o in page.get("Contents", [])]
+        # the baseline uploads the same bytes in objects of the size the dispatcher produced
+        object_bytes = -(-nbytes // sd["segments"])
+        with moto_server("bench-raw") as endpoint:
             raw = run_phase("raw_boto3", args, endpoint=endpoint, bucket="bench-raw", bytes=nbytes,
                             object_bytes=object_bytes)
-            # and the objects the dispatcher wrote, as many and as big (CommitLog,
-            # ConsumeQueue, index, manifests, catalog, lease): what the protocol costs
-            written = [o["Size"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket="bench-tiered")
-                       for o in page.get("Contents", [])]
-            s3.create_bucket(Bucket="bench-raw-same")
-            same = run_phase("raw_boto3", args, endpoint=endpoint, bucket="bench-raw-same", bytes=sum(written),
-                             object_bytes=0, sizes=json.dumps(written))
-        finally:
-            moto.stdin.close()
-            moto.wait(timeout=30)
+        # and the objects the dispatcher wrote, as many and as big (CommitLog,
+        # ConsumeQueue, index, manifests, catalog, lease): what the protocol costs
+        sizes_file = work / "written-sizes.json"
+        sizes_file.write_text(json.dumps(written))
+        with moto_server("bench-raw") as endpoint:
+            same = run_phase("raw_boto3", args, endpoint=endpoint, bucket="bench-raw", bytes=sum(written),
+                             object_bytes=0, sizes=sizes_file)
 
         idle = run_phase("idle", args, url=f"file://{work / 'cold-idle'}", store_name="store-idle")
         shutil.rmtree(work / "cold-idle", ignore_errors=True)

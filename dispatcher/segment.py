@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tiered.batch import CQ_DTYPE, RecordBatch
+from tiered.batch import CQ_DTYPE, RecordBatch, gather
 from tiered.codec import crc32
 from tiered.errors import CorruptRecordError
 from tiered.keyindex import EMPTY_BLOOM, bloom_of_hashes, hash_spans, index_of_hashes
 from tiered.manifest import Segment, segment_keys
 
-_NAMES = np.void(b"KEYS\x01"), np.void(b"UNIQ_KEY\x01")
+_KEYS, _UNIQ = np.void(b"KEYS\x01"), np.void(b"UNIQ_KEY\x01")
 
 
 def _spans(view: memoryview, starts: np.ndarray, ends: np.ndarray) -> list[memoryview]:
@@ -67,8 +67,8 @@ def batch_keys(
             raise BadProperties(i, exc.start - int(bounds[i]) - 1) from None
     padded = blob + bytes(9)
     seps = np.flatnonzero(np.frombuffer(blob, np.uint8) == 2)
-    is_keys = _at(padded, 5, seps + 1) == _NAMES[0]
-    hit = is_keys | (_at(padded, 9, seps + 1) == _NAMES[1])
+    is_keys = gather(padded, _KEYS.dtype, seps + 1) == _KEYS
+    hit = is_keys | (gather(padded, _UNIQ.dtype, seps + 1) == _UNIQ)
     named, is_keys = seps[hit], is_keys[hit]
     empty = np.zeros(0, np.int64)
     if not len(named):
@@ -94,12 +94,6 @@ def batch_keys(
     key_owner = np.concatenate((k_owner, owners[u]))
     nonempty = key_end > key_at
     return key_owner[nonempty], blob, key_at[nonempty], key_end[nonempty]
-
-
-def _at(buf: bytes, width: int, positions: np.ndarray) -> np.ndarray:
-    """The ``width`` bytes at each position, as numpy voids (one gather)."""
-    items = np.ndarray(shape=(len(buf) - width + 1,), dtype=f"V{width}", buffer=buf, strides=(1,))
-    return items[positions]
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ class RecordBatch:
         )
 
 
-def _at(view: memoryview, dtype: np.dtype, positions: np.ndarray) -> np.ndarray:
+def gather(view: memoryview | bytes, dtype: np.dtype, positions: np.ndarray) -> np.ndarray:
     """``dtype`` items read at arbitrary byte ``positions`` of ``view``: one
     gather over an overlapping, byte-strided view of the buffer (no copy of
     the buffer; positions must leave room for a whole item)."""
@@ -135,7 +135,7 @@ def check_run(
     pos, size, phys = pos[:n], size[:n], phys[:n]
     rec_end = pos + size
     # every field in one gather: one trip to memory per record, not one per field
-    head = _at(view, _FIXED, pos)
+    head = gather(view, _FIXED, pos)
     sys_flag = head["sys_flag"].astype(np.int64)
     store = head["store"].astype(np.int64)
     body_len = head["body_len"].astype(np.int64)
@@ -150,8 +150,8 @@ def check_run(
         inside = body_at[v6] + tail_len <= rec_end[v6]
         ok[v6] &= inside
         safe = np.where(inside, store_at, pos[v6])
-        store[v6] = _at(view, _I8, safe).astype(np.int64)
-        body_len[v6] = _at(view, _I4, np.where(inside, body_at[v6] - 4, pos[v6])).astype(np.int64)
+        store[v6] = gather(view, _I8, safe).astype(np.int64)
+        body_len[v6] = gather(view, _I4, np.where(inside, body_at[v6] - 4, pos[v6])).astype(np.int64)
     body_end = body_at + body_len
     ok &= (body_len >= 0) & (body_end + tail_len <= rec_end)
     n = _first_false(ok)
@@ -162,7 +162,7 @@ def check_run(
         n = _first_false((crcs & CRC_MASK) == head["crc"][:n])
     if n == 0:
         return None
-    tail = _at(view, np.dtype([("topic", f"V{tail_len - 2}"), ("props_len", ">u2")]), body_end[:n])
+    tail = gather(view, np.dtype([("topic", f"V{tail_len - 2}"), ("props_len", ">u2")]), body_end[:n])
     props_len = tail["props_len"].astype(np.int64)
     props_at = body_end[:n] + tail_len
     n = _first_false((tail["topic"] == np.void(tlen.to_bytes(tail_len - tlen - 2, "big") + topic))

@@ -32,6 +32,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from tiered.batch import gather
 from tiered.errors import CorruptRecordError
 
 MAGIC = b"TKIX"
@@ -71,15 +72,14 @@ def hash_spans(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         return out
     words = (lengths + 7) // 8
     width = int(words.max()) * 8
-    padded = np.frombuffer(buf + bytes(width), np.uint8)
+    padded = buf + bytes(width)
     h0 = (lengths.astype(_U64) * _LEN_MUL) ^ _SEED
     with np.errstate(over="ignore"):
         for w in np.unique(words).tolist():
             group = np.flatnonzero(words == w)
             h = h0[group]
             if w:
-                raw = np.ndarray(shape=(len(padded) - 8 * w + 1,), dtype=f"V{8 * w}", buffer=padded, strides=(1,))
-                block = raw[starts[group]].view(np.uint8).reshape(len(group), 8 * w).copy()
+                block = gather(padded, np.dtype(f"V{8 * w}"), starts[group]).view(np.uint8).reshape(len(group), 8 * w)
                 block[np.arange(8 * w)[None, :] >= lengths[group][:, None]] = 0  # bytes past the key
                 cols = block.view("<u8").astype(_U64)
                 for j in range(w):

@@ -50,9 +50,9 @@ from tiered.errors import CorruptRecordError, ExpiredLocallyError, NotWrittenYet
 from tiered.jsonfile import read_json
 
 _EMPTY = memoryview(b"")
-_NO_LIMIT = 1 << 63
+_NO_LIMIT = 1 << 62  # compared with int64 arrays: must fit one
 # iter_queue gives back the CommitLog pages behind it every so many bytes
-_RELEASE_EVERY = 64 << 20
+_RELEASE_EVERY = 32 << 20
 # at most so many ConsumeQueue entries are checked at once (bounds the arrays)
 _RUN = 8192
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14; the name is Python >= 3.13
