@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -289,3 +290,37 @@ def test_peek_never_steps_backwards() -> None:
             result = only_tiered_errors(lambda: peek(memoryview(bytes(data)), 0))
             if result is not None and result[0] is not Peek.UNWRITTEN:
                 assert result[1] >= 8
+
+
+def _outcome(root: Path, topic: str, qid: int, frm: int) -> tuple[list[tuple[int, int, bytes]], Any]:
+    """(queue offset, tags code, record bytes) of what iter_queue yields, and
+    how it ended: None, or the error's type, file and offset."""
+    got: list[tuple[int, int, bytes]] = []
+    with LocalStore(root) as store:
+        try:
+            for item in store.iter_queue(topic, qid, frm):
+                got.append((item.queue_offset, item.tags_code, bytes(item.record.raw)))
+        except TieredError as exc:
+            return got, (type(exc).__name__, getattr(exc, "source", None), getattr(exc, "offset", None))
+    return got, None
+
+
+@READER_FUZZ
+@given(st.lists(MUTATION.filter(lambda m: m[0] != "unlink"), min_size=1, max_size=3), st.binary(min_size=1, max_size=20),
+       st.integers(0, 12))
+def test_batches_and_record_by_record_agree_on_corrupt_files(template: Path, mutations: list, rnd: bytes,
+                                                             start: int) -> None:
+    # the same reader with its fast path turned off is the reference: runs
+    # checked at once must yield the same records and stop with the same error
+    import tiered.localstore as localstore
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "store"
+        shutil.copytree(template, root)
+        for mutation in mutations:
+            _mutate(root, mutation, rnd)
+        for topic, qid in (("T", 0), ("T", 1), ("F", 0)):
+            fast = _outcome(root, topic, qid, start)
+            with mock.patch.object(localstore, "check_run", lambda *a, **kw: None):
+                slow = _outcome(root, topic, qid, start)
+            assert fast == slow
