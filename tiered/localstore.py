@@ -55,6 +55,7 @@ _NO_LIMIT = 1 << 62  # compared with int64 arrays: must fit one
 _RELEASE_EVERY = 32 << 20
 # at most so many ConsumeQueue entries are checked at once (bounds the arrays)
 _RUN = 8192
+_FAULT_AROUND = 64 << 10  # Linux's fault_around_bytes default
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14; the name is Python >= 3.13
 _I32 = struct.Struct(">i")
 _CHECKPOINT_CONFIRM = struct.Struct(">q")
@@ -518,9 +519,16 @@ class LocalStore:
                               & (pos_a + size_a <= cl_limit) & (phys_a + size_a <= phys_limit)
                               & (total + np.cumsum(size_a) <= budget))
                         k = int(np.argmin(ok)) if not ok.all() else len(ok)
-                        if k and pos_a[k - 1] + size_a[k - 1] > cl_populated:
-                            cl_populated = int(pos_a[k - 1] + size_a[k - 1])
-                            commitlog.populate(cl_start, int(pos_a[0]), cl_populated)
+                        run_end = int(pos_a[k - 1] + size_a[k - 1]) if k else 0
+                        if run_end > cl_populated:
+                            # Map the run's pages in one call when its records are
+                            # close enough that page faults would map them all anyway
+                            # (the kernel maps 64 KiB around a fault); a queue sparse
+                            # among many others' would map pages it never reads.
+                            lo = max(cl_populated, int(pos_a[0]))
+                            if k * _FAULT_AROUND >= run_end - lo:
+                                commitlog.populate(cl_start, lo, run_end)
+                            cl_populated = run_end
                         batch = check_run(cl_view, cl_start, run[:k], topic=topic_raw, queue_id=queue_id,
                                           first_offset=offset, source=cl_source,
                                           verify_crc=verify_crc) if k else None

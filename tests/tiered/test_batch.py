@@ -7,11 +7,13 @@ from __future__ import annotations
 import os
 import struct
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from tiered.codec import Host
 from tiered.errors import CorruptRecordError
+from tiered import localstore
 from tiered.localstore import LocalStore
 from tiered.storewriter import Appended, StoreWriter
 
@@ -125,3 +127,24 @@ def test_max_bytes_and_max_count_cut_runs_exactly(tmp_path: Path) -> None:
         batches = list(store.iter_batches("T", 0, 10, max_bytes=budget))
         assert sum(b.count for b in batches) == 50
         assert sum(b.nbytes for b in batches) <= budget
+
+
+def test_pages_are_mapped_at_once_only_for_dense_runs(tmp_path: Path) -> None:
+    # queue 0: every other record; queue 1: one record per ~100 KiB of others
+    with StoreWriter(tmp_path, commitlog_file_size=64 << 20, cq_entries_per_file=10_000) as w:
+        for i in range(3000):
+            w.put("T", 0 if i % 2 else 2, b"d" * 1000)
+            if i % 100 == 0:
+                w.put("T", 1, b"s" * 1000)
+    calls: list[tuple[int, int]] = []
+    original = localstore._FileSet.populate
+
+    def counting(self, start, lo, hi):  # noqa: ANN001, ANN202
+        calls.append((lo, hi))
+        return original(self, start, lo, hi)
+
+    with mock.patch.object(localstore._FileSet, "populate", counting), LocalStore(tmp_path) as store:
+        assert sum(b.count for b in store.iter_batches("T", 1, 0)) == 30
+        assert calls == []  # sparse: faults map what is read, a populate would map 3 MiB for 30 records
+        assert sum(b.count for b in store.iter_batches("T", 0, 0)) == 1500
+        assert calls  # dense: mapped in one call per run
