@@ -48,8 +48,8 @@ _I4 = np.dtype(">i4")
 
 @dataclass(frozen=True, slots=True, eq=False)
 class RecordBatch:
-    """Consecutive validated records of one queue, as arrays over ``view``
-    (the mapped CommitLog file holding them, or one record's bytes)."""
+    """Consecutive validated records of one queue, as arrays over ``view``,
+    the mapped CommitLog file holding them."""
 
     first_offset: int  # queue offset of the first record
     view: memoryview
