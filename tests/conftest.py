@@ -7,6 +7,7 @@ S3 is always reached through the real s3fs / boto3 clients over HTTP.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import uuid
@@ -101,3 +102,19 @@ def spark():  # noqa: ANN201 - a SparkSession
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """The CLI installs its own root handler (on CliRunner's captured stream,
+    closed after the call): put the test's logging back afterwards, and keep
+    the in-process moto server's access log out of command output."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    werkzeug = logging.getLogger("werkzeug")
+    wlevel = werkzeug.level
+    werkzeug.setLevel(logging.WARNING)
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    werkzeug.setLevel(wlevel)

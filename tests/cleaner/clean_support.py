@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import zlib
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -235,6 +236,29 @@ class Rig:
 
     def clean(self, **kw: Any) -> Any:
         return self.cleaner.run_pass(**kw)
+
+    def crash_before_commit(self, action: Callable[[], object]) -> list[str]:
+        """Run ``action`` (a dispatch or a clean) dying at its first manifest
+        commit, after its data uploads; returns the keys it uploaded."""
+
+        class Crash(BaseException):
+            pass
+
+        def commit(*a: object, **k: object) -> None:
+            raise Crash
+
+        before = {e.key for e in self.events.data("put")}
+        real_commit = self.cold.commit
+        self.cold.commit = commit  # type: ignore[method-assign]
+        try:
+            action()
+        except Crash:
+            pass
+        else:
+            raise AssertionError("the action never reached a commit")
+        finally:
+            self.cold.commit = real_commit  # type: ignore[method-assign]
+        return sorted({e.key for e in self.events.data("put")} - before)
 
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)

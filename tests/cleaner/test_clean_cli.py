@@ -4,7 +4,6 @@ real time: the data is stamped in the past instead of moving a clock."""
 from __future__ import annotations
 
 import json
-import logging
 import time
 from pathlib import Path
 
@@ -16,19 +15,6 @@ from tiered.storage import S3Options, open_store
 from tiered.storewriter import StoreWriter
 
 HOUR_MS = 3_600_000
-
-
-@pytest.fixture(autouse=True)
-def _keep_logging():  # noqa: ANN202 - the CLI installs its own root handler
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    werkzeug = logging.getLogger("werkzeug")  # the in-process moto server's request log
-    wlevel = werkzeug.level
-    werkzeug.setLevel(logging.WARNING)
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    werkzeug.setLevel(wlevel)
 
 
 @pytest.fixture

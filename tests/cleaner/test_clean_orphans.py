@@ -33,29 +33,11 @@ def rig(tmp_path: Path, cold_url: str, open_cold) -> Rig:  # noqa: ANN001
     r.close()
 
 
-def crash_before_commit(rig: Rig) -> list[str]:
-    """Upload a segment's objects, then die before the manifest commit."""
-    real_commit = rig.cold.commit
-
-    class Crash(BaseException):
-        pass
-
-    def commit(*a, **k):  # noqa: ANN002, ANN003, ANN202
-        raise Crash
-
-    rig.cold.commit = commit  # type: ignore[method-assign]
-    before = {e.key for e in rig.events.data("put")}
-    with pytest.raises(Crash):
-        rig.dispatch()
-    rig.cold.commit = real_commit  # type: ignore[method-assign]
-    return sorted({e.key for e in rig.events.data("put")} - before)
-
-
 def test_orphans_older_than_grace_are_collected_and_counted(rig: Rig) -> None:
     rig.produce("T", 0, 3)
     rig.dispatch()
     rig.produce("T", 0, 2)
-    orphans = crash_before_commit(rig)
+    orphans = rig.crash_before_commit(rig.dispatch)
     assert len(orphans) == 3
     rig.restart()
     rig.objects.put(f"{PREFIX}/T/0/notes.txt", b"not ours")
@@ -77,7 +59,7 @@ def test_orphans_older_than_grace_are_collected_and_counted(rig: Rig) -> None:
 
 def test_retried_upload_of_the_same_range_is_not_an_orphan(rig: Rig) -> None:
     rig.produce("T", 0, 3)
-    leftovers = crash_before_commit(rig)
+    leftovers = rig.crash_before_commit(rig.dispatch)
     rig.advance(GRACE_S + 60)
     rig.restart()
     rig.dispatch()  # same records, same names, same bytes: now referenced
@@ -91,7 +73,7 @@ def test_objects_of_a_queue_without_manifest_are_kept(rig: Rig) -> None:
     rig.produce("T", 0, 2)
     rig.dispatch()
     rig.produce("N", 0, 2)
-    leftovers = crash_before_commit(rig)  # N's first segment, never committed
+    leftovers = rig.crash_before_commit(rig.dispatch)  # N's first segment, never committed
     assert leftovers and all("/N/0/" in k for k in leftovers)
     rig.advance(GRACE_S + 60)
     rep = rig.clean(orphans=True)
@@ -130,7 +112,7 @@ def test_dry_run_lists_but_deletes_nothing(rig: Rig) -> None:
     rig.produce("T", 0, 2)
     rig.dispatch()
     rig.produce("T", 0, 1)
-    orphans = crash_before_commit(rig)
+    orphans = rig.crash_before_commit(rig.dispatch)
     rig.restart()
     rig.advance(GRACE_S + 60)
     rep = rig.clean(dry_run=True, orphans=True)
@@ -141,7 +123,7 @@ def test_dry_run_lists_but_deletes_nothing(rig: Rig) -> None:
 
 def test_busy_queue_orphans_wait(rig: Rig) -> None:
     rig.produce("T", 0, 2)
-    orphans = crash_before_commit(rig)
+    orphans = rig.crash_before_commit(rig.dispatch)
     rig.restart()
     rig.produce("T", 0, 1)
     rig.dispatch()

@@ -38,21 +38,3 @@ def clock() -> ManualClock:
 @pytest.fixture
 def recorder() -> CountingRecorder:
     return CountingRecorder()
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging():  # noqa: ANN202
-    """The CLI installs its own root handler (on CliRunner's captured stream,
-    closed after the call): put the test's logging back afterwards, and keep
-    the in-process moto server's access log out of command output."""
-    import logging
-
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    werkzeug = logging.getLogger("werkzeug")
-    wlevel = werkzeug.level
-    werkzeug.setLevel(logging.WARNING)
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    werkzeug.setLevel(wlevel)
