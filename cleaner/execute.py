@@ -70,7 +70,11 @@ def _change(
             segs[i:i + len(run)] = [m.segment]
             pending.append(PendingDelete(tuple(k for s in run for k in s.keys()), after_ms))
             applied.append(m)
-        return replace(current, segments=tuple(segs), gaps=tuple(gaps), pending_deletes=tuple(pending))
+        history = applied[0].history if applied else current.history
+        if current.history not in ("", history):
+            raise ConflictError(f"{qp.topic}/{qp.queue_id}: the manifest's history changed since the merge")
+        return replace(current, segments=tuple(segs), gaps=tuple(gaps), pending_deletes=tuple(pending),
+                       history=current.history or history)
 
     return change
 
@@ -171,9 +175,15 @@ class Executor:
         out: list[MergedSegment] = []
         prefix = queue_prefix(self.cold.cluster, self.cold.broker, qp.topic, qp.queue_id)
         store = self.cold.store
+        manifest = self.cold.cached(qp.topic, qp.queue_id)
+        if manifest is None:
+            return out
+        history = manifest.history or self.cold.history_for(qp.topic, qp.queue_id, manifest.first_offset)
         for run in qp.merges:
             try:
-                m = build_merged(store, prefix, qp.topic, qp.queue_id, run, self.clock.now_ms())
+                m = build_merged(store, prefix, qp.topic, qp.queue_id, run, self.clock.now_ms(),
+                                 lambda seg: self.cold.descriptor(qp.topic, qp.queue_id, history, seg,
+                                                                  manifest.gaps_before(seg.q_start)))
                 self.before_write()
                 for key, data in m.objects():
                     store.put(key, data)

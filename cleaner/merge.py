@@ -20,13 +20,16 @@ objects until their deferred deletion.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cleaner.plan import MergeRun
+from tiered import segmeta
 from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record
 from tiered.errors import CorruptRecordError, NotWrittenYetError
 from tiered.keyindex import build_bloom, build_index
 from tiered.manifest import Segment, segment_keys
+from tiered.segmeta import Descriptor
 from tiered.storage import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -37,17 +40,22 @@ class MergedSegment:
     run: MergeRun
     segment: Segment
     commitlog: bytes | bytearray
-    consumequeue: bytes | bytearray
+    consumequeue: bytes | bytearray  # entries and descriptor
     index: bytes | None
+    history: str
 
     def objects(self) -> list[tuple[str, bytes | bytearray]]:
-        out = [(self.segment.commitlog_key, self.commitlog), (self.segment.consumequeue_key, self.consumequeue)]
+        out = [(self.segment.commitlog_key, self.commitlog)]
         if self.index is not None and self.segment.index_key:
             out.append((self.segment.index_key, self.index))
-        return out
+        # the ConsumeQueue object last: its descriptor promises the others exist
+        return out + [(self.segment.consumequeue_key, self.consumequeue)]
 
 
-def build_merged(store: ObjectStore, prefix: str, topic: str, queue_id: int, run: MergeRun, now_ms: int) -> MergedSegment:
+def build_merged(
+    store: ObjectStore, prefix: str, topic: str, queue_id: int, run: MergeRun, now_ms: int,
+    describe: Callable[[Segment], Descriptor],
+) -> MergedSegment:
     """Read, verify and concatenate ``run``. Raises CorruptRecordError (naming
     the object and offset) when any input disagrees with its manifest entry,
     StorageError when an object cannot be read."""
@@ -63,7 +71,7 @@ def build_merged(store: ObjectStore, prefix: str, topic: str, queue_id: int, run
         if len(data) != seg.nbytes or crc32(data) != seg.commitlog_crc:
             raise CorruptRecordError(seg.commitlog_key, 0, "length or CRC differs from the manifest")
         cl += data
-        entries = store.get(seg.consumequeue_key)
+        entries = store.get(seg.consumequeue_key)[:seg.messages * CQ_ENTRY_SIZE]  # without the descriptor
         if len(entries) != seg.messages * CQ_ENTRY_SIZE or crc32(entries) != seg.consumequeue_crc:
             raise CorruptRecordError(seg.consumequeue_key, 0, "length or CRC differs from the manifest")
         cq += entries
@@ -129,4 +137,5 @@ def build_merged(store: ObjectStore, prefix: str, topic: str, queue_id: int, run
         commitlog_key=cl_key, consumequeue_key=cq_key, index_key=ix_key if index is not None else None,
         commitlog_crc=crc32(cl), consumequeue_crc=crc32(cq), created_ms=now_ms, bloom=bloom,
     )
-    return MergedSegment(run, seg, cl, cq, index)
+    desc = describe(seg)
+    return MergedSegment(run, seg, cl, segmeta.attach(cq, desc), index, desc.history)

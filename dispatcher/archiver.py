@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from dispatcher.segment import BuiltSegment, SegmentBuilder
@@ -22,6 +22,7 @@ from tiered.clock import Clock
 from tiered.coldtier import ColdTier, ConflictError
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, FencedError, TieredError
 from tiered.localstore import LocalStore
+from tiered import segmeta
 from tiered.manifest import Gap, Manifest, queue_prefix
 from tiered.recorder import Recorder
 from tiered.timeparse import parse_time_ms
@@ -289,10 +290,15 @@ class QueueArchiver:
         self.before_write()
         seg = built.segment
         store = self.cold.store
+        history = (manifest.history if manifest is not None and manifest.history
+                   else self.cold.history_for(topic, queue_id, manifest.first_offset if manifest else seg.q_start))
+        gaps = manifest.gaps_before(seg.q_start) if manifest is not None else ()
+        # The ConsumeQueue object last: its descriptor promises the others exist.
         store.put(seg.commitlog_key, built.commitlog)
-        store.put(seg.consumequeue_key, built.consumequeue)
         if built.index is not None and seg.index_key:
             store.put(seg.index_key, built.index)
+        store.put(seg.consumequeue_key, segmeta.attach(built.consumequeue, self.cold.descriptor(
+            topic, queue_id, history, seg, gaps)))
         base_next = manifest.next_offset if manifest else seg.q_start
 
         def change(current: Manifest | None) -> Manifest:
@@ -300,10 +306,12 @@ class QueueArchiver:
                 return current  # our commit landed; its response was lost
             if current is None and manifest is not None:
                 raise ConflictError(f"{topic}/{queue_id}: the manifest disappeared from the cold tier")
-            current = current or Manifest.empty(topic, queue_id, seg.q_start)
+            current = current or Manifest.empty(topic, queue_id, seg.q_start, history)
             if current.next_offset != base_next or current.cl_next != seg.cl_start:
                 raise ConflictError(f"{topic}/{queue_id}: archive moved to {current.next_offset} meanwhile")
-            return current.with_segment(seg)
+            if current.history not in ("", history):
+                raise ConflictError(f"{topic}/{queue_id}: the manifest's history changed meanwhile")
+            return replace(current.with_segment(seg), history=history)
 
         committed = self.cold.commit(topic, queue_id, change)
         result.segments += 1
@@ -330,7 +338,7 @@ class QueueArchiver:
                 return current  # our commit landed; its response was lost
             if current is None and manifest is not None:
                 raise ConflictError(f"{topic}/{queue_id}: the manifest disappeared from the cold tier")
-            current = current or Manifest.empty(topic, queue_id, start)
+            current = current or Manifest.empty(topic, queue_id, start, self.cold.history_for(topic, queue_id, start))
             if current.next_offset != start:
                 raise ConflictError(f"{topic}/{queue_id}: archive moved to {current.next_offset} meanwhile")
             return current.with_gap(gap)

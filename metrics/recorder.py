@@ -53,6 +53,8 @@ OPS: tuple[str, ...] = ("get", "put", "put_if_absent", "put_if_match", "delete",
 #: probes, an ``IfNoneMatch`` retry of an identical object), so alerts treat
 #: only ``error``, ``throttled`` and ``timeout`` as failures.
 OUTCOMES: tuple[str, ...] = ("ok", "error", "throttled", "not_found", "precondition_failed", "timeout")
+#: Values of the ``event`` label of ``tiered_recoveries_total``.
+RECOVERY_EVENTS: tuple[str, ...] = ("manifest_rebuilt", "bucket_identity_changed")
 #: Label value that stands for every queue of a topic when ``per_queue=False``.
 ALL_QUEUES = "all"
 
@@ -239,6 +241,14 @@ class PrometheusRecorder:
             ["job", "topic"],
             registry=r,
         )
+        self._recoveries = Counter(
+            "tiered_recoveries",
+            "State recovered from the bucket: manifest_rebuilt (a lost manifest rebuilt from its segment "
+            "objects), bucket_identity_changed (a new or emptied bucket: everything archived again).",
+            ["event"], registry=r,
+        )
+        for event in RECOVERY_EVENTS:
+            self._recoveries.labels(event)
         # both jobs
         self._round_duration = Histogram(
             "tiered_round_duration_seconds", "Wall time of one job round.", ["job"],
@@ -330,6 +340,12 @@ class PrometheusRecorder:
     def quarantined(self, topic: str, queue_id: int) -> None:
         self._seen(topic)
         self._quarantined.labels(topic).inc()
+
+    def recovery(self, event: str, topic: str = "") -> None:
+        self._recoveries.labels(event if event in RECOVERY_EVENTS else "other").inc()
+
+    def manifest_rebuilt(self, topic: str, queue_id: int, segments: int) -> None:
+        self.recovery("manifest_rebuilt", topic)
 
     def queue_error(self, job: str, topic: str, queue_id: int) -> None:
         self._seen(topic)

@@ -16,6 +16,11 @@ from pathlib import Path
 
 import pytest
 
+# Plain helper modules (dispatchkit, faultproxy...) shared by every test folder.
+_HELPERS = str(Path(__file__).resolve().parent / "helpers")
+if _HELPERS not in sys.path:
+    sys.path.insert(0, _HELPERS)
+
 # Credentials for moto only; set before any boto client is built.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing-key-id")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing-secret-key")

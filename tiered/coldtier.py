@@ -27,7 +27,11 @@ from typing import Any
 from tiered.clock import Clock, SystemClock
 from tiered.errors import CorruptRecordError, ObjectNotFoundError, PreconditionFailedError, TieredError
 from tiered.jsonfile import read_json, write_json
-from tiered.manifest import CATALOG, MANIFEST, Catalog, CatalogEntry, Manifest, broker_prefix, queue_prefix
+from tiered.manifest import (CATALOG, MANIFEST, Catalog, CatalogEntry, Gap, Manifest, Segment, broker_prefix,
+                             history_id, queue_prefix)
+from tiered.rebuild import RebuildPlan, UnaccountedObjectsError, plan_rebuild, scan_queue
+from tiered.recorder import NullRecorder, Recorder
+from tiered.segmeta import Descriptor
 from tiered.storage import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -42,12 +46,13 @@ class ConflictError(TieredError):
 
 
 class _Entry:
-    __slots__ = ("manifest", "etag", "verified")
+    __slots__ = ("manifest", "etag", "verified", "recovered")
 
-    def __init__(self, manifest: Manifest | None, etag: str | None, verified: bool) -> None:
+    def __init__(self, manifest: Manifest | None, etag: str | None, verified: bool, recovered: bool = False) -> None:
         self.manifest = manifest
         self.etag = etag
         self.verified = verified  # bucket state known (present with etag, or absent)
+        self.recovered = recovered  # absent, and the bucket holds no segment to rebuild it from
 
 
 def _cache_name(topic: str, queue_id: int) -> str:
@@ -70,6 +75,7 @@ class ColdTier:
         state_dir: Path | None = None,
         writer: str = "",
         clock: Clock | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.store = store
         self.cluster = cluster
@@ -77,6 +83,8 @@ class ColdTier:
         self.prefix = broker_prefix(cluster, broker)
         self.writer = writer
         self.clock = clock or SystemClock()
+        self.recorder: Recorder = recorder or NullRecorder()
+        self.identity = ""  # the bucket prefix's identity, once checked (see check_identity)
         self.cache_dir = state_dir / "manifests" / cluster / broker if state_dir else None
         self._entries: dict[QueueKey, _Entry] = {}
         self._locks: dict[QueueKey, threading.Lock] = {}
@@ -190,11 +198,48 @@ class ColdTier:
 
     def current(self, topic: str, queue_id: int) -> Manifest | None:
         """The manifest to build on: cached, or looked up once for a queue the
-        cache does not know (never assume a queue is new)."""
+        cache does not know (never assume a queue is new). A manifest missing
+        from the bucket is rebuilt from the queue's segment objects first, so
+        a lost manifest never restarts a queue's history (tiered/rebuild.py);
+        UnaccountedObjectsError when the objects cannot be accounted for."""
         entry = self._entries.get((topic, queue_id))
-        if entry is not None and entry.verified:
-            return entry.manifest
-        return self.fetch(topic, queue_id)
+        if entry is None or not entry.verified:
+            self.fetch(topic, queue_id)
+            entry = self._entries[(topic, queue_id)]
+        if entry.manifest is None and not entry.recovered:
+            return self.recover(topic, queue_id)
+        return entry.manifest
+
+    def plan_recovery(self, topic: str, queue_id: int) -> RebuildPlan:
+        prefix = queue_prefix(self.cluster, self.broker, topic, queue_id)
+        found, sizes = scan_queue(self.store, prefix, topic, queue_id)
+        return plan_rebuild(topic, queue_id, found, sizes)
+
+    def recover(self, topic: str, queue_id: int) -> Manifest | None:
+        """Rebuild a missing manifest from the bucket and commit it (create-only,
+        so a manifest that appeared meanwhile wins). None: nothing to adopt."""
+        plan = self.plan_recovery(topic, queue_id)
+        where = f"{queue_prefix(self.cluster, self.broker, topic, queue_id)}/{MANIFEST}"
+        if not plan.ok:
+            raise UnaccountedObjectsError(where, plan.problems)
+        self._entries[(topic, queue_id)] = _Entry(None, None, True, recovered=True)
+        if plan.manifest is None:
+            return None
+        rebuilt = self.commit(topic, queue_id, lambda current: current or plan.manifest)  # type: ignore[arg-type,return-value]
+        self.recorder.manifest_rebuilt(topic, queue_id, len(rebuilt.segments))
+        log.warning("manifest of %s/%s was missing; rebuilt from %d segment objects in the bucket, "
+                    "archive continues at %d", topic, queue_id, len(plan.adopted), rebuilt.next_offset,
+                    extra={"topic": topic, "queue": queue_id, "segments": len(plan.adopted),
+                           "offset": rebuilt.first_offset, "end_offset": rebuilt.next_offset})
+        return rebuilt
+
+    def history_for(self, topic: str, queue_id: int, start: int) -> str:
+        return history_id(self.identity, self.cluster, self.broker, topic, queue_id, start)
+
+    def descriptor(self, topic: str, queue_id: int, history: str, seg: Segment,
+                   gaps_before: tuple[Gap, ...]) -> Descriptor:
+        return Descriptor(cluster=self.cluster, broker=self.broker, topic=topic, queue_id=queue_id,
+                          history=history, segment=seg, gaps_before=gaps_before)
 
     # --- writing -----------------------------------------------------------------
 

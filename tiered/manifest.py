@@ -22,6 +22,7 @@ queue offset not yet archived and survives the expiry of every segment.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -29,11 +30,22 @@ from typing import Any
 from tiered.errors import CorruptRecordError, FormatVersionError
 
 FORMAT_MAJOR = 1
-FORMAT_VERSION = f"{FORMAT_MAJOR}.0"
+# 1.1: manifests carry a history id, ConsumeQueue objects a descriptor trailer
+FORMAT_VERSION = f"{FORMAT_MAJOR}.1"
 
 MANIFEST = "manifest.json"
 CATALOG = "_catalog.json"
 LEASE = "_lease.json"
+IDENTITY = "_identity.json"
+
+
+def history_id(identity: str, cluster: str, broker: str, topic: str, queue_id: int, start: int) -> str:
+    """The id of the archive history a queue starts at ``start`` (see
+    tiered/segmeta.py). Derived, not random: a retried upload after a crash
+    writes the same descriptor, while a history restarted elsewhere (another
+    start offset, another bucket identity) gets another id."""
+    raw = f"{identity}\x00{cluster}\x00{broker}\x00{topic}\x00{queue_id}\x00{start}".encode()
+    return hashlib.sha256(raw).hexdigest()[:32]
 
 
 def broker_prefix(cluster: str, broker: str) -> str:
@@ -139,10 +151,17 @@ class Manifest:
     writer: str = ""
     updated_ms: int = 0
     format_version: str = FORMAT_VERSION
+    # id of this archive history; "" for manifests written before 1.1
+    history: str = ""
 
     @classmethod
-    def empty(cls, topic: str, queue_id: int, start_offset: int) -> Manifest:
-        return cls(topic=topic, queue_id=queue_id, next_offset=start_offset, cl_next=0)
+    def empty(cls, topic: str, queue_id: int, start_offset: int, history: str = "") -> Manifest:
+        return cls(topic=topic, queue_id=queue_id, next_offset=start_offset, cl_next=0, history=history)
+
+    def gaps_before(self, q_start: int) -> tuple[Gap, ...]:
+        """Recorded gaps between the segment before ``q_start`` and ``q_start``."""
+        prev_end = max((s.q_end for s in self.segments if s.q_end <= q_start), default=-1)
+        return tuple(g for g in self.gaps if g.q_start >= prev_end and g.q_end <= q_start)
 
     @property
     def first_offset(self) -> int:
@@ -221,7 +240,7 @@ class Manifest:
         return {
             "topic": self.topic, "queue_id": self.queue_id, "next_offset": self.next_offset,
             "cl_next": self.cl_next, "generation": self.generation, "writer": self.writer,
-            "updated_ms": self.updated_ms, "format_version": self.format_version,
+            "updated_ms": self.updated_ms, "format_version": self.format_version, "history": self.history,
             "segments": [{f: getattr(s, f) for f in _SEGMENT_FIELDS} for s in self.segments],
             "gaps": [asdict(g) for g in self.gaps],
             "pending_deletes": [{"keys": list(p.keys), "after_ms": p.after_ms} for p in self.pending_deletes],
@@ -244,7 +263,7 @@ class Manifest:
                 pending_deletes=tuple(PendingDelete(tuple(p["keys"]), int(p["after_ms"]))
                                       for p in d.get("pending_deletes", [])),
                 writer=d.get("writer", ""), updated_ms=int(d.get("updated_ms", 0)),
-                format_version=d["format_version"],
+                format_version=d["format_version"], history=str(d.get("history", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptRecordError(source, 0, f"malformed manifest: {type(exc).__name__}: {exc}") from None

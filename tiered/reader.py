@@ -478,7 +478,7 @@ class ColdReader:
 
     def _search_segment(self, seg: Segment, timestamp_ms: int) -> int:
         cq = get_object(self.store, seg.consumequeue_key, self.stats)
-        if len(cq) != seg.messages * CQ_ENTRY_SIZE:
+        if len(cq) < seg.messages * CQ_ENTRY_SIZE:  # entries, then the segment descriptor
             raise CorruptRecordError(seg.consumequeue_key, len(cq),
                                      f"object of {len(cq)} bytes, manifest says {seg.messages} entries")
         cache: dict[int, int] = {}

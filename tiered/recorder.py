@@ -26,6 +26,11 @@ class Recorder(Protocol):
 
     def queue_error(self, job: str, topic: str, queue_id: int) -> None: ...
 
+    # recovery: event is manifest_rebuilt | bucket_identity_changed
+    def recovery(self, event: str, topic: str = "") -> None: ...
+
+    def manifest_rebuilt(self, topic: str, queue_id: int, segments: int) -> None: ...
+
     # both jobs; job is "dispatch" or "clean"
     def round_finished(self, job: str, seconds: float, ok: bool, now_s: float) -> None: ...
 
@@ -68,6 +73,12 @@ class NullRecorder:
         pass
 
     def queue_error(self, job: str, topic: str, queue_id: int) -> None:
+        pass
+
+    def recovery(self, event: str, topic: str = "") -> None:
+        pass
+
+    def manifest_rebuilt(self, topic: str, queue_id: int, segments: int) -> None:
         pass
 
     def round_finished(self, job: str, seconds: float, ok: bool, now_s: float) -> None:

@@ -13,11 +13,12 @@ collects them after a grace period).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from tiered import segmeta
 from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record
 from tiered.coldtier import ColdTier
-from tiered.errors import ExpiredLocallyError, TieredError
+from tiered.errors import CorruptRecordError, ExpiredLocallyError, TieredError
 from tiered.keyindex import lookup
 from tiered.localstore import LocalStore
 from tiered.manifest import CATALOG, LEASE, MANIFEST, Manifest, Segment
@@ -53,6 +54,15 @@ def verify_segment(cold: ColdTier, m: Manifest, seg: Segment, report: VerifyRepo
     if len(cl) != seg.nbytes or crc32(cl) != seg.commitlog_crc:
         report.problems.append(f"{where}: {seg.commitlog_key} size/checksum differs from the manifest")
         return
+    try:
+        desc = segmeta.parse(cq, seg.consumequeue_key)
+    except CorruptRecordError as exc:
+        report.problems.append(f"{where}: {exc}")
+        return
+    if desc is not None and replace(desc.segment, bloom=seg.bloom, created_ms=seg.created_ms) != seg:
+        # reported, and the records are still compared: they say what differs
+        report.problems.append(f"{where}: {seg.consumequeue_key} descriptor differs from the manifest")
+    cq = cq[:seg.messages * CQ_ENTRY_SIZE] if desc is not None else cq
     if len(cq) != seg.messages * CQ_ENTRY_SIZE or crc32(cq) != seg.consumequeue_crc:
         report.problems.append(f"{where}: {seg.consumequeue_key} size/checksum differs from the manifest")
         return

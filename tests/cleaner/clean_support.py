@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cleaner import CleanOptions, Cleaner
+from dispatchkit import cq_entries
 from cleaner.plan import parse_data_key
 from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
 from tiered.clock import ManualClock
@@ -129,9 +130,9 @@ class StoreEvents:
 def read_segment(store: ObjectStore, seg: Any) -> list[tuple[int, bytes]]:
     """(queue offset, record bytes) of one segment, checked against its manifest entry."""
     cl = store.get(seg.commitlog_key)
-    cq = store.get(seg.consumequeue_key)
+    cq = cq_entries(store, seg)
     assert len(cl) == seg.nbytes and zlib.crc32(cl) == seg.commitlog_crc, seg.commitlog_key
-    assert len(cq) == seg.messages * CQ_ENTRY_SIZE and zlib.crc32(cq) == seg.consumequeue_crc, seg.consumequeue_key
+    assert zlib.crc32(cq) == seg.consumequeue_crc, seg.consumequeue_key
     out = []
     for i in range(seg.messages):
         off, size, _tags = CQ_ENTRY.unpack_from(cq, i * CQ_ENTRY_SIZE)

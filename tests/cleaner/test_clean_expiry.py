@@ -76,11 +76,13 @@ def test_deletes_are_batched_1000_keys_per_request(tmp_path: Path) -> None:
         prefix = f"{PREFIX}/T/{qid}"
         for i in range(200):
             cl, cq, ix = segment_keys(prefix, i, i + 1, i, i + 1)
-            for k in (cl, cq, ix):
-                rig.objects.put(k, b"x")
             t = rig.clock.now_ms() - 2 * HOUR_MS
             segs.append(Segment(i, i + 1, i, i + 1, t, t, t, t, cl, cq, ix, 0, 0, t))
+        # the manifest first: objects without one would be (rightly) refused as unaccounted history
         rig.cold.commit("T", qid, lambda _m, s=tuple(segs), q=qid: Manifest("T", q, 200, 200, segments=s))
+        for seg in segs:
+            for k in seg.keys():
+                rig.objects.put(k, b"x")
     rig.cold.loaded = True
     rep = rig.clean(orphans=False)
     assert rep.ok and rep.expired_segments == 400

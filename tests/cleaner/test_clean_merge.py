@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from clean_support import Rig, read_archive
+from dispatchkit import cq_entries
 
 from cleaner import CleanOptions
 from cleaner.execute import _change
@@ -58,8 +59,8 @@ def test_merged_segment_reads_back_identically(rig: Rig) -> None:
     assert merged.max_store_ms == before.segments[-1].max_store_ms
     assert rig.archive("T") == rig.expected("T")
     # the cold ConsumeQueue entries are the old ones, concatenated (same cold offsets)
-    old_cq = b"".join(rig.objects.get(s.consumequeue_key) for s in before.segments)
-    assert rig.objects.get(merged.consumequeue_key) == old_cq
+    old_cq = b"".join(cq_entries(rig.objects, s) for s in before.segments)
+    assert cq_entries(rig.objects, merged) == old_cq
     # key index and bloom rebuilt from the records
     index = rig.objects.get(merged.index_key)
     for off in range(18):
@@ -160,7 +161,7 @@ def test_merge_survives_a_dispatcher_append_between_build_and_commit(tmp_path: P
     fake = MergedSegment(run, m.segments[0].__class__(**{**{f: getattr(m.segments[0], f)
                                                              for f in m.segments[0].__dataclass_fields__},
                                                           "q_end": 12, "cl_end": m.segments[3].cl_end}),
-                         b"", b"", None)
+                         b"", b"", None, m.history)
     applied: list = []
     # the manifest gained a segment meanwhile: the run is still there, so the merge applies
     new = _change(qp, [fake], 99, applied)(m)

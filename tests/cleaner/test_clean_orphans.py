@@ -123,6 +123,8 @@ def test_dry_run_lists_but_deletes_nothing(rig: Rig) -> None:
 
 def test_busy_queue_orphans_wait(rig: Rig) -> None:
     rig.produce("T", 0, 2)
+    rig.dispatch()
+    rig.produce("T", 0, 1)
     orphans = rig.crash_before_commit(rig.dispatch)
     rig.restart()
     rig.produce("T", 0, 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,8 @@ from tiered.coldtier import ColdTier
 from tiered.errors import CorruptRecordError
 from tiered.lease import LeaseManager
 from tiered.localstore import LocalStore
-from tiered.manifest import MANIFEST, Manifest, queue_prefix
+from tiered import segmeta
+from tiered.manifest import MANIFEST, Manifest, Segment, queue_prefix
 from tiered.recorder import NullRecorder
 from tiered.storage import ObjectStore
 from tiered.storewriter import StoreWriter
@@ -125,8 +127,7 @@ def archived_records(store: ObjectStore, topic: str, queue_id: int, cluster: str
     out: list[tuple[int, bytes]] = []
     for seg in m.segments:
         cl = store.get(seg.commitlog_key)
-        cq = store.get(seg.consumequeue_key)
-        assert len(cq) == seg.messages * CQ_ENTRY_SIZE
+        cq = cq_entries(store, seg)
         for i in range(seg.messages):
             off, size, _tags = CQ_ENTRY.unpack_from(cq, i * CQ_ENTRY_SIZE)
             rec = decode_record(memoryview(cl), off - seg.cl_start, seg.commitlog_key)
@@ -188,3 +189,14 @@ def new_dispatcher(store: ObjectStore, local: LocalStore, state_dir: Path, clock
           if lease else None)
     return Dispatcher(local, cold, lease=lm, topic_filter=topic_filter, options=DispatchOptions(archive, **rest),
                       recorder=recorder, clock=clock)
+
+
+def cq_entries(store: ObjectStore, seg: Segment) -> bytes:
+    """The entries of a segment's cold ConsumeQueue object, after checking that
+    the descriptor trailing them describes exactly this segment."""
+    data = store.get(seg.consumequeue_key)
+    desc = segmeta.parse(data, seg.consumequeue_key)
+    assert desc is not None, f"{seg.consumequeue_key} has no descriptor"
+    assert replace(desc.segment, bloom=seg.bloom, created_ms=seg.created_ms) == seg
+    assert len(data) > seg.messages * CQ_ENTRY_SIZE
+    return data[:seg.messages * CQ_ENTRY_SIZE]

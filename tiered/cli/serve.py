@@ -51,7 +51,7 @@ class Sidecar:
         self.recorder = PrometheusRecorder(self.registry, per_queue=settings.metrics.per_queue)
         self.store = object_store(settings, self.recorder)
         self.local = LocalStore(settings.store)
-        self.cold = cold_tier(settings, self.store, writer=True, clock=self.clock)
+        self.cold = cold_tier(settings, self.store, writer=True, clock=self.clock, recorder=self.recorder)
         self.lease = lease(settings, self.store, self.clock)
         self.dispatcher = make_dispatcher(settings, self.local, self.recorder, self.clock, store=self.store,
                                           cold=self.cold, lease_manager=self.lease)

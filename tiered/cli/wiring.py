@@ -41,10 +41,12 @@ def object_store(settings: Settings, recorder: Recorder | None = None) -> Object
                       retry=RetryPolicy(r.attempts, r.base_delay, r.max_delay), recorder=recorder or NullRecorder())
 
 
-def cold_tier(settings: Settings, store: ObjectStore, *, writer: bool, clock: Clock | None = None) -> ColdTier:
+def cold_tier(settings: Settings, store: ObjectStore, *, writer: bool, clock: Clock | None = None,
+              recorder: Recorder | None = None) -> ColdTier:
     return ColdTier(store, settings.cluster, settings.broker,
                     state_dir=Path(settings.state_dir) if writer else None,
-                    writer=settings.writer_identity() if writer else "", clock=clock or SystemClock())
+                    writer=settings.writer_identity() if writer else "", clock=clock or SystemClock(),
+                    recorder=recorder)
 
 
 def lease(settings: Settings, store: ObjectStore, clock: Clock | None = None) -> LeaseManager:
@@ -106,7 +108,7 @@ def make_dispatcher(
     from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
 
     store = store or object_store(settings, recorder)
-    cold = cold or cold_tier(settings, store, writer=True, clock=clock)
+    cold = cold or cold_tier(settings, store, writer=True, clock=clock, recorder=recorder)
     d = settings.dispatch
     options = DispatchOptions(
         archive=ArchiveOptions(upload_bytes=d.upload_bytes, max_delay_ms=int(d.max_delay * 1000),

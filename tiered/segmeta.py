@@ -1,0 +1,106 @@
+"""The segment descriptor: what a manifest needs, carried by the segment itself.
+
+Every ConsumeQueue object written since format 1.1 ends with a trailer, so
+the archive can be recovered from the bucket alone when a manifest is lost
+(deleted by hand, a lifecycle rule, a partial restore)::
+
+    entries      n x 20 bytes, the cold ConsumeQueue (unchanged, read by offset)
+    descriptor   UTF-8 JSON: {"descriptor": 1, "cluster", "broker", "topic",
+                 "queue_id", "history", "segment": {every Segment field},
+                 "gaps_before": [Gap, ...]}
+    footer       16 bytes, big-endian: descriptor length (u32),
+                 zlib CRC32 of the descriptor (u32), magic b"TRDSEG01"
+
+Readers of entries never look past ``messages * 20`` bytes, so objects with
+and without a trailer read the same. ``history`` is the id of the manifest
+history the segment was committed into: a rebuild adopts only segments of
+one history, and the cleaner deletes an unreferenced object only when it
+can prove the object belongs to the manifest's own history.
+``gaps_before`` are the recorded gaps between the previous segment and this
+one, so a rebuilt manifest tells a recorded gap from a lost segment.
+
+A later layout will fold the key index into this same side object; the
+``descriptor`` number says which fields to expect.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from tiered.codec import crc32
+from tiered.errors import CorruptRecordError
+from tiered.manifest import Gap, Segment
+
+DESCRIPTOR_VERSION = 1
+MAGIC = b"TRDSEG01"
+# descriptor length (u32), CRC32 of the descriptor (u32), magic (8 bytes)
+FOOTER = struct.Struct(">II8s")
+MAX_DESCRIPTOR = 16 << 20
+
+_SEGMENT_FIELDS = tuple(f.name for f in fields(Segment))
+_GAP_FIELDS = tuple(f.name for f in fields(Gap))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Descriptor:
+    cluster: str
+    broker: str
+    topic: str
+    queue_id: int
+    history: str
+    segment: Segment
+    gaps_before: tuple[Gap, ...] = ()
+
+    def to_bytes(self) -> bytes:
+        doc = {
+            "descriptor": DESCRIPTOR_VERSION, "cluster": self.cluster, "broker": self.broker,
+            "topic": self.topic, "queue_id": self.queue_id, "history": self.history,
+            "segment": {f: getattr(self.segment, f) for f in _SEGMENT_FIELDS},
+            "gaps_before": [asdict(g) for g in self.gaps_before],
+        }
+        return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
+
+
+def attach(entries: bytes | bytearray, desc: Descriptor) -> bytes:
+    """The ConsumeQueue object: entries, then the descriptor and its footer."""
+    body = desc.to_bytes()
+    return bytes(entries) + body + FOOTER.pack(len(body), crc32(body), MAGIC)
+
+
+def parse(data: bytes | bytearray | memoryview, source: str) -> Descriptor | None:
+    """The descriptor of a whole ConsumeQueue object; None for an object
+    written before trailers existed (no footer magic). A footer that is
+    there but does not check out is corruption, named with its offset."""
+    view = memoryview(data)
+    if len(view) < FOOTER.size:
+        return None
+    length, crc, magic = FOOTER.unpack_from(view, len(view) - FOOTER.size)
+    if magic != MAGIC:
+        return None
+    start = len(view) - FOOTER.size - length
+    if length > MAX_DESCRIPTOR or start < 0:
+        raise CorruptRecordError(source, len(view) - FOOTER.size, f"descriptor length {length} out of bounds")
+    body = bytes(view[start:start + length])
+    if crc32(body) != crc:
+        raise CorruptRecordError(source, start, "descriptor CRC mismatch")
+    try:
+        doc = json.loads(body)
+        if int(doc["descriptor"]) > DESCRIPTOR_VERSION:
+            raise CorruptRecordError(source, start, f"descriptor version {doc['descriptor']} is newer than this tiered")
+        seg: dict[str, Any] = doc["segment"]
+        desc = Descriptor(
+            cluster=str(doc["cluster"]), broker=str(doc["broker"]), topic=str(doc["topic"]),
+            queue_id=int(doc["queue_id"]), history=str(doc["history"]),
+            segment=Segment(**{k: v for k, v in seg.items() if k in _SEGMENT_FIELDS}),
+            gaps_before=tuple(Gap(**{k: v for k, v in g.items() if k in _GAP_FIELDS})
+                              for g in doc.get("gaps_before", [])),
+        )
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+        raise CorruptRecordError(source, start, f"malformed descriptor: {type(exc).__name__}") from None
+    if start != desc.segment.messages * 20:
+        raise CorruptRecordError(source, start, f"descriptor says {desc.segment.messages} entries, "
+                                                f"the object holds {start} bytes of them")
+    return desc
