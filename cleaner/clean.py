@@ -28,7 +28,7 @@ from cleaner.retention import RetentionPolicy, load_retention
 from tiered.clock import Clock, SystemClock
 from tiered.coldtier import ColdTier
 from tiered.config import CleanerSettings, RetentionSettings
-from tiered.errors import ConfigError, FencedError
+from tiered.errors import ConfigError, CorruptRecordError, FencedError, ObjectNotFoundError
 from tiered.lease import LeaseManager
 from tiered.localstore import LocalStore
 from tiered.recorder import NullRecorder, Recorder
@@ -95,8 +95,17 @@ class Cleaner:
             self._lease_checked = True
 
     def retention_policy(self) -> RetentionPolicy:
-        """Re-read every pass: a changed reserve.time applies from the next pass."""
-        return load_retention(self.retention, self.local)
+        """Re-read every pass: a changed reserve.time applies from the next pass.
+        Without a store, the retention the dispatcher recorded in the catalog."""
+        if self.local is not None:
+            return load_retention(self.retention, self.local)
+        try:
+            recorded = self.cold.read_catalog().retention
+        except ObjectNotFoundError:
+            recorded = {}
+        except CorruptRecordError as exc:
+            raise ConfigError(f"cannot read the recorded retention ({exc}); expiring nothing") from None
+        return load_retention(self.retention, None, recorded)
 
     def plan(self, now_ms: int | None = None, *, merge: bool | None = None) -> CleanPlan:
         """The plan for the cached manifests at ``now_ms``. Raises ConfigError
@@ -121,14 +130,21 @@ class Cleaner:
         try:
             if not self.cold.loaded:
                 self.start(take_lease=not dry_run)
+            policy: RetentionPolicy | None = None
             try:
-                retention = self.retention_policy().for_topic
+                policy = self.retention_policy()
+                retention = policy.for_topic
             except ConfigError as exc:
                 retention = None
                 report.errors["retention"] = str(exc)
                 log.error("retention unknown; nothing expires this pass", extra={"error": str(exc)})
-            plan = make_plan(self.cold.manifests(), retention, now, self.options, merge=merge)
+            manifests = self.cold.manifests()
+            plan = make_plan(manifests, retention, now, self.options, merge=merge)
             report.plan = plan
+            if policy is not None:
+                for topic in sorted({t for t, _q in manifests if policy.for_topic(t) is None}):
+                    report.retention_unknown[topic] = policy.unknown_reason(topic)
+                    log.warning("retention of %s unknown; its archive is kept", topic, extra={"topic": topic})
             self._report_skew(plan)
             if not dry_run:
                 Executor(self.cold, self.recorder, self.clock, orphan_grace_ms=self.options.orphan_grace_ms,

@@ -124,6 +124,9 @@ class Executor:
         for topic, (segs, nbytes) in expired_by_topic.items():
             self.recorder.cleaner_deleted(topic, segs, nbytes)
         if doomed:
+            # ConsumeQueue objects last: if a batch fails, what is left is still
+            # described by its descriptor, so the orphan pass can account for it
+            doomed.sort(key=lambda k: "/consumequeue/" in k)
             report.deleted_objects += len(doomed)
             try:
                 report.delete_requests += self.cold.store.delete_many(doomed)

@@ -11,7 +11,10 @@ dispatcher writes data objects before the manifest that names them.
 
 Data objects of a queue with no manifest at all are never collected: a lost
 or unreadable manifest must not turn an archive into garbage. They are
-reported (and logged) for an operator to decide. Individual failures are
+reported (and logged); the dispatcher rebuilds the manifest from them. An
+unreferenced object of a queue with a manifest is deleted only when it is
+accountable to that manifest's history (``plan.accountable_orphans``);
+anything else is kept and reported as unaccounted. Individual failures are
 logged, never raised: collection is housekeeping.
 """
 
@@ -21,10 +24,13 @@ import logging
 import threading
 from collections.abc import Callable
 
-from cleaner.plan import plan_orphans
+from cleaner.plan import accountable_orphans, plan_orphans
 from cleaner.report import CleanReport
 from tiered.coldtier import ColdTier
-from tiered.errors import FencedError, TieredError
+from tiered import segmeta
+from tiered.errors import CorruptRecordError, FencedError, TieredError
+from tiered.segmeta import Descriptor
+from tiered.storage import ObjectInfo
 from tiered.recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -75,7 +81,14 @@ def collect_orphans(
                 report.unmanaged[f"{topic}/{qid}"] = len(objects)
                 continue
             refs = fresh.referenced_keys()
-            doomed.extend(o.key for o in objects if o.key not in refs)
+            loose = [o for o in objects if o.key not in refs]
+            deletable, kept = accountable_orphans(fresh, loose, _descriptors(cold, loose))
+            doomed.extend(deletable)
+            if kept:
+                report.unaccounted[f"{topic}/{qid}"] = kept
+                log.warning("unreferenced objects that the manifest's history cannot account for are kept; "
+                            "see `tiered repair`", extra={"topic": topic, "queue": qid, "objects": len(kept),
+                                                         "keys": kept[:5]})
         report.orphans = doomed
         if doomed and not dry_run:
             try:
@@ -93,3 +106,16 @@ def collect_orphans(
         for lock in held:
             lock.release()
 
+
+def _descriptors(cold: ColdTier, objects: list[ObjectInfo]) -> dict[str, Descriptor | None]:
+    """Descriptors of the ConsumeQueue objects among ``objects``; an object
+    that cannot be read or parsed is left out, and so is kept."""
+    out: dict[str, Descriptor | None] = {}
+    for obj in objects:
+        if "/consumequeue/" not in obj.key:
+            continue
+        try:
+            out[obj.key] = segmeta.parse(cold.store.get(obj.key), obj.key)
+        except (CorruptRecordError, TieredError) as exc:
+            log.warning("orphan scan: cannot read a descriptor; object kept", extra={"key": obj.key, "error": str(exc)})
+    return out

@@ -45,6 +45,7 @@ from enum import Enum
 
 from cleaner.retention import Retention
 from tiered.manifest import Gap, Manifest, PendingDelete, Segment
+from tiered.segmeta import Descriptor
 from tiered.storage import ObjectInfo
 
 QueueKey = tuple[str, int]
@@ -288,7 +289,7 @@ def plan_queue(
 
 def make_plan(
     manifests: Mapping[QueueKey, Manifest],
-    retention: Callable[[str], Retention] | None,
+    retention: Callable[[str], Retention | None] | None,
     now_ms: int,
     opts: PlanOptions,
     *,
@@ -373,3 +374,43 @@ def plan_orphans(
             continue
         candidates.setdefault(q, []).append(obj)
     return OrphanPlan({k: tuple(v) for k, v in candidates.items()}, unmanaged, len(objects))
+
+
+def accountable_orphans(
+    manifest: Manifest, objects: Iterable[ObjectInfo], descriptors: Mapping[str, Descriptor | None],
+) -> tuple[list[str], list[str]]:
+    """(deletable, kept) among unreferenced data objects of one queue whose
+    manifest was just read. An object is deletable only when it provably
+    belongs to the manifest's own history: a ConsumeQueue object by its
+    descriptor, a CommitLog or index object by a deletable descriptor naming
+    it, or by lying at or after the archive's first segment (a superseded or
+    never-committed upload). Anything else (another history's segments,
+    objects before the archive with nothing describing them) is kept: it
+    may be history a lost manifest no longer names. Manifests from before
+    descriptors (no history id) keep the old rule: unreferenced is orphan."""
+    legacy = not manifest.history
+    deletable: list[str] = []
+    kept: list[str] = []
+    named: set[str] = set()
+    others = []
+    for obj in objects:
+        if "/consumequeue/" not in obj.key:
+            others.append(obj)
+            continue
+        desc = descriptors.get(obj.key)
+        if (desc is None and legacy) or (desc is not None and desc.history == manifest.history):
+            deletable.append(obj.key)
+            if desc is not None:
+                named.update(desc.segment.keys())
+        else:
+            kept.append(obj.key)
+    first_cl = manifest.segments[0].cl_start if manifest.segments else manifest.cl_next
+    first_q = manifest.first_offset
+    for obj in others:
+        start = obj.key.rsplit("/", 1)[-1].split("-", 1)[0]
+        floor = first_cl if "/commitlog/" in obj.key else first_q
+        if legacy or obj.key in named or (start.isdigit() and int(start) >= floor):
+            deletable.append(obj.key)
+        else:
+            kept.append(obj.key)
+    return deletable, kept

@@ -32,6 +32,8 @@ class CleanReport:
     orphan_scan: bool = False
     orphans: list[str] = field(default_factory=list)  # collected (or, dry run, collectable)
     unmanaged: dict[str, int] = field(default_factory=dict)  # "topic/qid" -> data objects without a manifest
+    unaccounted: dict[str, list[str]] = field(default_factory=dict)  # "topic/qid" -> kept: not this history's
+    retention_unknown: dict[str, str] = field(default_factory=dict)  # topic -> why its data is kept
     busy: list[QueueKey] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)

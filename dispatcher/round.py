@@ -27,10 +27,12 @@ from dispatcher.archiver import ArchiveOptions, QueueArchiver, QueueResult
 from dispatcher.filters import TopicFilter
 from tiered.clock import Clock, SystemClock
 from tiered.coldtier import ColdTier
-from tiered.errors import FencedError
+from tiered.config import RetentionSettings
+from tiered.errors import ConfigError, FencedError
 from tiered.lease import LeaseManager
 from tiered.localstore import LocalStore
 from tiered.recorder import NullRecorder, Recorder
+from tiered.retention import load_retention
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,8 @@ class DispatchOptions:
     # often: a writer whose lease was taken over stops within it. Safety does
     # not rest on it (commits are conditional, data keys fixed by content).
     lease_check_s: float = 5.0
+    # recorded per topic in the catalog, for a cleaner without the store
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
 
 
 @dataclass
@@ -167,6 +171,7 @@ class Dispatcher:
             self._account(r, result)
             committed = committed or r.committed
         if committed:
+            self._record_retention()
             try:
                 self.cold.write_catalog()
             except Exception as exc:  # noqa: BLE001 - the catalog is a hint; next round rewrites it
@@ -174,6 +179,16 @@ class Dispatcher:
         result.seconds = time.perf_counter() - started
         self.recorder.round_finished("dispatch", result.seconds, result.ok, self.clock.now_ms() / 1000)
         return result
+
+    def _record_retention(self) -> None:
+        """Each archived topic's retention as the broker and the config say, for
+        a cleaner that runs without the store (tiered.retention)."""
+        try:
+            policy = load_retention(self.options.retention, self.local)
+        except ConfigError as exc:
+            log.warning("retention not recorded this round: %s", exc)
+            return
+        self.cold.record_retention(policy.table({t for t, _q in self.cold.manifests()}))
 
     def _archive(self, queues: list[tuple[str, int]], deadline: float,
                  outcomes: dict[tuple[str, int], QueueResult]) -> None:

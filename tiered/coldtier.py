@@ -85,6 +85,7 @@ class ColdTier:
         self.clock = clock or SystemClock()
         self.recorder: Recorder = recorder or NullRecorder()
         self.identity = ""  # the bucket prefix's identity, once checked (see check_identity)
+        self.retention: dict[str, tuple[float, str]] | None = None  # see record_retention
         self.cache_dir = state_dir / "manifests" / cluster / broker if state_dir else None
         self._entries: dict[QueueKey, _Entry] = {}
         self._locks: dict[QueueKey, threading.Lock] = {}
@@ -290,11 +291,23 @@ class ColdTier:
     def catalog(self) -> Catalog:
         entries = tuple(sorted((CatalogEntry.of(m) for m in self.manifests().values()),
                                key=lambda e: (e.topic, e.queue_id)))
-        return Catalog(self.cluster, self.broker, entries, self.clock.now_ms())
+        return Catalog(self.cluster, self.broker, entries, self.clock.now_ms(), retention=dict(self.retention or {}))
+
+    def record_retention(self, table: dict[str, tuple[float, str]]) -> None:
+        """Each topic's effective retention, written with the next catalog
+        (the dispatcher, which reads the broker's topics.json, calls this)."""
+        self.retention = {**(self.retention or {}), **table}
 
     def write_catalog(self) -> None:
         # serialised, so a catalog computed earlier never lands after a newer one
         with self._catalog_lock:
+            if self.retention is None:
+                # a process that never learnt retention (the cleaner alone)
+                # keeps what the dispatcher recorded
+                try:
+                    self.retention = dict(self.read_catalog().retention)
+                except (ObjectNotFoundError, CorruptRecordError):
+                    self.retention = {}
             self.store.put(f"{self.prefix}/{CATALOG}", self.catalog().to_bytes())
 
     def read_catalog(self) -> Catalog:

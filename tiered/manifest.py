@@ -307,10 +307,14 @@ class Catalog:
     queues: tuple[CatalogEntry, ...] = field(default=())
     updated_ms: int = 0
     format_version: str = FORMAT_VERSION
+    # topic -> (hours, source): each topic's effective retention as the
+    # dispatcher, which reads the broker's topics.json, last saw it
+    retention: dict[str, tuple[float, str]] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
         d = {"cluster": self.cluster, "broker": self.broker, "updated_ms": self.updated_ms,
-             "format_version": self.format_version, "queues": [asdict(q) for q in self.queues]}
+             "format_version": self.format_version, "queues": [asdict(q) for q in self.queues],
+             "retention": {t: {"hours": h, "source": src} for t, (h, src) in sorted(self.retention.items())}}
         return json.dumps(d, separators=(",", ":"), sort_keys=True).encode("utf-8")
 
     @classmethod
@@ -324,6 +328,7 @@ class Catalog:
         check_version(d, source)
         try:
             return cls(d["cluster"], d["broker"], tuple(CatalogEntry(**q) for q in d.get("queues", [])),
-                       int(d.get("updated_ms", 0)), d["format_version"])
+                       int(d.get("updated_ms", 0)), d["format_version"],
+                       {str(t): (float(r["hours"]), str(r["source"])) for t, r in d.get("retention", {}).items()})
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptRecordError(source, 0, f"malformed catalog: {type(exc).__name__}") from None

@@ -71,17 +71,45 @@ def test_dry_run_then_clean(tmp_path: Path, cold_url: str, env: dict[str, str], 
     assert code == 0 and "expire 0 segments" in out
 
 
-def test_without_store_uses_configured_retention(tmp_path: Path, cold_url: str, env: dict[str, str]) -> None:
+def test_without_store_uses_the_retention_recorded_by_the_dispatcher(
+        tmp_path: Path, cold_url: str, env: dict[str, str]) -> None:
     store = tmp_path / "store"
     make_store(store)
     assert invoke(env, "dispatch", "--once", "--all", "--store", str(store), "--cold", cold_url)[0] == 0
-    # no --store: reserve.time is unknown, the default 72 h applies to Kept too
+    # no --store: Kept's reserve.time (200 h) comes from the catalog the dispatcher wrote
     code, out = invoke(env, "clean", "--cold", cold_url, "--once", "--dry-run")
     assert code == 0, out
-    assert "would expire Old/0" in out and "would expire Kept/0" in out
+    assert "would expire Old/0" in out and "retention 72 h (default)" in out
+    assert "Kept/0" not in out
+    code, out = invoke(env, "clean", "--cold", cold_url, "--once", "--json")
+    report = json.loads(out)
+    assert [(e["topic"], e["retention_source"]) for e in report["expired"]] == [("Old", "default")]
+    assert report["retention_unknown"] == {}
     env = {**env, "TIERED_RETENTION__DEFAULT_HOURS": "500"}
     code, out = invoke(env, "clean", "--cold", cold_url, "--once", "--dry-run")
     assert code == 0 and "would expire 0 segments" in out
+
+
+def test_without_store_a_topic_of_unknown_retention_is_kept(
+        tmp_path: Path, cold_url: str, env: dict[str, str], moto_endpoint: str) -> None:
+    store = tmp_path / "store"
+    make_store(store)
+    assert invoke(env, "dispatch", "--once", "--all", "--store", str(store), "--cold", cold_url)[0] == 0
+    # a catalog from before retention was recorded: nothing says what the broker keeps
+    objects = open_store(cold_url, s3=S3Options(endpoint_url=moto_endpoint))
+    doc = json.loads(objects.get("C/b/_catalog.json"))
+    assert doc["retention"]["Kept"] == {"hours": 200.0, "source": "reserve.time"}
+    del doc["retention"]
+    objects.put("C/b/_catalog.json", json.dumps(doc).encode())
+    code, out = invoke(env, "clean", "--cold", cold_url, "--once")
+    assert code == 0, out
+    assert "would expire" not in out and "expire 0 segments" in out
+    for topic in ("Old", "Kept", "New"):
+        assert f"keep {topic}: retention unknown (no broker store given" in out
+    assert any("/Old/0/commitlog/" in o.key for o in objects.list("C/b/"))
+    # an operator's explicit setting makes it known
+    code, out = invoke({**env, "TIERED_RETENTION__TOPICS": '{"Old": 24}'}, "clean", "--cold", cold_url, "--once")
+    assert code == 0 and "expire Old/0" in out and "retention 24 h (config)" in out
 
 
 def test_once_is_required(env: dict[str, str], tmp_path: Path) -> None:

@@ -49,6 +49,7 @@ def _as_dict(report: CleanReport) -> dict[str, Any]:
                    for q, s in (report.plan.skewed if report.plan else ())],
         "pending_deleted": _pending(report),
         "orphan_scan": report.orphan_scan, "orphans": report.orphans, "unmanaged": report.unmanaged,
+        "unaccounted": report.unaccounted, "retention_unknown": report.retention_unknown,
         "busy": [f"{t}/{q}" for t, q in report.busy], "conflicts": report.conflicts,
         "errors": report.errors, "fenced": report.fenced,
         "deleted_objects": report.deleted_objects, "delete_requests": report.delete_requests,
@@ -77,7 +78,13 @@ def _print(report: CleanReport) -> None:
         for key in report.orphans:
             print(f"{would}delete orphan {key}")
         for where, n in report.unmanaged.items():
-            print(f"keep {where}: {n} data objects but no manifest (not collected)")
+            print(f"keep {where}: {n} data objects but no manifest (not collected; dispatch or "
+                  f"`tiered repair` rebuilds it)")
+        for where, keys in report.unaccounted.items():
+            print(f"keep {where}: {len(keys)} unreferenced objects not of this manifest's history "
+                  f"(not collected; see `tiered repair`), e.g. {keys[0]}")
+    for topic, why in sorted(report.retention_unknown.items()):
+        print(f"keep {topic}: retention unknown ({why}); nothing expired")
     for t, q in report.busy:
         print(f"busy {t}/{q}: skipped this pass")
     for c in report.conflicts:

@@ -115,6 +115,7 @@ def make_dispatcher(
                                segment_bytes=d.segment_bytes, start_position=d.start_position,
                                quarantine_corrupt=d.quarantine_corrupt, key_index=d.key_index),
         parallelism=d.parallelism, round_budget_s=d.round_budget, failure_backoff_s=d.interval,
+        retention=settings.retention,
     )
     topic_filter = TopicFilter(tuple(settings.topics.include), tuple(settings.topics.exclude),
                                settings.topics.include_system, frozenset({settings.cluster, settings.broker}))
