@@ -29,7 +29,7 @@ from tiered.errors import CorruptRecordError, ObjectNotFoundError, PreconditionF
 from tiered.jsonfile import read_json, write_json
 from tiered.manifest import (CATALOG, MANIFEST, Catalog, CatalogEntry, Gap, Manifest, Segment, broker_prefix,
                              history_id, queue_prefix)
-from tiered.rebuild import RebuildPlan, UnaccountedObjectsError, plan_rebuild, scan_queue
+from tiered.rebuild import RebuildPlan, RepairReport, UnaccountedObjectsError, plan_rebuild, queues_in, scan_queue
 from tiered.recorder import NullRecorder, Recorder
 from tiered.segmeta import Descriptor
 from tiered.storage import ObjectStore
@@ -233,6 +233,32 @@ class ColdTier:
                     extra={"topic": topic, "queue": queue_id, "segments": len(plan.adopted),
                            "offset": rebuilt.first_offset, "end_offset": rebuilt.next_offset})
         return rebuilt
+
+    def repair(self, *, dry_run: bool = False) -> RepairReport:
+        """Rebuild every missing manifest of the prefix from its segment
+        objects (``tiered repair``); report the queues that cannot be."""
+        keys = [o.key for o in self.store.list(self.prefix + "/")]
+        adopted: dict[str, RebuildPlan] = {}
+        problems: dict[str, tuple[str, ...]] = {}
+        intact = 0
+        for topic, qid in sorted(queues_in(keys, self.prefix)):
+            where = f"{topic}/{qid}"
+            try:
+                if self.fetch(topic, qid) is not None:
+                    intact += 1
+                    continue
+            except TieredError as exc:
+                problems[where] = (f"manifest unreadable: {exc}; move it aside and run repair again "
+                                   "to rebuild it from the segments",)
+                continue
+            plan = self.plan_recovery(topic, qid)
+            if not plan.ok:
+                problems[where] = plan.problems
+            elif plan.manifest is not None:
+                adopted[where] = plan
+                if not dry_run:
+                    self.recover(topic, qid)
+        return RepairReport(adopted=adopted, problems=problems, intact=intact)
 
     def history_for(self, topic: str, queue_id: int, start: int) -> str:
         return history_id(self.identity, self.cluster, self.broker, topic, queue_id, start)

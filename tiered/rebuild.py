@@ -208,3 +208,28 @@ def _range_start(key: str) -> int | None:
     name = key.rsplit("/", 1)[-1]
     head = name.split("-", 1)[0]
     return int(head) if head.isdigit() else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RepairReport:
+    """What ``tiered repair`` found per queue ("topic/qid")."""
+
+    adopted: dict[str, RebuildPlan]  # manifest rebuilt (or, dry run, rebuildable)
+    problems: dict[str, tuple[str, ...]]  # could not be rebuilt: objects left as they are
+    intact: int  # queues whose manifest is there and readable
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def queues_in(keys: list[str], prefix: str) -> set[tuple[str, int]]:
+    """Every (topic, queue id) with a manifest or a data object under
+    ``{prefix}/{topic}/{qid}/`` (a topic may be named like ``_catalog.json``)."""
+    out = set()
+    for key in keys:
+        parts = key[len(prefix) + 1:].split("/") if key.startswith(prefix + "/") else []
+        if len(parts) >= 3 and parts[1].isdigit() and parts[2] in ("commitlog", "consumequeue", "index",
+                                                                    "manifest.json"):
+            out.add((parts[0], int(parts[1])))
+    return out

@@ -1,0 +1,177 @@
+"""Bad days, end to end through the CLI on real files and the moto server:
+a lost manifest, objects nothing accounts for, ``tiered repair``."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tiered import segmeta
+from tiered.cli import app
+from tiered.manifest import Manifest
+from tiered.storage import ObjectStore, S3Options, open_store
+from tiered.storewriter import StoreWriter
+
+PREFIX = "C/b"
+
+
+@pytest.fixture
+def env(tmp_path: Path, cold_url: str, request: pytest.FixtureRequest) -> dict[str, str]:
+    e = {"TIERED_STATE_DIR": str(tmp_path / "state"), "TIERED_CLUSTER": "C", "TIERED_BROKER": "b",
+         "TIERED_LOG__LEVEL": "WARNING", "TIERED_CLEANER__ORPHAN_GRACE": "0.001s"}
+    if cold_url.startswith("s3://"):
+        e["TIERED_S3__ENDPOINT_URL"] = request.getfixturevalue("moto_endpoint")
+    return e
+
+
+@pytest.fixture
+def objects(cold_url: str, moto_endpoint: str) -> ObjectStore:
+    return open_store(cold_url, s3=S3Options(endpoint_url=moto_endpoint))
+
+
+def invoke(env: dict[str, str], *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args), env=env)
+    return result.exit_code, result.stdout if "--json" in args else result.output
+
+
+def produce(w: StoreWriter, topic: str, n: int, start: int = 0) -> None:
+    now = time.time_ns() // 1_000_000
+    for i in range(start, start + n):
+        w.put(topic, 0, f"{topic}-{i}".encode() * 20, keys=[f"k{i}"], store_timestamp=now - 1000 + i)
+
+
+def dispatch(env: dict[str, str], store: Path, cold_url: str) -> tuple[int, str]:
+    return invoke(env, "dispatch", "--once", "--all", "--store", str(store), "--cold", cold_url)
+
+
+def manifest(objects: ObjectStore, topic: str) -> Manifest:
+    return Manifest.from_bytes(objects.get(f"{PREFIX}/{topic}/0/manifest.json"))
+
+
+def data_keys(objects: ObjectStore, topic: str) -> set[str]:
+    return {o.key for o in objects.list(f"{PREFIX}/{topic}/0/") if not o.key.endswith("manifest.json")}
+
+
+def three_segments(tmp_path: Path, env: dict[str, str], cold_url: str) -> tuple[StoreWriter, Path]:
+    store = tmp_path / "store"
+    w = StoreWriter(store, commitlog_file_size=1 << 20, cq_entries_per_file=1000)
+    for batch in range(3):
+        produce(w, "T", 5, batch * 5)
+        produce(w, "U", 2, batch * 2)
+        w.flush()
+        assert dispatch(env, store, cold_url)[0] == 0
+    return w, store
+
+
+@pytest.mark.parametrize("lose_cache", [False, True])
+def test_lost_manifest_is_rebuilt_and_archiving_continues(
+        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore, lose_cache: bool) -> None:
+    w, store = three_segments(tmp_path, env, cold_url)
+    before = manifest(objects, "T")
+    assert len(before.segments) == 3 and before.history
+    objects.delete_many([f"{PREFIX}/T/0/manifest.json"])  # a lifecycle rule, a hand, a partial restore
+    if lose_cache:
+        import shutil
+
+        shutil.rmtree(tmp_path / "state")
+    produce(w, "T", 4, 15)
+    w.flush()
+    code, out = dispatch({**env, "TIERED_LOG__LEVEL": "INFO"}, store, cold_url)
+    assert code == 0, out
+    # with the cache intact the new segment is uploaded before the commit finds
+    # the manifest gone, and is adopted too; without it, the rebuild comes first
+    assert f"manifest of T/0 was missing; rebuilt from {3 if lose_cache else 4} segment objects" in out
+    after = manifest(objects, "T")
+    # history kept: the same three segments, then the new one, never a restart at the local minimum
+    assert after.segments[:3] == before.segments and after.history == before.history
+    assert [(s.q_start, s.q_end) for s in after.segments] == [(0, 5), (5, 10), (10, 15), (15, 19)]
+    # the cleaner keeps every object (nothing is an orphan), verify is exact
+    keys = data_keys(objects, "T")
+    code, out = invoke(env, "clean", "--cold", cold_url, "--store", str(store), "--once")
+    assert code == 0, out
+    assert data_keys(objects, "T") == keys
+    code, out = invoke(env, "verify", "--store", str(store), "--cold", cold_url)
+    assert code == 0 and "records 25" in out, out
+    w.close()
+
+
+def test_unaccountable_objects_stop_only_their_queue(
+        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
+    w, store = three_segments(tmp_path, env, cold_url)
+    m = manifest(objects, "T")
+    # segment 2 of T becomes an object from before descriptors, then the manifest is lost
+    seg = m.segments[1]
+    objects.put(seg.consumequeue_key, objects.get(seg.consumequeue_key)[:seg.messages * 20])
+    objects.delete_many([f"{PREFIX}/T/0/manifest.json"])
+    keys = data_keys(objects, "T")
+    content = {k: objects.get(k) for k in keys}
+    produce(w, "T", 2, 15)
+    produce(w, "U", 2, 6)
+    w.flush()
+    code, out = dispatch(env, store, cold_url)
+    assert code == 1
+    assert "T/0" in out and "no manifest accounts for" in out and seg.consumequeue_key in out
+    # nothing there is altered or deleted (the cached manifest let the next
+    # segment upload before its commit found the manifest gone), none committed
+    assert {k: objects.get(k) for k in keys} == content
+    assert objects.head(f"{PREFIX}/T/0/manifest.json") is None
+    assert manifest(objects, "U").next_offset == 8  # the healthy queue went on
+    code, out = invoke(env, "clean", "--cold", cold_url, "--store", str(store), "--once")
+    assert keys <= data_keys(objects, "T") and "keep T/0" in out
+    code, out = invoke(env, "repair", "--cold", cold_url)
+    assert code == 1 and f"cannot adopt T/0: {seg.consumequeue_key}: written before segment descriptors" in out
+    w.close()
+
+
+def test_repair_rebuilds_on_demand_and_dry_run_writes_nothing(
+        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
+    w, store = three_segments(tmp_path, env, cold_url)
+    lost = {t: manifest(objects, t) for t in ("T", "U")}
+    objects.delete_many([f"{PREFIX}/T/0/manifest.json", f"{PREFIX}/U/0/manifest.json"])
+    code, out = invoke(env, "repair", "--cold", cold_url, "--dry-run")
+    assert code == 0, out
+    assert "would rebuild T/0: 3 segments, offsets [0,15)" in out and "would rebuild U/0: 3 segments" in out
+    assert objects.head(f"{PREFIX}/T/0/manifest.json") is None
+    code, out = invoke(env, "repair", "--cold", cold_url, "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["ok"] and sorted(report["adopted"]) == ["T/0", "U/0"] and report["problems"] == {}
+    for topic, m in lost.items():
+        rebuilt = manifest(objects, topic)
+        assert rebuilt.segments == m.segments and rebuilt.next_offset == m.next_offset
+        assert rebuilt.history == m.history
+    code, out = invoke(env, "repair", "--cold", cold_url)
+    assert code == 0 and "0 manifests rebuilt, 2 intact" in out
+    code, out = invoke(env, "verify", "--store", str(store), "--cold", cold_url)
+    assert code == 0, out
+    w.close()
+
+
+def test_another_history_is_never_collected_as_orphans(
+        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
+    """The old failure: a manifest restarted afresh while older segments of
+    another history remain. The cleaner keeps them and says so."""
+    w, store = three_segments(tmp_path, env, cold_url)
+    old = manifest(objects, "T")
+    # plant the objects of a foreign history: same queue, offsets before ours
+    foreign = {}
+    for seg in old.segments:
+        cq = objects.get(seg.consumequeue_key)
+        desc = segmeta.parse(cq, seg.consumequeue_key)
+        assert desc is not None
+        moved = seg.__class__(**{**{f: getattr(seg, f) for f in seg.__dataclass_fields__},
+                                 "consumequeue_key": seg.consumequeue_key.replace("/consumequeue/0", "/consumequeue/9")})
+        foreign[moved.consumequeue_key] = segmeta.attach(cq[:seg.messages * 20], segmeta.Descriptor(
+            cluster="C", broker="b", topic="T", queue_id=0, history="0" * 32, segment=moved))
+    for key, data in foreign.items():
+        objects.put(key, data)
+    code, out = invoke(env, "clean", "--cold", cold_url, "--store", str(store), "--once", "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["orphans"] == [] and sorted(report["unaccounted"]["T/0"]) == sorted(foreign)
+    assert all(objects.head(k) is not None for k in foreign)
+    w.close()
