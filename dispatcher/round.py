@@ -28,7 +28,7 @@ from dispatcher.filters import TopicFilter
 from tiered.clock import Clock, SystemClock
 from tiered.coldtier import ColdTier
 from tiered.config import RetentionSettings
-from tiered.errors import ConfigError, FencedError
+from tiered.errors import ConfigError, FencedError, TieredError
 from tiered.lease import LeaseManager
 from tiered.localstore import LocalStore
 from tiered.recorder import NullRecorder, Recorder
@@ -127,6 +127,8 @@ class Dispatcher:
         epoch = self.lease.acquire().epoch if self.lease is not None else 0
         # after losing the lease, what we cached may be stale: read it all again
         self.cold.load(epoch, rebuild=self._was_fenced)
+        if not self.cold.identity:
+            self.cold.check_identity()  # created at a writer's first start
         self._fenced = None
         self._was_fenced = False
         self.started = True
@@ -152,6 +154,15 @@ class Dispatcher:
                 self.start()
             except FencedError as exc:
                 return self._finish_fenced(result, str(exc), started)
+        try:
+            # the bucket is the truth: a new or emptied one means archiving again
+            self.cold.check_identity()
+        except TieredError as exc:
+            result.errors["_identity.json"] = str(exc)
+            log.error("cannot check the bucket identity; nothing written this round: %s", exc)
+            result.seconds = time.perf_counter() - started
+            self.recorder.round_finished("dispatch", result.seconds, False, self.clock.now_ms() / 1000)
+            return result
         now = self.clock.monotonic()
         deadline = now + self.options.round_budget_s
         self._checked_at = None  # the lease is read again before this round's first write

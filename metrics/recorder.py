@@ -344,9 +344,6 @@ class PrometheusRecorder:
     def recovery(self, event: str, topic: str = "") -> None:
         self._recoveries.labels(event if event in RECOVERY_EVENTS else "other").inc()
 
-    def manifest_rebuilt(self, topic: str, queue_id: int, segments: int) -> None:
-        self.recovery("manifest_rebuilt", topic)
-
     def queue_error(self, job: str, topic: str, queue_id: int) -> None:
         self._seen(topic)
         self._queue_errors.labels(job, topic).inc()

@@ -16,8 +16,10 @@ lead to overwriting archived objects.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import uuid
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import replace
@@ -27,7 +29,7 @@ from typing import Any
 from tiered.clock import Clock, SystemClock
 from tiered.errors import CorruptRecordError, ObjectNotFoundError, PreconditionFailedError, TieredError
 from tiered.jsonfile import read_json, write_json
-from tiered.manifest import (CATALOG, MANIFEST, Catalog, CatalogEntry, Gap, Manifest, Segment, broker_prefix,
+from tiered.manifest import (CATALOG, IDENTITY, MANIFEST, Catalog, CatalogEntry, Gap, Manifest, Segment, broker_prefix,
                              history_id, queue_prefix)
 from tiered.rebuild import RebuildPlan, RepairReport, UnaccountedObjectsError, plan_rebuild, queues_in, scan_queue
 from tiered.recorder import NullRecorder, Recorder
@@ -85,6 +87,8 @@ class ColdTier:
         self.clock = clock or SystemClock()
         self.recorder: Recorder = recorder or NullRecorder()
         self.identity = ""  # the bucket prefix's identity, once checked (see check_identity)
+        self._known_identity: str | None = None  # what the local state recorded
+        self._epoch = 0
         self.retention: dict[str, tuple[float, str]] | None = None  # see record_retention
         self.cache_dir = state_dir / "manifests" / cluster / broker if state_dir else None
         self._entries: dict[QueueKey, _Entry] = {}
@@ -102,11 +106,19 @@ class ColdTier:
 
     def load(self, epoch: int = 0, *, rebuild: bool = False) -> None:
         """Load the local cache; rebuild it from the bucket when it is missing,
-        corrupt, from another lease epoch or another cold-tier URL, or when
-        ``rebuild`` asks for it (a writer that lost its lease and won it back)."""
+        corrupt, from another lease epoch, another cold-tier URL or another
+        bucket identity (a new or emptied bucket), or when ``rebuild`` asks
+        for it (a writer that lost its lease and won it back)."""
+        meta: dict[str, Any] = {}
+        if self.cache_dir is not None:
+            try:
+                meta = read_json(self.cache_dir / "_meta.json") or {}
+            except (CorruptRecordError, ValueError) as exc:
+                log.warning("manifest cache unusable (%s); rebuilding from the bucket", exc)
+            self._known_identity = meta.get("identity") if isinstance(meta, dict) else None
+            rebuild = self.check_identity(create=False) or rebuild
         if self.cache_dir is not None and not rebuild:
             try:
-                meta = read_json(self.cache_dir / "_meta.json")
                 if (meta and meta.get("epoch") == epoch and meta.get("complete")
                         and meta.get("store", self.store.url) == self.store.url):
                     self._load_cache_files()
@@ -115,9 +127,65 @@ class ColdTier:
             except (CorruptRecordError, ValueError, KeyError, TypeError) as exc:
                 log.warning("manifest cache unusable (%s); rebuilding from the bucket", exc)
         self.rebuild()
-        if self.cache_dir is not None:
-            write_json(self.cache_dir / "_meta.json", {"epoch": epoch, "complete": True, "store": self.store.url})
+        self._epoch = epoch
+        self._write_meta()
         self.loaded = True
+
+    def _write_meta(self) -> None:
+        if self.cache_dir is not None:
+            write_json(self.cache_dir / "_meta.json", {"epoch": self._epoch, "complete": True,
+                                                       "store": self.store.url, "identity": self.identity})
+
+    def check_identity(self, *, create: bool = True) -> bool:
+        """Compare the bucket prefix's identity with the one the local state
+        knows; create it at first use (the dispatcher's rounds do; loading,
+        which a dry run also does, only reads). True when it changed (a new,
+        emptied or replaced bucket): the cache is then dropped and rebuilt
+        from the bucket, so everything the bucket lacks is archived again.
+        One GET when the identity is there."""
+        key = f"{self.prefix}/{IDENTITY}"
+        ident = self._read_identity(key)
+        if ident is None and not create:
+            if self._known_identity is None:
+                return False
+            self._identity_changed("none", self._known_identity)  # known before, gone now: emptied
+            self._known_identity = None
+            return True
+        if ident is None:
+            fresh = json.dumps({"id": uuid.uuid4().hex, "created_ms": self.clock.now_ms()}).encode()
+            try:
+                self.store.put_if_absent(key, fresh)
+            except PreconditionFailedError:
+                pass  # another process created it first: theirs counts
+            ident = self._read_identity(key)
+            if ident is None:
+                raise CorruptRecordError(key, 0, "identity vanished right after it was written")
+        known, self.identity = self._known_identity, ident
+        self._known_identity = ident
+        if known is None or known == ident:
+            if known is None and self.loaded:
+                self._write_meta()
+            return False
+        self._identity_changed(ident, known)
+        if self.loaded:
+            self.rebuild()
+            self._write_meta()
+        return True
+
+    def _identity_changed(self, ident: str, known: str) -> None:
+        log.error("the cold tier at %s is not the one the local state describes (identity %s, expected %s): "
+                  "a new or emptied bucket; dropping the local manifest cache and archiving again what the "
+                  "bucket lacks", self.store.url, ident, known, extra={"prefix": self.prefix})
+        self.recorder.recovery("bucket_identity_changed")
+
+    def _read_identity(self, key: str) -> str | None:
+        try:
+            doc = json.loads(self.store.get(key))
+            return str(doc["id"])
+        except ObjectNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            raise CorruptRecordError(key, 0, "the bucket identity object is not {\"id\": ...}") from None
 
     def _load_cache_files(self) -> None:
         assert self.cache_dir is not None
@@ -227,7 +295,7 @@ class ColdTier:
         if plan.manifest is None:
             return None
         rebuilt = self.commit(topic, queue_id, lambda current: current or plan.manifest)  # type: ignore[arg-type,return-value]
-        self.recorder.manifest_rebuilt(topic, queue_id, len(rebuilt.segments))
+        self.recorder.recovery("manifest_rebuilt", topic)
         log.warning("manifest of %s/%s was missing; rebuilt from %d segment objects in the bucket, "
                     "archive continues at %d", topic, queue_id, len(plan.adopted), rebuilt.next_offset,
                     extra={"topic": topic, "queue": queue_id, "segments": len(plan.adopted),

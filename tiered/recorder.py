@@ -29,8 +29,6 @@ class Recorder(Protocol):
     # recovery: event is manifest_rebuilt | bucket_identity_changed
     def recovery(self, event: str, topic: str = "") -> None: ...
 
-    def manifest_rebuilt(self, topic: str, queue_id: int, segments: int) -> None: ...
-
     # both jobs; job is "dispatch" or "clean"
     def round_finished(self, job: str, seconds: float, ok: bool, now_s: float) -> None: ...
 
@@ -76,9 +74,6 @@ class NullRecorder:
         pass
 
     def recovery(self, event: str, topic: str = "") -> None:
-        pass
-
-    def manifest_rebuilt(self, topic: str, queue_id: int, segments: int) -> None:
         pass
 
     def round_finished(self, job: str, seconds: float, ok: bool, now_s: float) -> None:

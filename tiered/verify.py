@@ -13,6 +13,7 @@ collects them after a grace period).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from tiered import segmeta
@@ -21,7 +22,8 @@ from tiered.coldtier import ColdTier
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, TieredError
 from tiered.keyindex import lookup
 from tiered.localstore import LocalStore
-from tiered.manifest import CATALOG, LEASE, MANIFEST, Manifest, Segment
+from tiered.manifest import CATALOG, IDENTITY, LEASE, MANIFEST, Manifest, Segment
+from tiered.reader import list_dirs
 
 
 @dataclass
@@ -34,11 +36,14 @@ class VerifyReport:
     gaps: int = 0
     problems: list[str] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
-    unarchived: dict[str, int] = field(default_factory=dict)
+    unarchived: dict[str, int] = field(default_factory=dict)  # not yet archived, within the max delay or not
+    pending: dict[str, str] = field(default_factory=dict)  # overdue: older than the max delay, not archived
+    missing_prefix: str | None = None  # no archive at all under the prefix
+    known_prefixes: list[str] = field(default_factory=list)  # the cluster/broker prefixes that do exist
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.pending and self.missing_prefix is None
 
 
 def verify_segment(cold: ColdTier, m: Manifest, seg: Segment, report: VerifyReport,
@@ -139,12 +144,56 @@ def verify_gaps(m: Manifest, report: VerifyReport, local: LocalStore) -> None:
                                    f"locally, but the local store still holds offsets [{lo},{hi})")
 
 
-def verify(cold: ColdTier, local: LocalStore | None = None, *, orphans: bool = True) -> VerifyReport:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PendingCheck:
+    """What the dispatcher is responsible for: local records of an accepted
+    topic stored more than ``max_delay_ms`` before ``now_ms`` must be archived."""
+
+    accepts: Callable[[str], bool]
+    max_delay_ms: int
+    now_ms: int
+
+
+def check_pending(manifests: dict[tuple[str, int], Manifest], local: LocalStore, check: PendingCheck,
+                  report: VerifyReport) -> None:
+    """Name every local queue holding records older than the max delay that the
+    archive does not hold: no manifest, or an archive ending before them."""
+    for topic in local.topics():
+        if not check.accepts(topic):
+            continue
+        for qid in local.queue_ids(topic):
+            m = manifests.get((topic, qid))
+            try:
+                rng = local.queue_range(topic, qid)
+                start = max(m.next_offset, rng.min_offset) if m is not None else rng.min_offset
+                if rng.max_offset <= start:
+                    continue
+                oldest = next(iter(local.iter_queue(topic, qid, start, max_count=1, verify_crc=False)), None)
+            except (OSError, TieredError) as exc:
+                report.problems.append(f"{topic}/{qid}: local store unreadable at its first unarchived record: {exc}")
+                continue
+            if oldest is None:
+                continue
+            age_ms = check.now_ms - oldest.record.store_timestamp
+            if age_ms < check.max_delay_ms:
+                continue
+            where = "never archived (no manifest)" if m is None else f"archive ends at offset {m.next_offset}"
+            report.pending[f"{topic}/{qid}"] = (
+                f"{rng.max_offset - start} messages from offset {start} not archived, the oldest stored "
+                f"{age_ms // 1000} s ago (max delay {check.max_delay_ms // 1000} s); {where}")
+
+
+def verify(cold: ColdTier, local: LocalStore | None = None, *, orphans: bool = True,
+           pending: PendingCheck | None = None) -> VerifyReport:
     """Check every manifest of the prefix (found by a LIST, not the catalog)
-    and, with ``local``, every archived record against the broker's. A
+    and, with ``local``, every archived record against the broker's; with
+    ``pending`` also that nothing overdue is missing from the archive. A
     manifest that cannot be read is a problem of its queue, not a crash."""
     report = VerifyReport()
     listing = cold.store.list(cold.prefix + "/")
+    if not listing:
+        report.missing_prefix = cold.prefix
+        report.known_prefixes = [f"{c}/{b}" for c in list_dirs(cold.store) for b in list_dirs(cold.store, c)]
     manifests: dict[tuple[str, int], Manifest] = {}
     for obj in listing:
         if not obj.key.endswith("/" + MANIFEST):
@@ -175,13 +224,15 @@ def verify(cold: ColdTier, local: LocalStore | None = None, *, orphans: bool = T
                 ahead = 0
             if ahead > 0:
                 report.unarchived[f"{topic}/{qid}"] = ahead
+    if local is not None and pending is not None:
+        check_pending(manifests, local, pending, report)
     if orphans:
         referenced = set()
         for m in manifests.values():
             referenced |= m.referenced_keys()
         for obj in listing:
             name = obj.key.rsplit("/", 1)[-1]
-            if name in (MANIFEST, CATALOG, LEASE):
+            if name in (MANIFEST, CATALOG, LEASE, IDENTITY):
                 continue
             if obj.key not in referenced:
                 report.orphans.append(obj.key)

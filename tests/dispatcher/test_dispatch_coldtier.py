@@ -57,7 +57,8 @@ def test_cache_lost_or_corrupt_is_rebuilt_from_the_bucket(damage, cold_url, open
     d3 = new_dispatcher(open_cold(cold_url, recorder=rec3), LocalStore(tmp_path / "store"), tmp_path / "state",
                         clock, recorder=rec3, **kw)
     d3.start()
-    assert rec3.total_requests("list") == 0 and rec3.requests[("get", "ok")] == 1  # the lease only
+    # the lease and the bucket identity only
+    assert rec3.total_requests("list") == 0 and rec3.requests[("get", "ok")] == 2
 
 
 def test_stale_cache_after_a_crash_continues_without_duplicates(cold_url, open_cold, tmp_path, clock):

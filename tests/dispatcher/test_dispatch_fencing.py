@@ -189,7 +189,7 @@ def test_the_lease_is_read_once_per_round_then_every_lease_check_s(cold_url, ope
     gets = rec_a.total_requests("get")
     result = a.run_round()
     assert result.ok and result.segments >= 10
-    assert rec_a.total_requests("get") - gets == 1, "one lease read for the whole round"
+    assert rec_a.total_requests("get") - gets == 2, "one identity and one lease read for the whole round"
 
     # A takeover in the middle of a long round is noticed once lease_check_s has passed.
     b, _, _ = _disp(open_cold, cold_url, local, tmp_path, clock, "sidecar-b", force=True)

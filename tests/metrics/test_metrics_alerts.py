@@ -77,6 +77,8 @@ def exercise(recorder: Any) -> None:
     recorder.merged("orders", 3)
     recorder.skew_detected("orders", 0)
     recorder.forget_queue("gone", 9)
+    recorder.recovery("manifest_rebuilt", "orders")
+    recorder.recovery("bucket_identity_changed")
 
 
 class _Spy:

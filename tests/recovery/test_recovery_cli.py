@@ -175,3 +175,45 @@ def test_another_history_is_never_collected_as_orphans(
     assert report["orphans"] == [] and sorted(report["unaccounted"]["T/0"]) == sorted(foreign)
     assert all(objects.head(k) is not None for k in foreign)
     w.close()
+
+
+def test_an_emptied_bucket_is_noticed_and_everything_archived_again(
+        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
+    w, store = three_segments(tmp_path, env, cold_url)
+    ident = json.loads(objects.get(f"{PREFIX}/_identity.json"))["id"]
+    objects.delete_many([o.key for o in objects.list("")])  # emptied (or recreated) under us
+    code, out = dispatch({**env, "TIERED_LOG__LEVEL": "INFO"}, store, cold_url)
+    assert code == 0, out
+    assert "not the one the local state describes" in out
+    assert json.loads(objects.get(f"{PREFIX}/_identity.json"))["id"] != ident
+    assert manifest(objects, "T").next_offset == 15 and manifest(objects, "U").next_offset == 6
+    code, out = invoke(env, "verify", "--store", str(store), "--cold", cold_url)
+    assert code == 0 and "records 21" in out, out
+    w.close()
+
+
+def test_verify_names_overdue_unarchived_queues_and_missing_prefixes(
+        tmp_path: Path, cold_url: str, env: dict[str, str]) -> None:
+    w, store = three_segments(tmp_path, env, cold_url)
+    now = time.time_ns() // 1_000_000
+    for i in range(3):
+        w.put("Never", 0, b"never archived", store_timestamp=now - 600_000 + i)
+        w.put("T", 0, b"archive ends before me", store_timestamp=now - 600_000 + i)
+        w.put("Young", 0, b"within the max delay", store_timestamp=now + i)
+    w.flush()
+    code, out = invoke(env, "verify", "--store", str(store), "--cold", cold_url)
+    assert code == 1, out
+    assert "NOT ARCHIVED: Never/0: 3 messages from offset 0 not archived" in out and "never archived" in out
+    assert "NOT ARCHIVED: T/0: 3 messages from offset 15 not archived" in out and "archive ends at offset 15" in out
+    assert "Young/0" not in out.split("NOT ARCHIVED")[-1] and "within the max delay): Young/0" not in out
+    assert out.rstrip().endswith("FAILED")
+    code, out = invoke(env, "verify", "--store", str(store), "--cold", cold_url, "--json")
+    report = json.loads(out)
+    assert sorted(report["pending"]) == ["Never/0", "T/0"] and not report["ok"]
+    # once archived, all is well again
+    assert dispatch(env, store, cold_url)[0] == 0
+    assert invoke(env, "verify", "--store", str(store), "--cold", cold_url)[0] == 0
+    # a broker with no archive under the URL is named, with the ones that exist
+    code, out = invoke(env, "verify", "--store", str(store), "--cold", cold_url, "--broker", "nope")
+    assert code == 1 and "NO ARCHIVE: nothing under C/nope" in out and "prefixes there: C/b" in out
+    w.close()

@@ -13,10 +13,12 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from dispatcher import Dispatcher
 from tiered.cli.app import app, err_console, fail
 from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, settings_from
-from tiered.cli.wiring import cold_tier, make_dispatcher, object_store, setup_logging
+from tiered.cli.wiring import cold_tier, make_dispatcher, object_store, setup_logging, topic_filter
 from tiered.config import Settings
 from tiered.errors import TieredError
 from tiered.localstore import LocalStore
+from tiered.clock import SystemClock
+from tiered.verify import PendingCheck
 from tiered.verify import verify as run_verify
 
 
@@ -91,8 +93,10 @@ def verify(
     settings = settings_from(config, store=store, cold_url=cold, cluster=cluster, broker=broker)
     local = LocalStore(settings.store) if settings.store else None
     ct = cold_tier(settings, object_store(settings), writer=False)
+    pending = PendingCheck(accepts=topic_filter(settings).accepts, max_delay_ms=int(settings.dispatch.max_delay * 1000),
+                           now_ms=SystemClock().now_ms())
     try:
-        report = run_verify(ct, local)
+        report = run_verify(ct, local, pending=pending)
     except TieredError as exc:
         fail(f"verify could not read the cold tier: {exc}", 1)
     if as_json:
@@ -100,13 +104,22 @@ def verify(
                           "records": report.records, "compared_locally": report.compared_locally,
                           "expired_locally": report.expired_locally, "gaps": report.gaps,
                           "problems": report.problems, "orphans": report.orphans,
-                          "unarchived": report.unarchived}, indent=2))
+                          "unarchived": report.unarchived, "pending": report.pending,
+                          "missing_prefix": report.missing_prefix, "known_prefixes": report.known_prefixes},
+                         indent=2))
     else:
+        if report.missing_prefix is not None:
+            known = ", ".join(report.known_prefixes) or "none"
+            print(f"NO ARCHIVE: nothing under {report.missing_prefix} at {ct.store.url}; "
+                  f"cluster/broker prefixes there: {known}")
         print(f"queues {report.queues}, segments {report.segments}, records {report.records}, "
               f"compared byte for byte {report.compared_locally}, local copy expired {report.expired_locally}, "
               f"recorded gaps {report.gaps}, orphans {len(report.orphans)}")
         for where, n in report.unarchived.items():
-            print(f"not yet archived: {where}: {n} messages")
+            if where not in report.pending:
+                print(f"not yet archived (within the max delay): {where}: {n} messages")
+        for where, what in report.pending.items():
+            print(f"NOT ARCHIVED: {where}: {what}")
         for orphan in report.orphans:
             print(f"orphan (no manifest references it): {orphan}")
         for problem in report.problems:

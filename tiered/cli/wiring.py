@@ -18,7 +18,7 @@ from tiered.storage import ObjectStore, RetryPolicy, S3Options, open_store
 
 if TYPE_CHECKING:
     from cleaner import Cleaner
-    from dispatcher import Dispatcher
+    from dispatcher import Dispatcher, TopicFilter
 
 
 def s3_options(settings: Settings) -> S3Options:
@@ -92,6 +92,14 @@ def setup_logging(fmt: str, level: str) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def topic_filter(settings: Settings) -> TopicFilter:
+    """The topics the dispatcher archives (and so verify and status answer for)."""
+    from dispatcher import TopicFilter
+
+    return TopicFilter(tuple(settings.topics.include), tuple(settings.topics.exclude),
+                       settings.topics.include_system, frozenset({settings.cluster, settings.broker}))
+
+
 def make_dispatcher(
     settings: Settings,
     local: LocalStore,
@@ -105,7 +113,7 @@ def make_dispatcher(
 ) -> Dispatcher:
     """A Dispatcher from settings; the service passes its shared store, cold
     tier and lease so the dispatcher and the cleaner see one manifest cache."""
-    from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
+    from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
 
     store = store or object_store(settings, recorder)
     cold = cold or cold_tier(settings, store, writer=True, clock=clock, recorder=recorder)
@@ -117,9 +125,8 @@ def make_dispatcher(
         parallelism=d.parallelism, round_budget_s=d.round_budget, failure_backoff_s=d.interval,
         retention=settings.retention,
     )
-    topic_filter = TopicFilter(tuple(settings.topics.include), tuple(settings.topics.exclude),
-                               settings.topics.include_system, frozenset({settings.cluster, settings.broker}))
-    return Dispatcher(local, cold, lease=lease_manager or lease(settings, store, clock), topic_filter=topic_filter,
+    return Dispatcher(local, cold, lease=lease_manager or lease(settings, store, clock),
+                      topic_filter=topic_filter(settings),
                       options=options, recorder=recorder, clock=clock, on_bytes=on_bytes)
 
 
