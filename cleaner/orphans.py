@@ -54,6 +54,7 @@ def collect_orphans(
         report.errors["orphan scan"] = str(exc)
         log.error("orphan scan: listing failed", extra={"error": str(exc)})
         return
+    _collect_leftovers(cold, now_ms, grace_ms, report, dry_run=dry_run, before_write=before_write)
     referenced = {k: m.referenced_keys() for k, m in cold.manifests().items()}
     found = plan_orphans(listing, prefix, referenced, now_ms, grace_ms)
     for (topic, qid), n in sorted(found.unmanaged.items()):
@@ -119,3 +120,21 @@ def _descriptors(cold: ColdTier, objects: list[ObjectInfo]) -> dict[str, Descrip
         except (CorruptRecordError, TieredError) as exc:
             log.warning("orphan scan: cannot read a descriptor; object kept", extra={"key": obj.key, "error": str(exc)})
     return out
+
+
+def _collect_leftovers(cold: ColdTier, now_ms: int, grace_ms: int, report: CleanReport, *, dry_run: bool,
+                       before_write: Callable[[], object]) -> None:
+    """Temporary files of writes a crash interrupted, once older than the grace
+    period (a write in flight is younger). Failures are logged, never raised."""
+    try:
+        stale = [o.key for o in cold.store.leftovers(cold.prefix + "/") if o.mtime_ms <= now_ms - grace_ms]
+        report.leftovers = stale
+        if stale and not dry_run:
+            before_write()
+            report.delete_requests += cold.store.delete_many(stale)
+            log.info("removed temporary files of interrupted writes", extra={"objects": len(stale)})
+    except FencedError:
+        raise
+    except TieredError as exc:
+        report.errors["leftovers"] = str(exc)
+        log.error("orphan scan: removing temporary files failed", extra={"error": str(exc)})

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from cleaner.retention import Retention
-from tiered.manifest import Gap, Manifest, PendingDelete, Segment
+from tiered.manifest import Gap, Manifest, PendingDelete, Segment, topic_of_dir
 from tiered.segmeta import Descriptor
 from tiered.storage import ObjectInfo
 
@@ -321,7 +321,7 @@ def parse_data_key(prefix: str, key: str) -> tuple[str, int, str] | None:
     parts = key[len(prefix) + 1:].split("/")
     if len(parts) != 4 or parts[2] not in DATA_DIRS or not parts[1].isdigit() or not parts[3] or not parts[0]:
         return None
-    return parts[0], int(parts[1]), parts[2]
+    return topic_of_dir(parts[0]), int(parts[1]), parts[2]
 
 
 @dataclass(frozen=True)
@@ -357,7 +357,7 @@ def plan_orphans(
         rel = obj.key[len(prefix) + 1:] if obj.key.startswith(prefix + "/") else ""
         parts = rel.split("/")
         if len(parts) == 3 and parts[2] == "manifest.json" and parts[1].isdigit():
-            managed.add((parts[0], int(parts[1])))
+            managed.add((topic_of_dir(parts[0]), int(parts[1])))
     candidates: dict[QueueKey, list[ObjectInfo]] = {}
     unmanaged: dict[QueueKey, int] = {}
     for obj in objects:

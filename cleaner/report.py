@@ -34,6 +34,7 @@ class CleanReport:
     unmanaged: dict[str, int] = field(default_factory=dict)  # "topic/qid" -> data objects without a manifest
     unaccounted: dict[str, list[str]] = field(default_factory=dict)  # "topic/qid" -> kept: not this history's
     retention_unknown: dict[str, str] = field(default_factory=dict)  # topic -> why its data is kept
+    leftovers: list[str] = field(default_factory=list)  # temporary files of interrupted writes, removed
     busy: list[QueueKey] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)

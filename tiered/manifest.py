@@ -52,8 +52,23 @@ def broker_prefix(cluster: str, broker: str) -> str:
     return f"{cluster}/{broker}"
 
 
+# Broker-level objects live beside the topic folders: a topic of the same
+# name gets its folder escaped with "~" (no RocketMQ topic contains "~" or "."),
+# so neither hides the other on a file system.
+_RESERVED = frozenset({CATALOG, LEASE, IDENTITY})
+_ESCAPE = "~"
+
+
+def topic_dir(topic: str) -> str:
+    return _ESCAPE + topic if topic in _RESERVED or topic.startswith(_ESCAPE) else topic
+
+
+def topic_of_dir(name: str) -> str:
+    return name[len(_ESCAPE):] if name.startswith(_ESCAPE) else name
+
+
 def queue_prefix(cluster: str, broker: str, topic: str, queue_id: int) -> str:
-    return f"{cluster}/{broker}/{topic}/{queue_id}"
+    return f"{cluster}/{broker}/{topic_dir(topic)}/{queue_id}"
 
 
 def segment_keys(prefix: str, cl_start: int, cl_end: int, q_start: int, q_end: int) -> tuple[str, str, str]:

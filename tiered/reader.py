@@ -43,7 +43,7 @@ from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, MAGIC_V1, MAGI
 from tiered.coldtier import ColdTier
 from tiered.errors import CorruptRecordError, ObjectNotFoundError, StorageError, TieredError
 from tiered.keyindex import bloom_may_contain, lookup
-from tiered.manifest import CATALOG, LEASE, MANIFEST, Catalog, Gap, Manifest, Segment, queue_prefix
+from tiered.manifest import CATALOG, LEASE, MANIFEST, Catalog, Gap, Manifest, Segment, queue_prefix, topic_of_dir
 from tiered.storage import FileStore, ObjectStore, S3Store
 
 log = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ class Archive:
                 for o in self.store.list(f"{c}/{b}/"):
                     parts = o.key.split("/")
                     if len(parts) == 5 and parts[4] == MANIFEST and parts[3].lstrip("-").isdigit():
-                        names.append((parts[2], int(parts[3])))
+                        names.append((topic_of_dir(parts[2]), int(parts[3])))
             for topic, qid in names:
                 if (topics is None or topics(topic)) and (queue_ids is None or queue_ids(qid)):
                     out.append(QueueRef(c, b, topic, qid))

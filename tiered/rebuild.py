@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from tiered import segmeta
 from tiered.codec import crc32
 from tiered.errors import CorruptRecordError, TieredError
-from tiered.manifest import Gap, Manifest, Segment
+from tiered.manifest import Gap, Manifest, Segment, topic_of_dir
 from tiered.segmeta import Descriptor
 from tiered.storage import ObjectStore
 
@@ -231,5 +231,5 @@ def queues_in(keys: list[str], prefix: str) -> set[tuple[str, int]]:
         parts = key[len(prefix) + 1:].split("/") if key.startswith(prefix + "/") else []
         if len(parts) >= 3 and parts[1].isdigit() and parts[2] in ("commitlog", "consumequeue", "index",
                                                                     "manifest.json"):
-            out.add((parts[0], int(parts[1])))
+            out.add((topic_of_dir(parts[0]), int(parts[1])))
     return out

@@ -206,6 +206,12 @@ class ObjectStore:
             requests += 1
         return requests
 
+    def leftovers(self, prefix: str = "") -> list[ObjectInfo]:
+        """Debris of writes that never finished (a crash mid-write) under
+        ``prefix``, for the orphan pass to remove after its grace period;
+        ``delete_many`` takes their keys. None on a store without any."""
+        return []
+
     # --- implementation hooks --------------------------------------------------
 
     def _raw_get(self, key: str, start: int | None, end: int | None) -> bytes:
@@ -334,6 +340,27 @@ class FileStore(ObjectStore):
                 out.append(ObjectInfo(key, st.st_size, st.st_mtime_ns // 1_000_000))
         out.sort(key=lambda o: o.key)
         return out
+
+    def leftovers(self, prefix: str = "") -> list[ObjectInfo]:
+        """Temporary files of writes a crash interrupted (``_write_tmp``)."""
+        base = Path(self.root)
+        top = base / prefix if prefix else base
+        out: list[ObjectInfo] = []
+
+        def scan() -> list[ObjectInfo]:
+            for dirpath, _dirs, files in os.walk(top if top.is_dir() else top.parent):
+                for name in files:
+                    if name.startswith(".") and name.endswith(".tmp"):
+                        full = Path(dirpath) / name
+                        try:
+                            st = full.stat()
+                        except FileNotFoundError:
+                            continue
+                        out.append(ObjectInfo(full.relative_to(base).as_posix(), st.st_size,
+                                              st.st_mtime_ns // 1_000_000))
+            return out
+
+        return self._call("list", prefix or "/", scan)
 
     def _raw_delete(self, keys: list[str]) -> None:
         for key in keys:

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from tiered import segmeta
 from tiered.cli import app
-from tiered.manifest import Manifest
+from tiered.manifest import Manifest, queue_prefix
 from tiered.storage import ObjectStore, S3Options, open_store
 from tiered.storewriter import StoreWriter
 
@@ -49,7 +49,7 @@ def dispatch(env: dict[str, str], store: Path, cold_url: str) -> tuple[int, str]
 
 
 def manifest(objects: ObjectStore, topic: str) -> Manifest:
-    return Manifest.from_bytes(objects.get(f"{PREFIX}/{topic}/0/manifest.json"))
+    return Manifest.from_bytes(objects.get(f"{queue_prefix('C', 'b', topic, 0)}/manifest.json"))
 
 
 def data_keys(objects: ObjectStore, topic: str) -> set[str]:
@@ -216,4 +216,52 @@ def test_verify_names_overdue_unarchived_queues_and_missing_prefixes(
     # a broker with no archive under the URL is named, with the ones that exist
     code, out = invoke(env, "verify", "--store", str(store), "--cold", cold_url, "--broker", "nope")
     assert code == 1 and "NO ARCHIVE: nothing under C/nope" in out and "prefixes there: C/b" in out
+    w.close()
+
+
+ODD_TOPICS = ["_catalog.json", "manifest.json", "_lease.json", "_identity.json", "t" * 127]
+
+
+def test_topics_named_like_internal_files_or_127_long_break_nothing(
+        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
+    store = tmp_path / "store"
+    with StoreWriter(store, commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
+        for topic in ODD_TOPICS:
+            produce(w, topic, 3)
+    code, out = dispatch(env, store, cold_url)
+    assert code == 0, out
+    for topic in ODD_TOPICS:
+        assert manifest(objects, topic).next_offset == 3
+    code, out = invoke(env, "verify", "--store", str(store), "--cold", cold_url)
+    assert code == 0 and "queues 5" in out and "records 15" in out, out
+    code, out = invoke(env, "status", "--store", str(store), "--cold", cold_url, "--json")
+    assert code == 0, out
+    assert sorted(json.loads(line)["topic"] for line in out.splitlines()) == sorted(ODD_TOPICS)
+    code, out = invoke(env, "clean", "--cold", cold_url, "--store", str(store), "--once", "--json")
+    assert code == 0 and json.loads(out)["orphans"] == [], out
+    for topic in ODD_TOPICS:
+        code, out = invoke(env, "cat", "--cold", cold_url, "--topic", topic, "--queue", "0", "--json")
+        assert code == 0 and out.count("\n") >= 3, (topic, out)
+    objects.delete_many([f"{queue_prefix('C', 'b', '_catalog.json', 0)}/manifest.json"])
+    code, out = invoke(env, "repair", "--cold", cold_url)
+    assert code == 0 and "rebuilt _catalog.json/0: 1 segments" in out, out
+    assert invoke(env, "verify", "--store", str(store), "--cold", cold_url)[0] == 0
+
+
+def test_stale_temporary_files_of_a_file_cold_tier_are_removed(tmp_path: Path, env: dict[str, str]) -> None:
+    cold_url = f"file://{tmp_path / 'cold'}"
+    w, store = three_segments(tmp_path, env, cold_url)
+    qdir = tmp_path / "cold" / PREFIX / "T" / "0" / "commitlog"
+    stale, fresh = qdir / ".00-01.123.456.tmp", qdir / ".00-02.123.457.tmp"
+    stale.write_bytes(b"half an object")
+    fresh.write_bytes(b"a write in flight")
+    old = time.time() - 7200
+    import os
+
+    os.utime(stale, (old, old))
+    code, out = invoke({**env, "TIERED_CLEANER__ORPHAN_GRACE": "1h"}, "clean", "--cold", cold_url, "--once")
+    assert code == 0, out
+    assert f"delete temporary file of an interrupted write {PREFIX}/T/0/commitlog/.00-01.123.456.tmp" in out
+    assert not stale.exists() and fresh.exists()
+    assert invoke(env, "verify", "--store", str(store), "--cold", cold_url)[0] == 0
     w.close()

@@ -50,6 +50,7 @@ def _as_dict(report: CleanReport) -> dict[str, Any]:
         "pending_deleted": _pending(report),
         "orphan_scan": report.orphan_scan, "orphans": report.orphans, "unmanaged": report.unmanaged,
         "unaccounted": report.unaccounted, "retention_unknown": report.retention_unknown,
+        "leftovers": report.leftovers,
         "busy": [f"{t}/{q}" for t, q in report.busy], "conflicts": report.conflicts,
         "errors": report.errors, "fenced": report.fenced,
         "deleted_objects": report.deleted_objects, "delete_requests": report.delete_requests,
@@ -77,6 +78,8 @@ def _print(report: CleanReport) -> None:
     if report.orphan_scan:
         for key in report.orphans:
             print(f"{would}delete orphan {key}")
+        for key in report.leftovers:
+            print(f"{would}delete temporary file of an interrupted write {key}")
         for where, n in report.unmanaged.items():
             print(f"keep {where}: {n} data objects but no manifest (not collected; dispatch or "
                   f"`tiered repair` rebuilds it)")
