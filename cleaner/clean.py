@@ -138,6 +138,10 @@ class Cleaner:
                 retention = None
                 report.errors["retention"] = str(exc)
                 log.error("retention unknown; nothing expires this pass", extra={"error": str(exc)})
+            for (topic, qid), why in sorted(self.cold.broken.items()):
+                # its objects are never touched while its manifest cannot be read
+                report.errors[f"{topic}/{qid}"] = f"manifest unreadable, queue left alone: {why}"
+                self.recorder.queue_error("clean", topic, qid)
             manifests = self.cold.manifests()
             plan = make_plan(manifests, retention, now, self.options, merge=merge)
             report.plan = plan

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from tiered.clock import Clock, SystemClock
-from tiered.errors import CorruptRecordError, ObjectNotFoundError, PreconditionFailedError, TieredError
+from tiered.errors import (CorruptRecordError, FormatVersionError, ObjectNotFoundError, PreconditionFailedError,
+                           TieredError)
 from tiered.jsonfile import read_json, write_json
 from tiered.manifest import (CATALOG, IDENTITY, MANIFEST, Catalog, CatalogEntry, Gap, Manifest, Segment, broker_prefix,
                              history_id, queue_prefix)
@@ -90,6 +91,7 @@ class ColdTier:
         self._known_identity: str | None = None  # what the local state recorded
         self._epoch = 0
         self.retention: dict[str, tuple[float, str]] | None = None  # see record_retention
+        self.broken: dict[QueueKey, str] = {}  # queues whose manifest cannot be read, and why
         self.cache_dir = state_dir / "manifests" / cluster / broker if state_dir else None
         self._entries: dict[QueueKey, _Entry] = {}
         self._locks: dict[QueueKey, threading.Lock] = {}
@@ -211,19 +213,28 @@ class ColdTier:
                 catalog = self.read_catalog()
                 keys = [f"{queue_prefix(self.cluster, self.broker, q.topic, q.queue_id)}/{MANIFEST}"
                         for q in catalog.queues]
-            except (ObjectNotFoundError, CorruptRecordError):
-                keys = None
+            except (ObjectNotFoundError, CorruptRecordError, FormatVersionError):
+                keys = None  # a catalog is a hint: the LIST below is the truth
         if keys is None:
             keys = [o.key for o in self.store.list(self.prefix + "/") if o.key.endswith("/" + MANIFEST)]
         entries: dict[QueueKey, _Entry] = {}
+        broken: dict[QueueKey, str] = {}
         for key in keys:
+            queue = next(iter(queues_in([key], self.prefix)), None)
+            if queue is None:
+                continue
             try:
                 data, etag = self.store.get_with_etag(key)
+                entries[queue] = _Entry(self._parse(data, key, *queue), etag, True)
             except ObjectNotFoundError:
                 continue
-            m = Manifest.from_bytes(data, key)
-            entries[(m.topic, m.queue_id)] = _Entry(m, etag, True)
+            except TieredError as exc:
+                # this queue only: every other queue goes on (fetch raises it again)
+                broken[queue] = str(exc)
+                log.error("manifest unreadable; queue %s/%s stopped until it is repaired: %s", *queue, exc,
+                          extra={"topic": queue[0], "queue": queue[1], "key": key})
         self._entries = entries
+        self.broken = broken
         if self.cache_dir is not None:
             for path in self.cache_dir.glob("*.json*"):
                 if not path.name.startswith("_meta"):
@@ -256,13 +267,27 @@ class ColdTier:
         key = f"{queue_prefix(self.cluster, self.broker, topic, queue_id)}/{MANIFEST}"
         try:
             data, etag = self.store.get_with_etag(key)
+            m = self._parse(data, key, topic, queue_id)
         except ObjectNotFoundError:
             self._entries[(topic, queue_id)] = _Entry(None, None, True)
+            self.broken.pop((topic, queue_id), None)
             return None
-        m = Manifest.from_bytes(data, key)
+        except TieredError as exc:
+            self._entries.pop((topic, queue_id), None)
+            self.broken[(topic, queue_id)] = str(exc)
+            raise
+        self.broken.pop((topic, queue_id), None)
         entry = _Entry(m, etag, True)
         self._entries[(topic, queue_id)] = entry
         self._persist(topic, queue_id, entry)
+        return m
+
+    @staticmethod
+    def _parse(data: bytes, key: str, topic: str, queue_id: int) -> Manifest:
+        """A manifest read from ``key``, which must be the one of ``topic``/``queue_id``."""
+        m = Manifest.from_bytes(data, key)
+        if (m.topic, m.queue_id) != (topic, queue_id):
+            raise CorruptRecordError(key, 0, f"foreign manifest: it describes {m.topic}/{m.queue_id}")
         return m
 
     def current(self, topic: str, queue_id: int) -> Manifest | None:

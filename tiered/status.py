@@ -24,6 +24,7 @@ class QueueStatus:
     segments: int
     nbytes: int
     gaps: int
+    problem: str | None = None  # why the queue is not archiving (its manifest cannot be read...)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -38,7 +39,7 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None) -> list[QueueS
     if not cold.manifests():
         cold.rebuild(use_catalog=False)
     manifests = cold.manifests()
-    keys = set(manifests)
+    keys = set(manifests) | set(cold.broken)
     if local is not None:
         keys.update(local.queues())
     rows = []
@@ -59,5 +60,6 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None) -> list[QueueS
             m.first_offset if m else None, m.next_offset if m else None, lag,
             m.min_store_ms if m else None, m.max_store_ms if m else None,
             len(m.segments) if m else 0, m.nbytes if m else 0, len(m.gaps) if m else 0,
+            problem=f"manifest unreadable: {cold.broken[(topic, qid)]}" if (topic, qid) in cold.broken else None,
         ))
     return rows

@@ -342,25 +342,22 @@ class FileStore(ObjectStore):
         return out
 
     def leftovers(self, prefix: str = "") -> list[ObjectInfo]:
-        """Temporary files of writes a crash interrupted (``_write_tmp``)."""
+        """Temporary files of writes a crash interrupted (``_write_tmp``): a
+        walk of the local directory tree, not a request, so it is not counted."""
         base = Path(self.root)
         top = base / prefix if prefix else base
         out: list[ObjectInfo] = []
-
-        def scan() -> list[ObjectInfo]:
-            for dirpath, _dirs, files in os.walk(top if top.is_dir() else top.parent):
-                for name in files:
-                    if name.startswith(".") and name.endswith(".tmp"):
-                        full = Path(dirpath) / name
-                        try:
-                            st = full.stat()
-                        except FileNotFoundError:
-                            continue
-                        out.append(ObjectInfo(full.relative_to(base).as_posix(), st.st_size,
-                                              st.st_mtime_ns // 1_000_000))
-            return out
-
-        return self._call("list", prefix or "/", scan)
+        for dirpath, _dirs, files in os.walk(top if top.is_dir() else top.parent):
+            for name in files:
+                if name.startswith(".") and name.endswith(".tmp"):
+                    full = Path(dirpath) / name
+                    try:
+                        st = full.stat()
+                    except FileNotFoundError:
+                        continue
+                    out.append(ObjectInfo(full.relative_to(base).as_posix(), st.st_size,
+                                          st.st_mtime_ns // 1_000_000))
+        return out
 
     def _raw_delete(self, keys: list[str]) -> None:
         for key in keys:

@@ -265,3 +265,35 @@ def test_stale_temporary_files_of_a_file_cold_tier_are_removed(tmp_path: Path, e
     assert not stale.exists() and fresh.exists()
     assert invoke(env, "verify", "--store", str(store), "--cold", cold_url)[0] == 0
     w.close()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "foreign", "future"])
+def test_a_bad_manifest_stops_only_its_queue(
+        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore, damage: str) -> None:
+    w, store = three_segments(tmp_path, env, cold_url)
+    key = f"{PREFIX}/T/0/manifest.json"
+    if damage == "garbage":
+        objects.put(key, b"\x00not a manifest")
+    elif damage == "foreign":
+        objects.put(key, objects.get(f"{PREFIX}/U/0/manifest.json"))
+    else:
+        doc = json.loads(objects.get(key))
+        doc["format_version"] = "9.0"
+        objects.put(key, json.dumps(doc).encode())
+    bad = objects.get(key)
+    produce(w, "T", 2, 15)
+    produce(w, "U", 2, 6)
+    w.flush()
+    import shutil
+
+    shutil.rmtree(tmp_path / "state")  # the cache is rebuilt from the bucket: the bad manifest is read
+    code, out = dispatch(env, store, cold_url)
+    assert code == 1 and "T/0" in out, out
+    assert manifest(objects, "U").next_offset == 8  # the other queue went on
+    assert objects.get(key) == bad  # never overwritten
+    code, out = invoke(env, "clean", "--cold", cold_url, "--store", str(store), "--once")
+    # named whether the cleaner met it loading its cache or in the orphan scan; nothing deleted
+    assert code == 1 and "ERROR T/0" in out and "manifest" in out, out
+    code, out = invoke(env, "status", "--store", str(store), "--cold", cold_url)
+    assert code == 1 and "PROBLEM T/0: manifest unreadable" in out, out
+    w.close()

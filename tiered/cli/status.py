@@ -34,6 +34,8 @@ def status(
     if as_json:
         for row in rows:
             print(json.dumps(row.to_dict()))
+        if any(r.problem for r in rows):
+            raise typer.Exit(1)
         return
     table = Table("topic", "queue", "local", "archived", "lag", "oldest archived", "newest archived",
                   "segments", "bytes", "gaps")
@@ -44,3 +46,8 @@ def status(
                       format_time_ms(r.oldest_archived_ms), format_time_ms(r.newest_archived_ms),
                       str(r.segments), str(r.nbytes), str(r.gaps))
     Console(width=180).print(table)
+    problems = [r for r in rows if r.problem]
+    for r in problems:
+        print(f"PROBLEM {r.topic}/{r.queue_id}: {r.problem}")
+    if problems:
+        raise typer.Exit(1)
