@@ -14,7 +14,8 @@ import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator,
+                      model_validator)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from tiered.errors import ConfigError
@@ -159,6 +160,9 @@ class LogSettings(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
 
+MIN_LEASE_TTL_S = 10.0
+
+
 def default_broker() -> str:
     return socket.gethostname()
 
@@ -203,6 +207,16 @@ class Settings(BaseSettings):
             raise ValueError(f"unsupported scheme {scheme!r}: use file:// or s3://")
         return value
 
+    @model_validator(mode="after")
+    def _fencing(self) -> Settings:
+        # A lease that can expire between two rounds of a busy writer lets a
+        # second writer in: fencing would be off without anyone choosing it.
+        floor = max(MIN_LEASE_TTL_S, 3 * self.dispatch.interval)
+        if self.lease_ttl < floor:
+            raise ValueError(f"lease_ttl: {self.lease_ttl:g} s is too short; it must be at least "
+                             f"{floor:g} s ({MIN_LEASE_TTL_S:g} s, and 3 x dispatch.interval)")
+        return self
+
     def writer_identity(self) -> str:
         """Who holds the write lease: configured, else host name + store path."""
         if self.instance_id:
@@ -228,8 +242,10 @@ class Settings(BaseSettings):
 
 def _first_error_line(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    key = ".".join(str(p) for p in err["loc"]) or "config"
     msg = err["msg"].removeprefix("Value error, ")
+    if not err["loc"]:  # a rule across keys: the message names them
+        return f"invalid configuration: {msg}"
+    key = ".".join(str(p) for p in err["loc"])
     return f"invalid configuration: {key}: {msg}"
 
 

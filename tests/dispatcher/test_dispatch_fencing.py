@@ -176,7 +176,7 @@ def test_cli_refuses_while_another_sidecar_holds_the_prefix(tmp_path, clock):
     res = CliRunner().invoke(app, ["dispatch", "--store", str(tmp_path / "store"), "--cold", cold_url, "--once",
                                    "--all"], env=env)
     assert res.exit_code == 1
-    assert "held by writer 'the-other-sidecar'" in res.output and "refusing to write" in res.output
+    assert "held by 'the-other-sidecar'" in res.output and "refusing to write" in res.output
     assert not list((tmp_path / "cold").rglob("manifest.json"))
 
 
