@@ -119,6 +119,8 @@ class QueueArchiver:
         manifest = self.cold.cached(topic, queue_id)
         max_offset = self._local(self.local.max_offset, topic, queue_id)
         if max_offset == 0 or (manifest is not None and max_offset <= manifest.next_offset):
+            if self.local.truncated(topic, queue_id):
+                return False  # not idle: stopped on a cut ConsumeQueue file, which run() reports
             self.recorder.lag(topic, queue_id, 0, 0, 0.0)
             return True
         return False
@@ -171,6 +173,9 @@ class QueueArchiver:
         manifest = self.cold.cached(topic, queue_id)
         max_offset = self._local(self.local.max_offset, topic, queue_id)
         if manifest is not None and max_offset <= manifest.next_offset:
+            stuck = self.local.why_stopped(topic, queue_id, manifest.next_offset)
+            if stuck is not None and self.local.truncated(topic, queue_id):
+                raise stuck
             self.recorder.lag(topic, queue_id, 0, 0, 0.0)
             return  # idle: no request, no CommitLog read
         rng = self._local(self.local.queue_range, topic, queue_id)
@@ -183,8 +188,10 @@ class QueueArchiver:
         while True:
             if steps and ((max_steps is not None and steps >= max_steps) or self.clock.monotonic() >= deadline):
                 # catch-up continues later; other queues get their turn
-                result.more = manifest is not None and self._local(
+                # (a cut ConsumeQueue file looks like the end: one more turn reports it)
+                result.more = manifest is not None and (self._local(
                     self.local.max_offset, topic, queue_id) > manifest.next_offset
+                    or self.local.truncated(topic, queue_id))
                 break
             next_offset = manifest.next_offset if manifest else self._first_start(
                 topic, queue_id, rng.min_offset, rng.max_offset)
@@ -198,6 +205,9 @@ class QueueArchiver:
                 count, nbytes = self._local(self.local.pending, topic, queue_id, next_offset,
                                                    max_entries=max(1, self.options.upload_bytes // 16))
                 if count == 0:
+                    stuck = self._local(self.local.why_stopped, topic, queue_id, next_offset)
+                    if stuck is not None:
+                        raise stuck  # loud, and the queue waits here: nothing skipped
                     break
                 if nbytes < self.options.upload_bytes and not self._old_enough(topic, queue_id, next_offset):
                     break
@@ -234,6 +244,9 @@ class QueueArchiver:
                     steps += 1
                     continue
                 if built is None:
+                    stuck = self._local(self.local.why_stopped, topic, queue_id, next_offset)
+                    if stuck is not None:
+                        raise stuck
                     break  # nothing complete to read yet (torn tail, or beyond the confirmed offset)
             except ConflictError as exc:
                 # The manifest moved under a stale cache (a restart after a crash

@@ -248,6 +248,47 @@ class LocalStore:
         entry = CQ_ENTRY.unpack_from(view, rel)
         return None if entry[1] == 0 else entry
 
+    def truncated(self, topic: str, queue_id: int) -> bool:
+        """The last ConsumeQueue file ends inside an entry (from its mapping:
+        no system call), so an "idle" queue is really stopped on corruption."""
+        files = self._queue(topic, queue_id)
+        if not files.starts:
+            return False
+        try:
+            return len(files.view(files.starts[-1])) % CQ_ENTRY_SIZE != 0
+        except FileNotFoundError:
+            return False
+
+    def why_stopped(self, topic: str, queue_id: int, offset: int) -> CorruptRecordError | None:
+        """Why nothing can be read at ``offset`` when it is corruption rather
+        than the end of written data: a ConsumeQueue file that ends inside an
+        entry (files are preallocated and entries written whole), or a zero
+        entry while later entries are written (the broker writes them in
+        order, so this is not a tail in progress). None: the end of data."""
+        files = self._queue(topic, queue_id)
+        byte = offset * CQ_ENTRY_SIZE
+        start = files.locate(byte)
+        if start is None:
+            return None
+        path = files.path(start)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return None
+        if size % CQ_ENTRY_SIZE and byte - start + CQ_ENTRY_SIZE > size:
+            return CorruptRecordError(str(path), size - size % CQ_ENTRY_SIZE,
+                                      f"ConsumeQueue file ends inside entry {offset} ({size} bytes): truncated")
+        try:
+            if self._entry(files, offset) is not None:
+                return None
+            end = self._max_offset(files)
+        except FileNotFoundError:
+            return None
+        if end > offset:
+            return CorruptRecordError(str(path), byte - start,
+                                      f"ConsumeQueue entry {offset} is zero while entries up to {end} are written")
+        return None
+
     def queue_range(self, topic: str, queue_id: int) -> QueueRange:
         """Offsets on local disk. Leading filler entries and entries whose
         CommitLog file the broker already deleted are not counted."""

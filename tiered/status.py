@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tiered.coldtier import ColdTier
-from tiered.errors import TieredError
+from tiered.errors import CorruptRecordError, TieredError
 from tiered.localstore import LocalStore
 
 
@@ -53,13 +53,34 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None) -> list[QueueS
             except (OSError, TieredError):
                 pass
         lag = None
-        if lmax is not None:
-            lag = max(0, lmax - (m.next_offset if m else (lmin or 0)))
+        problem = f"manifest unreadable: {cold.broken[(topic, qid)]}" if (topic, qid) in cold.broken else None
+        if lmax is not None and local is not None:
+            nxt = max(m.next_offset, lmin or 0) if m else (lmin or 0)
+            lag = max(0, lmax - nxt)
+            if problem is None and (lag or local.truncated(topic, qid)):
+                problem = _local_problem(local, topic, qid, nxt)
         rows.append(QueueStatus(
             topic, qid, lmin, lmax,
             m.first_offset if m else None, m.next_offset if m else None, lag,
             m.min_store_ms if m else None, m.max_store_ms if m else None,
             len(m.segments) if m else 0, m.nbytes if m else 0, len(m.gaps) if m else 0,
-            problem=f"manifest unreadable: {cold.broken[(topic, qid)]}" if (topic, qid) in cold.broken else None,
+            problem=problem,
         ))
     return rows
+
+
+def _local_problem(local: LocalStore, topic: str, qid: int, offset: int) -> str | None:
+    """Why the queue cannot move past ``offset`` when that is corrupt local
+    data (the ConsumeQueue, or the first pending record): what the dispatcher
+    stops on, named with file and offset."""
+    stuck = local.why_stopped(topic, qid, offset)
+    if stuck is None:
+        try:
+            # two entries: a record missing while a later entry exists is corruption, not a tail
+            for _item in local.iter_queue(topic, qid, offset, max_count=2, verify_crc=False):
+                break
+        except CorruptRecordError as exc:
+            stuck = exc
+        except (OSError, TieredError):
+            return None
+    return None if stuck is None else f"corrupt local data: {stuck}"

@@ -297,3 +297,39 @@ def test_a_bad_manifest_stops_only_its_queue(
     code, out = invoke(env, "status", "--store", str(store), "--cold", cold_url)
     assert code == 1 and "PROBLEM T/0: manifest unreadable" in out, out
     w.close()
+
+
+@pytest.mark.parametrize("damage", ["zeroed", "truncated", "past_end"])
+def test_corrupt_local_data_is_loud_and_the_queue_waits(
+        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore, damage: str) -> None:
+    import struct
+
+    store = tmp_path / "store"
+    with StoreWriter(store, commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
+        produce(w, "T", 10)
+        produce(w, "U", 10)
+    cq = store / "consumequeue" / "T" / "0" / ("0" * 20)
+    data = bytearray(cq.read_bytes())
+    if damage == "zeroed":
+        data[3 * 20:6 * 20] = bytes(60)
+        where, stop = f"{cq} @ 60: ConsumeQueue entry 3 is zero while entries up to 10 are written", 3
+    elif damage == "truncated":
+        data = data[:5 * 20 + 7]
+        where, stop = f"{cq} @ 100: ConsumeQueue file ends inside entry 5 (107 bytes): truncated", 5
+    else:
+        struct.pack_into(">qiq", data, 4 * 20, 10**7, 100, 0)
+        where, stop = "@ 10000000: record of queue offset 4 is missing", 4
+    cq.write_bytes(bytes(data))
+    code, out = dispatch(env, store, cold_url)
+    assert code == 1 and where in out.replace("\n", ""), out
+    assert manifest(objects, "U").next_offset == 10  # every other queue goes on
+    m = manifest(objects, "T") if stop else None
+    assert m is not None and m.next_offset == stop and not m.gaps  # waits there: nothing skipped
+    code, out = dispatch(env, store, cold_url)  # and says so every time
+    assert code == 1 and where in out.replace("\n", "")
+    assert manifest(objects, "T").next_offset == stop
+    code, out = invoke(env, "status", "--store", str(store), "--cold", cold_url, "--json")
+    assert code == 1
+    rows = {json.loads(line)["topic"]: json.loads(line) for line in out.splitlines()}
+    assert rows["U"]["problem"] is None and "corrupt local data" in rows["T"]["problem"]
+    assert where.split(": ", 1)[-1][:30] in rows["T"]["problem"]
