@@ -20,7 +20,7 @@ from typing import TypeVar
 from dispatcher.segment import BuiltSegment, SegmentBuilder
 from tiered.clock import Clock
 from tiered.coldtier import ColdTier, ConflictError
-from tiered.errors import CorruptRecordError, ExpiredLocallyError, FencedError, TieredError
+from tiered.errors import CorruptRecordError, ExpiredLocallyError, FencedError, StoreBehindError, TieredError
 from tiered.localstore import LocalStore
 from tiered import segmeta
 from tiered.manifest import Gap, Manifest, queue_prefix
@@ -118,6 +118,8 @@ class QueueArchiver:
         lock, a few ConsumeQueue bytes read: what a round costs per idle queue."""
         manifest = self.cold.cached(topic, queue_id)
         max_offset = self._local(self.local.max_offset, topic, queue_id)
+        if manifest is not None and max_offset < manifest.next_offset:
+            return False  # the local store is behind its archive: run() reports it
         if max_offset == 0 or (manifest is not None and max_offset <= manifest.next_offset):
             if self.local.truncated(topic, queue_id):
                 return False  # not idle: stopped on a cut ConsumeQueue file, which run() reports
@@ -172,6 +174,8 @@ class QueueArchiver:
     def _run(self, topic: str, queue_id: int, deadline: float, max_steps: int | None, result: QueueResult) -> None:
         manifest = self.cold.cached(topic, queue_id)
         max_offset = self._local(self.local.max_offset, topic, queue_id)
+        if manifest is not None and max_offset < manifest.next_offset:
+            raise StoreBehindError(topic, queue_id, max_offset, manifest.next_offset)
         if manifest is not None and max_offset <= manifest.next_offset:
             stuck = self.local.why_stopped(topic, queue_id, manifest.next_offset)
             if stuck is not None and self.local.truncated(topic, queue_id):

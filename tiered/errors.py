@@ -55,6 +55,19 @@ class ExpiredLocallyError(TieredError):
         )
 
 
+class StoreBehindError(TieredError):
+    """The local store ends before what the archive already holds (a broker
+    disk replaced, offsets reset): never skipped, never archived backwards."""
+
+    def __init__(self, topic: str, queue_id: int, local_end: int, archived_end: int) -> None:
+        self.topic, self.queue_id = topic, queue_id
+        self.local_end, self.archived_end = local_end, archived_end
+        super().__init__(
+            f"{topic}/{queue_id}: the local store ends at offset {local_end} but the archive already holds "
+            f"offsets up to {archived_end} (broker disk replaced or offsets reset?); nothing is archived "
+            f"for this queue until the broker's offsets pass {archived_end}")
+
+
 class ConfigError(TieredError):
     """A configuration value or a broker config file that cannot be used."""
 

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tiered.coldtier import ColdTier
-from tiered.errors import CorruptRecordError, TieredError
+from tiered.errors import CorruptRecordError, StoreBehindError, TieredError
 from tiered.localstore import LocalStore
 
 
@@ -57,7 +57,9 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None) -> list[QueueS
         if lmax is not None and local is not None:
             nxt = max(m.next_offset, lmin or 0) if m else (lmin or 0)
             lag = max(0, lmax - nxt)
-            if problem is None and (lag or local.truncated(topic, qid)):
+            if problem is None and m is not None and lmax < m.next_offset:
+                problem = str(StoreBehindError(topic, qid, lmax, m.next_offset))
+            elif problem is None and (lag or local.truncated(topic, qid)):
                 problem = _local_problem(local, topic, qid, nxt)
         rows.append(QueueStatus(
             topic, qid, lmin, lmax,

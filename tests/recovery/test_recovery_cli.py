@@ -333,3 +333,24 @@ def test_corrupt_local_data_is_loud_and_the_queue_waits(
     rows = {json.loads(line)["topic"]: json.loads(line) for line in out.splitlines()}
     assert rows["U"]["problem"] is None and "corrupt local data" in rows["T"]["problem"]
     assert where.split(": ", 1)[-1][:30] in rows["T"]["problem"]
+
+
+def test_a_local_store_behind_its_archive_is_reported_never_archived_backwards(
+        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
+    w, store = three_segments(tmp_path, env, cold_url)
+    w.close()
+    import shutil
+
+    shutil.rmtree(store)  # the broker's disk replaced: offsets start again
+    with StoreWriter(store, commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w2:
+        produce(w2, "T", 4)
+        produce(w2, "U", 8)
+    before = manifest(objects, "T")
+    code, out = dispatch(env, store, cold_url)
+    assert code == 1, out
+    flat = out.replace("\n", "")
+    assert "T/0: the local store ends at offset 4 but the archive already holds offsets up to 15" in flat
+    assert manifest(objects, "T") == before  # never rewritten backwards
+    assert manifest(objects, "U").next_offset == 8  # U's new records continue its archive at 6
+    code, out = invoke(env, "status", "--store", str(store), "--cold", cold_url)
+    assert code == 1 and "the local store ends at offset 4" in out.replace("\n", "")
