@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class CleanOptions(PlanOptions):
     orphan_scan_interval_ms: int = 6 * 3_600_000
+    # how long a pass waits, after the other queues, for one the dispatcher holds
+    lock_wait_ms: int = 120_000
 
     @classmethod
     def from_settings(cls, s: CleanerSettings) -> CleanOptions:
@@ -152,6 +154,7 @@ class Cleaner:
             self._report_skew(plan)
             if not dry_run:
                 Executor(self.cold, self.recorder, self.clock, orphan_grace_ms=self.options.orphan_grace_ms,
+                         lock_wait_s=self.options.lock_wait_ms / 1000,
                          before_write=self._before_write).run(plan, report)
             if orphans if orphans is not None else self.orphan_scan_due(now):
                 if not dry_run:

@@ -21,7 +21,7 @@ collected later.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from cleaner.merge import MergedSegment, build_merged
@@ -88,7 +88,9 @@ class Executor:
         *,
         orphan_grace_ms: int,
         before_write: Callable[[], object] = lambda: None,
+        lock_wait_s: float = 120.0,
     ) -> None:
+        self.lock_wait_s = lock_wait_s
         self.cold = cold
         self.recorder = recorder
         self.clock = clock
@@ -98,7 +100,7 @@ class Executor:
     def run(self, plan: CleanPlan, report: CleanReport) -> None:
         doomed: list[str] = []
         expired_by_topic: dict[str, tuple[int, int]] = {}
-        for qp in plan.changes:
+        for qp in self._in_turn(plan, report):
             outcome = self._queue(qp, report)
             if outcome is None:
                 continue
@@ -136,11 +138,29 @@ class Executor:
                 log.error("deleting expired objects failed; they will be collected as orphans",
                           extra={"error": str(exc), "objects": len(doomed)})
 
+    def _in_turn(self, plan: CleanPlan, report: CleanReport) -> Iterator[QueuePlan]:
+        """Each queue with changes, its lock held while the caller works on it.
+        A queue the dispatcher holds is retried after the others, waiting up
+        to ``lock_wait_s`` for it, so a busy queue's expiry is not skipped pass
+        after pass; one still busy then is counted and reported."""
+        later = []
+        for qp in plan.changes:
+            if self.cold.lock(qp.topic, qp.queue_id).acquire(blocking=False):
+                yield qp
+            else:
+                later.append(qp)
+        for qp in later:
+            if self.cold.lock(qp.topic, qp.queue_id).acquire(timeout=self.lock_wait_s):
+                yield qp
+            else:
+                report.busy.append(qp.key)
+                self.recorder.skipped_busy("clean", qp.topic, qp.queue_id)
+                log.warning("queue busy for the whole pass; its clean waits for the next one",
+                            extra={"topic": qp.topic, "queue": qp.queue_id})
+
     def _queue(self, qp: QueuePlan, report: CleanReport) -> QueueOutcome | None:
+        """One queue's changes; its lock is held (``_in_turn``) and released here."""
         lock = self.cold.lock(qp.topic, qp.queue_id)
-        if not lock.acquire(blocking=False):
-            report.busy.append(qp.key)  # the dispatcher is on it; next pass
-            return None
         try:
             merged = self._build_merges(qp, report)
             if not (qp.expire or qp.drop_gaps or qp.due_pending or merged):

@@ -249,6 +249,13 @@ class PrometheusRecorder:
         )
         for event in RECOVERY_EVENTS:
             self._recoveries.labels(event)
+        self._skipped_busy = Counter(
+            "tiered_queues_skipped_busy",
+            "Queues a pass left for the next one because the other job held them for all of it.",
+            ["job"], registry=r,
+        )
+        for job in JOBS:
+            self._skipped_busy.labels(job)
         # both jobs
         self._round_duration = Histogram(
             "tiered_round_duration_seconds", "Wall time of one job round.", ["job"],
@@ -340,6 +347,9 @@ class PrometheusRecorder:
     def quarantined(self, topic: str, queue_id: int) -> None:
         self._seen(topic)
         self._quarantined.labels(topic).inc()
+
+    def skipped_busy(self, job: str, topic: str, queue_id: int) -> None:
+        self._skipped_busy.labels(job if job in JOBS else "dispatch").inc()
 
     def recovery(self, event: str, topic: str = "") -> None:
         self._recoveries.labels(event if event in RECOVERY_EVENTS else "other").inc()

@@ -26,6 +26,9 @@ class Recorder(Protocol):
 
     def queue_error(self, job: str, topic: str, queue_id: int) -> None: ...
 
+    # a queue left for the next pass because the other job held it all along
+    def skipped_busy(self, job: str, topic: str, queue_id: int) -> None: ...
+
     # recovery: event is manifest_rebuilt | bucket_identity_changed
     def recovery(self, event: str, topic: str = "") -> None: ...
 
@@ -71,6 +74,9 @@ class NullRecorder:
         pass
 
     def queue_error(self, job: str, topic: str, queue_id: int) -> None:
+        pass
+
+    def skipped_busy(self, job: str, topic: str, queue_id: int) -> None:
         pass
 
     def recovery(self, event: str, topic: str = "") -> None:

@@ -46,6 +46,7 @@ class CountingRecorder(NullRecorder):
         self.skew: Counter[tuple[str, int]] = Counter()
         self.rounds: list[tuple[str, bool]] = []
         self.queue_errors: Counter[tuple[str, str, int]] = Counter()
+        self.skipped: dict[tuple[str, str, int], int] = {}
         self.archived_segments: Counter[tuple[str, int]] = Counter()
 
     def store_request(self, op: str, outcome: str, seconds: float) -> None:
@@ -64,6 +65,9 @@ class CountingRecorder(NullRecorder):
 
     def orphans_collected(self, objects: int) -> None:
         self.orphans += objects
+
+    def skipped_busy(self, job: str, topic: str, queue_id: int) -> None:
+        self.skipped[(job, topic, queue_id)] = self.skipped.get((job, topic, queue_id), 0) + 1
 
     def merged(self, topic: str, segments: int) -> None:
         self.merges[topic] += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -200,10 +201,12 @@ def test_busy_queue_is_skipped_then_cleaned(rig: Rig) -> None:
     rig.produce("T", 0, 2)
     rig.dispatch()
     rig.advance(2 * 3600)
+    rig.cleaner.options = replace(rig.cleaner.options, lock_wait_ms=20)
     lock = rig.cold.lock("T", 0)
-    with lock:
+    with lock:  # held for the whole pass
         rep = rig.clean()
     assert rep.busy == [("T", 0)] and rep.expired_segments == 0 and rep.ok
+    assert rig.recorder.skipped == {("clean", "T", 0): 1}
     assert len(rig.manifest("T").segments) == 1
     assert rig.events.data("delete") == []
     rep = rig.clean()
@@ -268,3 +271,31 @@ def test_failed_delete_is_reported_and_objects_left_as_orphans(tmp_path: Path) -
     rig.objects._raw_delete = raw  # type: ignore[method-assign]
     assert rig.clean(orphans=False).ok
     rig.close()
+
+
+def test_a_queue_the_dispatcher_holds_is_waited_for_not_skipped(rig: Rig) -> None:
+    """The cleaner and the dispatcher start together: the busy queue is
+    retried after the others and expires in the same pass."""
+    import threading
+
+    for topic in ("Busy", "Free"):
+        rig.produce(topic, 0, 2)
+    rig.dispatch()
+    rig.advance(2 * 3600)
+    lock = rig.cold.lock("Busy", 0)
+    lock.acquire()
+    holder_done = threading.Event()
+
+    def release_when_the_others_are_done() -> None:
+        # the dispatcher's step ends once the cleaner has committed the free queue
+        while rig.manifest("Free").segments:
+            holder_done.wait(0.005)
+        lock.release()
+
+    t = threading.Thread(target=release_when_the_others_are_done)
+    t.start()
+    rep = rig.clean()
+    t.join()
+    assert rep.busy == [] and rep.ok
+    assert {p.topic for p in rep.expired()} == {"Busy", "Free"}
+    assert rig.manifest("Busy").segments == () and rig.recorder.skipped == {}
