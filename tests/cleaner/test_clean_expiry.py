@@ -288,9 +288,13 @@ def test_a_queue_the_dispatcher_holds_is_waited_for_not_skipped(rig: Rig) -> Non
 
     def release_when_the_others_are_done() -> None:
         # the dispatcher's step ends once the cleaner has committed the free queue
-        while rig.manifest("Free").segments:
-            holder_done.wait(0.005)
-        lock.release()
+        # (read from the bucket, not through the cleaner's own cache)
+        key = f"{PREFIX}/Free/0/manifest.json"
+        try:
+            while Manifest.from_bytes(rig.objects.get(key)).segments:
+                holder_done.wait(0.005)
+        finally:
+            lock.release()
 
     t = threading.Thread(target=release_when_the_others_are_done)
     t.start()
