@@ -3,9 +3,11 @@
 # tiered: RocketMQ tiered-storage archival sidecar.
 #
 # Targets:
-#   runtime (default)  slim Python image, `tiered serve` as the entrypoint.
+#   runtime (default)  slim Python image, `tiered serve` as the entrypoint; no
+#       pyspark/pyarrow (~175 MB of packages: python bench/image_size.py).
 #       docker build -t rocketmq-tiered:0.1.0 .
-#   spark              runtime + a Java 17 runtime for `tiered sql` / `tiered export`.
+#   spark              runtime + the `spark` extra + a Java 17 runtime for
+#       `tiered sql` / `tiered export`.
 #       docker build --target spark -t rocketmq-tiered:0.1.0-spark .
 #
 # Both run as the unprivileged user `tiered` (uid/gid 10001) and work with a
@@ -15,7 +17,9 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 ################################################################################
-# build: install the package and its runtime dependencies into a virtualenv.
+# build: the sidecar's virtualenv: the package and its runtime dependencies
+# only, at the versions constraints.txt pins (the tested set). No pyspark or
+# pyarrow: they belong to the `spark` extra (bench/image_size.py measures it).
 ################################################################################
 FROM ${PYTHON_IMAGE} AS build
 
@@ -27,16 +31,26 @@ RUN python -m venv /opt/tiered
 WORKDIR /src
 
 # Dependencies first, in their own layer: it is rebuilt only when
-# pyproject.toml changes, not on every source edit.
-COPY pyproject.toml ./
+# pyproject.toml or constraints.txt change, not on every source edit.
+COPY pyproject.toml constraints.txt ./
 RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
         > /tmp/requirements.txt \
- && /opt/tiered/bin/pip install -r /tmp/requirements.txt
+ && /opt/tiered/bin/pip install -c constraints.txt -r /tmp/requirements.txt
 
 # Then the package itself (.dockerignore lets only the sources through).
 COPY . ./
 RUN /opt/tiered/bin/pip install --no-deps . \
  && /opt/tiered/bin/tiered --help > /dev/null
+
+################################################################################
+# build-spark: the same virtualenv plus the `spark` extra (pyspark, pyarrow).
+################################################################################
+FROM build AS build-spark
+
+RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["spark"]))' \
+        > /tmp/spark-requirements.txt \
+ && /opt/tiered/bin/pip install -c constraints.txt -r /tmp/spark-requirements.txt \
+ && /opt/tiered/bin/python -c 'import pyspark, pyarrow'
 
 ################################################################################
 # base: what both final images share.
@@ -57,11 +71,10 @@ RUN groupadd --system --gid "${GID}" tiered \
         --shell /usr/sbin/nologin tiered \
  && install -d -o "${UID}" -g "${GID}" -m 0750 /var/lib/tiered /etc/tiered
 
-COPY --from=build /opt/tiered /opt/tiered
-
 WORKDIR /home/tiered
 VOLUME ["/var/lib/tiered"]
-# /metrics, /healthz (liveness) and /readyz (readiness).
+# /metrics, /healthz (liveness: the scheduler loop is alive) and /readyz
+# (standalone readiness; the chart never probes it, see its README).
 EXPOSE 9464
 
 ################################################################################
@@ -77,6 +90,9 @@ RUN mkdir -p /usr/share/man/man1 \
  && rm -rf /var/lib/apt/lists/* \
  && ln -s "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" /opt/java
 
+# After Java: a source edit rebuilds only this layer, not the JRE's.
+COPY --from=build-spark /opt/tiered /opt/tiered
+
 ENV JAVA_HOME=/opt/java \
     PYSPARK_PYTHON=/opt/tiered/bin/python \
     SPARK_LOCAL_DIRS=/tmp
@@ -89,6 +105,8 @@ CMD ["--help"]
 # runtime (default target): the sidecar.
 ################################################################################
 FROM base AS runtime
+
+COPY --from=build /opt/tiered /opt/tiered
 
 USER 10001:10001
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s \

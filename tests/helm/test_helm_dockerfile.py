@@ -60,9 +60,10 @@ def effective(name: str, all_stages: dict[str, list[tuple[str, str]]], instructi
 
 def test_targets_and_default() -> None:
     all_stages = stages()
-    assert list(all_stages) == ["build", "base", "spark", "runtime"]
+    assert list(all_stages) == ["build", "build-spark", "base", "spark", "runtime"]
     # `docker build .` builds the last stage: the slim sidecar image.
     assert list(all_stages)[-1] == "runtime"
+    assert all_stages["build-spark"][0] == ("FROM", "build")
     assert all_stages["spark"][0] == ("FROM", "base")
     assert all_stages["runtime"][0] == ("FROM", "base")
     assert "slim" in re.search(r"ARG PYTHON_IMAGE=(\S+)", DOCKERFILE.read_text()).group(1)
@@ -108,7 +109,28 @@ def test_package_is_installed_with_pip_from_the_context() -> None:
     runs = [args for ins, args in stages()["build"] if ins == "RUN"]
     assert any("pip install --no-deps ." in args for args in runs)
     assert any("-r /tmp/requirements.txt" in args for args in runs)
-    assert ("COPY", "--from=build /opt/tiered /opt/tiered") in stages()["base"]
+    # each final image gets its own virtualenv: the sidecar's has no Spark
+    all_stages = stages()
+    assert ("COPY", "--from=build /opt/tiered /opt/tiered") in all_stages["runtime"]
+    assert ("COPY", "--from=build-spark /opt/tiered /opt/tiered") in all_stages["spark"]
+    assert not any(ins == "COPY" and "/opt/tiered" in args for ins, args in all_stages["base"])
+
+
+def test_installs_are_pinned_by_the_constraints() -> None:
+    """Every pip install of a dependency goes through constraints.txt, which
+    the build context carries; the sidecar's requirements are the project's
+    dependencies alone, the spark image's add the `spark` extra."""
+    all_stages = stages()
+    assert ("COPY", "pyproject.toml constraints.txt ./") in all_stages["build"]
+    for stage in ("build", "build-spark"):
+        for args in (a for ins, a in all_stages[stage] if ins == "RUN" and "pip install" in a):
+            for command in re.findall(r"pip install [^&]*", args):
+                assert "--no-deps" in command or "-c constraints.txt" in command, command
+    build_runs = " ".join(a for ins, a in all_stages["build"] if ins == "RUN")
+    assert '["project"]["dependencies"]' in build_runs and "optional-dependencies" not in build_runs
+    spark_runs = " ".join(a for ins, a in all_stages["build-spark"] if ins == "RUN")
+    assert '["optional-dependencies"]["spark"]' in spark_runs
+    assert in_context("constraints.txt", ignore_rules())
 
 
 # --------------------------------------------------------------------------
@@ -170,7 +192,7 @@ def test_context_ships_every_package_file_and_nothing_local() -> None:
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout.split()
-    needed = {"pyproject.toml", project["project"]["readme"]}
+    needed = {"pyproject.toml", "constraints.txt", project["project"]["readme"]}
     needed |= {f for f in tracked if f.split("/")[0] in packages}
     assert len(needed) > 5
     for path in sorted(needed):

@@ -8,6 +8,7 @@ every cluster and broker under the cold-tier root is read.
 from __future__ import annotations
 
 import base64
+import importlib
 import json
 import os
 import sys
@@ -195,6 +196,20 @@ def source_options(settings: Settings, extra: list[str] | None = None) -> dict[s
     return opts
 
 
+def require_query_extra(*modules: str) -> None:
+    """Fail in one line when the query side is not installed: pyspark and
+    pyarrow are the optional `spark` extra, which the sidecar image leaves out."""
+    missing = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        fail(f"{' and '.join(missing)} not installed: this command needs the 'spark' extra "
+             f"(pip install 'rocketmq-tiered[spark]')", 2)
+
+
 def spark_session(master: str) -> tuple[Any, bool]:
     """(session, created): the active session if there is one, else a new one."""
     from pyspark.sql import SparkSession
@@ -237,6 +252,7 @@ def sql(
     config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
 ) -> None:
     """Run Spark SQL on the archive, exposed as the temporary view 'messages'."""
+    require_query_extra("pyspark", "pyarrow")
     settings = _settings(config, cold, cluster, broker)
     opts = source_options(settings, option)
     spark, created = spark_session(master)
@@ -274,6 +290,7 @@ def export_cmd(
     config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
 ) -> None:
     """Export the archive to Parquet partitioned by topic and date, incrementally (reruns add only new data)."""
+    require_query_extra("pyarrow", *(["pyspark"] if engine == "spark" else []))
     from tiered.export import Exporter, ExportError, run_local, run_spark
     from tiered.reader import Archive
     from tiered.storage import open_store
