@@ -473,9 +473,9 @@ def test_probes_point_at_the_real_endpoint(rendered, parent_docs) -> None:
     for scenario, workload, template, tiered in pods:
         ports = {p["name"]: p["containerPort"] for p in tiered["ports"]}
         assert tiered["livenessProbe"]["httpGet"]["path"] == "/healthz"
-        assert tiered["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert "readinessProbe" not in tiered  # see test_chart_probes.py
         assert tiered["startupProbe"]["httpGet"]["path"] == "/healthz"
-        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        for probe in ("livenessProbe", "startupProbe"):
             port = tiered[probe]["httpGet"]["port"]
             assert ports[port] == MetricsSettings().port == 9464, (scenario, probe)
             paths.add(tiered[probe]["httpGet"]["path"])
@@ -797,7 +797,7 @@ def test_attach_templates_match_the_subchart_objects(parent_docs) -> None:
 
 FREE_FORM = {
     "resources", "podSecurityContext", "securityContext", "broker.resources", "broker.securityContext",
-    "exportJob.resources", "metrics.dashboard.labels", "probes.liveness", "probes.readiness", "probes.startup",
+    "exportJob.resources", "metrics.dashboard.labels", "probes.liveness", "probes.startup",
 }
 
 

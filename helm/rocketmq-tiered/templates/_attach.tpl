@@ -118,6 +118,11 @@ checksum/tiered-config: {{ include "rocketmq-tiered.config" . | sha256sum }}
     - name: tiered-metrics
       containerPort: {{ .Values.metrics.port }}
       protocol: TCP
+  # No readinessProbe, on purpose: Kubernetes takes the whole pod (the
+  # broker) out of its Services while any container is not ready, and S3
+  # trouble, a lease held elsewhere or a bad store must never do that. They
+  # are metrics and alerts instead. /healthz is liveness only: the
+  # scheduler loop is alive (never S3, the lease or the store).
   startupProbe:
     httpGet:
       path: /healthz
@@ -128,11 +133,6 @@ checksum/tiered-config: {{ include "rocketmq-tiered.config" . | sha256sum }}
       path: /healthz
       port: tiered-metrics
     {{- toYaml .Values.probes.liveness | nindent 4 }}
-  readinessProbe:
-    httpGet:
-      path: /readyz
-      port: tiered-metrics
-    {{- toYaml .Values.probes.readiness | nindent 4 }}
   resources:
     {{- toYaml .Values.resources | nindent 4 }}
   securityContext:
