@@ -240,3 +240,13 @@ def test_image_virtualenv_is_slim_and_runs(tmp_path: Path) -> None:
     assert done.returncode == 0 and "archived 10 messages" in done.stdout + done.stderr, done.stderr
     done = subprocess.run([tiered, "sql", "SELECT 1", "--cold", cold], **run)
     assert (done.returncode, done.stderr) == (2, f"tiered: pyspark and pyarrow not installed: {EXTRA_MESSAGE}\n")
+
+
+def test_readme_demo_runs_without_spark_or_arrow(tmp_path: Path) -> None:
+    """The README's first command installs `.` (no extra) and runs `tiered demo`."""
+    log = tmp_path / "blocked.log"
+    done = _blocked(["demo", "--dir", str(tmp_path / "demo"), "--duration", "5", "--rate", "20"], log,
+                    env=dict(os.environ), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"archive verified\s+│\s+OK: \d+ records byte-identical", done.stdout), done.stdout[-3000:]
+    assert not log.exists(), log.read_text()
