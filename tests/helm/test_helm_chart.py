@@ -473,7 +473,7 @@ def test_probes_point_at_the_real_endpoint(rendered, parent_docs) -> None:
     for scenario, workload, template, tiered in pods:
         ports = {p["name"]: p["containerPort"] for p in tiered["ports"]}
         assert tiered["livenessProbe"]["httpGet"]["path"] == "/healthz"
-        assert "readinessProbe" not in tiered  # see test_chart_probes.py
+        assert "readinessProbe" not in tiered  # see test_chart_probes_rollout.py
         assert tiered["startupProbe"]["httpGet"]["path"] == "/healthz"
         for probe in ("livenessProbe", "startupProbe"):
             port = tiered[probe]["httpGet"]["port"]
