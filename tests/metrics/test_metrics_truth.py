@@ -135,3 +135,77 @@ def test_stuck_queue_exports_lag_and_state_until_it_moves(tmp_path: Path) -> Non
     assert value(registry, "tiered_queue_stuck", **stuck) is None
     assert lag(registry, A0, "messages") == 0
     assert read_manifest(store, *A0).next_offset == 10
+
+
+def _expire_below(store_dir: Path, cut: int) -> None:
+    """What broker retention does: delete CommitLog files wholly below
+    ``cut`` and ConsumeQueue files whose entries all point below it."""
+    for f in sorted((store_dir / "commitlog").iterdir()):
+        if int(f.name) + f.stat().st_size <= cut:
+            f.unlink()
+    for qdir in (store_dir / "consumequeue").glob("*/*"):
+        for f in sorted(qdir.iterdir())[:-1]:  # never the last (active) file
+            data = f.read_bytes()
+            used = [struct.unpack_from(">q", data, i)[0] for i in range(0, len(data), CQ_ENTRY_SIZE)
+                    if struct.unpack_from(">i", data, i + 8)[0] != 0]
+            if used and max(used) < cut:
+                f.unlink()
+
+
+def test_data_deleted_before_the_first_archive_is_a_gap(tmp_path: Path) -> None:
+    clock = ManualClock()
+    registry = CollectorRegistry()
+    rec = PrometheusRecorder(registry, started_s=clock.now_ms() / 1000)
+    sd = tmp_path / "store"
+    store = open_store(f"file://{tmp_path / 'cold'}", recorder=rec)
+    with new_writer(sd) as w:
+        produce(w, *A0, 300, clock=clock, body_size=300)
+    local = LocalStore(sd)
+    # the sidecar sees the queue from offset 0 but cannot archive yet (the
+    # object store is down, or it is below its thresholds: here the delay)
+    d = new_dispatcher(store, local, tmp_path / "state", clock, recorder=rec, max_delay_ms=3_600_000)
+    assert d.run_round().ok
+    assert read_manifest(store, *A0) is None
+    assert lag(registry, A0, "messages") == 300
+    starts = sorted(int(f.name) for f in (sd / "commitlog").iterdir())
+    _expire_below(sd, starts[2])
+    first = LocalStore(sd).queue_range(*A0).min_offset
+    assert first > 0
+    clock.advance(3600)
+    result = d.run_round()
+    assert result.ok, result.errors
+    m = read_manifest(store, *A0)
+    assert [(g.q_start, g.q_end, g.reason) for g in m.gaps] == [(0, first, "expired_locally")]
+    assert m.first_offset == 0 and m.next_offset == 300
+    assert value(registry, "tiered_gaps_total", topic="Orders") == 1
+    assert value(registry, "tiered_gap_messages_total", topic="Orders") == first
+    assert_exact(store, LocalStore(sd), [A0])
+
+
+def test_series_per_queue_at_a_large_broker() -> None:
+    """900 queues: 100 topics of 8 queues and 100 retry topics of 1, every
+    per-queue and per-topic series created, a few queues stuck."""
+    registry = CollectorRegistry()
+    rec = PrometheusRecorder(registry)
+    queues = [(f"T{t}", q) for t in range(100) for q in range(8)] + [(f"%RETRY%g{t}", 0) for t in range(100)]
+    for topic, q in queues:
+        rec.archived(topic, q, 10, 1000)
+        rec.lag(topic, q, 1, 100, 2.0)
+        rec.cold_tier(topic, q, 1000, 1, 1_700_000_000_000)
+        rec.queue_committed(topic, q, 1_700_000_000.0)
+        rec.gap(topic, q, 1)
+        rec.cleaner_deleted(topic, 1, 10)
+        rec.merged(topic, 2)
+        rec.queue_error("clean", topic, q)
+    for topic, q in queues[:5]:
+        rec.queue_stuck(topic, q, "corrupt_local_data")
+    rec.store_request("put", "ok", 0.1)
+    rec.lease_state(True, 1_700_000_120.0)
+    text = generate_latest(registry).decode()
+    series = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert len(series) <= 10 * len(queues), len(series)
+    assert not [s for s in series if re.match(r"\w+_created[{ ]", s)]
+    assert not [s for s in series if re.search(r'[{,](job|instance)="', s)]
+    per_queue = [s for s in series if 'queue="3"' in s and 'topic="T7"' in s]
+    assert len(per_queue) == 4  # lag messages, bytes, seconds; last success
+    assert sum('tiered_queue_stuck{' in s for s in series) == 5
