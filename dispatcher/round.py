@@ -133,6 +133,7 @@ class Dispatcher:
         # queues failing now, with whether that fails the round (not a data stop)
         self._failing: dict[tuple[str, int], bool] = {}
         self._stuck: set[tuple[str, int]] = set()
+        self._reported: set[tuple[str, int]] = set()  # queues whose lag the last round reported
         # (topic, queue) -> (first pending offset, unix ms we first saw it pending):
         # the lag age of a queue whose oldest pending record cannot be read
         self._pending_since: dict[tuple[str, int], tuple[int, int]] = {}
@@ -366,9 +367,14 @@ class Dispatcher:
                 total += lag[0]
                 self.recorder.lag(key[0], key[1], *lag)
         result.lag_messages = total
-        # a queue gone from the store is no longer anyone's lag
-        for gone in set(self._pending_since) - set(keys):
+        # A queue gone from the store (or from the topic filter) is nobody's
+        # lag any more: its series go rather than repeat a last value forever.
+        current = set(keys)
+        for gone in self._reported - current:
+            self.recorder.forget_queue(*gone)
             self._pending_since.pop(gone, None)
+            self._stuck.discard(gone)
+        self._reported = current
 
     def _queue_lag(self, topic: str, qid: int, now_ms: int) -> tuple[int, int, float] | None:
         local = self.local

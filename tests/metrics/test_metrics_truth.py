@@ -209,3 +209,23 @@ def test_series_per_queue_at_a_large_broker() -> None:
     per_queue = [s for s in series if 'queue="3"' in s and 'topic="T7"' in s]
     assert len(per_queue) == 4  # lag messages, bytes, seconds; last success
     assert sum('tiered_queue_stuck{' in s for s in series) == 5
+
+
+def test_a_queue_no_longer_watched_loses_its_series(tmp_path: Path) -> None:
+    from dispatcher import TopicFilter
+
+    clock = ManualClock()
+    registry = CollectorRegistry()
+    rec = PrometheusRecorder(registry)
+    with new_writer(tmp_path / "store") as w:
+        for q in (A0, ("Audit", 0)):
+            produce(w, *q, 5, clock=clock)
+    store = open_store(f"file://{tmp_path / 'cold'}", recorder=rec)
+    d = new_dispatcher(store, LocalStore(tmp_path / "store"), tmp_path / "state", clock, recorder=rec,
+                       max_delay_ms=3_600_000)
+    d.run_round()
+    assert lag(registry, ("Audit", 0), "messages") == 5 and lag(registry, A0, "messages") == 5
+    d.filter = TopicFilter(exclude=("Audit",))
+    d.run_round()
+    assert lag(registry, ("Audit", 0), "messages") is None
+    assert lag(registry, A0, "messages") == 5
