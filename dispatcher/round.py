@@ -374,6 +374,8 @@ class Dispatcher:
             self.recorder.forget_queue(*gone)
             self._pending_since.pop(gone, None)
             self._stuck.discard(gone)
+            self._failing.pop(gone, None)  # nor does its last failure fail the rounds
+            self._failures.pop(gone, None)
         self._reported = current
 
     def _queue_lag(self, topic: str, qid: int, now_ms: int) -> tuple[int, int, float] | None:

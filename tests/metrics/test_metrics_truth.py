@@ -228,4 +228,5 @@ def test_a_queue_no_longer_watched_loses_its_series(tmp_path: Path) -> None:
     d.filter = TopicFilter(exclude=("Audit",))
     d.run_round()
     assert lag(registry, ("Audit", 0), "messages") is None
+    assert value(registry, "tiered_rounds_total", task="dispatch", outcome="error") == 0
     assert lag(registry, A0, "messages") == 5
