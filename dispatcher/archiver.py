@@ -51,6 +51,7 @@ class QueueResult:
     gaps: int = 0
     lag_messages: int = 0
     error: str | None = None
+    error_type: str | None = None  # the exception's class name, so the round can tell data from transport
     committed: bool = False
     skipped_busy: bool = False
     more: bool = False
@@ -100,15 +101,30 @@ class QueueArchiver:
     # --- where to start ----------------------------------------------------------
 
     def _first_start(self, topic: str, queue_id: int, min_offset: int, max_offset: int) -> int:
+        """Where a queue without a manifest starts, fixed at first sight. Data
+        the broker deletes from there before the first commit is a gap, like
+        any later one (not a silently later start)."""
         key = (topic, queue_id)
         start = self._starts.get(key)
         if start is None:
             pos = self.options.start_position
             if pos == "earliest":
-                return min_offset  # re-evaluated each time until the first commit
-            start = max_offset if pos == "latest" else self.local.find_offset(topic, queue_id, parse_time_ms(pos))
+                start = min_offset
+            else:
+                start = max_offset if pos == "latest" else self.local.find_offset(
+                    topic, queue_id, parse_time_ms(pos))
             self._starts[key] = start
-        return max(start, min_offset)
+        return start
+
+    def start_offset(self, topic: str, queue_id: int, min_offset: int, max_offset: int) -> int:
+        """The first offset not yet archived: the manifest's end, else the first start."""
+        manifest = self.cold.cached(topic, queue_id)
+        if manifest is not None:
+            return manifest.next_offset
+        return self._first_start(topic, queue_id, min_offset, max_offset)
+
+    def oldest_pending_ms(self, topic: str, queue_id: int, offset: int) -> int | None:
+        return self._oldest_pending_ms(topic, queue_id, offset)
 
     # --- one queue, one round ------------------------------------------------------
 
@@ -143,6 +159,7 @@ class QueueArchiver:
             self._run(topic, queue_id, deadline, max_steps, result)
         except CorruptRecordError as exc:
             result.error = str(exc)
+            result.error_type = type(exc).__name__
             result.more = False
             at = self._at(topic, queue_id)
             key = (topic, queue_id, at if at is not None else -1)
@@ -157,6 +174,7 @@ class QueueArchiver:
             raise  # stops the whole round: nobody else may write either
         except Exception as exc:  # noqa: BLE001 - the queue's edge: log, count, retry next round
             result.error = f"{type(exc).__name__}: {exc}"
+            result.error_type = type(exc).__name__
             result.more = False
             self.recorder.queue_error("dispatch", topic, queue_id)
             log.error("archiving %s/%s failed; will retry from offset %s, the first not committed: %s",
@@ -373,15 +391,7 @@ class QueueArchiver:
         return committed
 
     def _report_lag(self, topic: str, queue_id: int, manifest: Manifest | None, result: QueueResult) -> None:
+        # Lag is recomputed by the round for every queue (dispatcher.round), failed or not.
         if manifest is None:
             return
-        count, nbytes = self._local(self.local.pending, topic, queue_id, manifest.next_offset)
-        # pending() counts at most 1M entries; the message count is exact anyway
-        count = max(count, self._local(self.local.max_offset, topic, queue_id) - manifest.next_offset)
-        seconds = 0.0
-        oldest = self._oldest_pending_ms(topic, queue_id, manifest.next_offset) if count else None
-        if oldest is not None:
-            seconds = max(0.0, (self.clock.now_ms() - oldest) / 1000)
-        result.lag_messages = count
-        self.recorder.lag(topic, queue_id, count, nbytes, seconds)
         self.recorder.cold_tier(topic, queue_id, manifest.nbytes, len(manifest.segments), manifest.min_store_ms)

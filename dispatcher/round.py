@@ -9,6 +9,18 @@ starve the others and two backlogs share the budget. A queue that failed is
 retried from its first uncommitted offset: at the next round, then after a
 jittered, growing pause. A lost lease stops the round (nothing more is
 written) and makes the next round win the lease back and reload first.
+
+What the round reports does not depend on what it managed to write. Lag
+(messages, bytes, seconds) is recomputed at the end of every round for every
+eligible queue from the local store and the cached manifests, for a queue
+that failed, waits in back-off or cannot start as much as for one that
+archived. A queue stopped on its own data (corrupt, store behind its
+archive, an unreadable manifest, unaccounted objects) is reported stuck
+with that reason until it moves again. The round counts as a success only
+when nothing failed for another reason (object store, lease, unexpected
+errors) and no queue waits in back-off for one: a store outage stops
+``tiered_last_success_timestamp_seconds`` instead of leaving the failing
+queues out of the verdict.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from tiered.clock import Clock, SystemClock
 from tiered.coldtier import ColdTier
 from tiered.config import RetentionSettings
 from tiered.errors import ConfigError, FencedError, TieredError
+from tiered.manifest import Manifest
 from tiered.lease import LeaseManager
 from tiered.localstore import LocalStore
 from tiered.recorder import NullRecorder, Recorder
@@ -65,9 +78,31 @@ class RoundResult:
     seconds: float = 0.0
     skipped: bool = False  # another round was still running
 
+    # an error that is not a queue stopped on its own data: the round failed
+    failed: bool = False
+
     @property
     def ok(self) -> bool:
         return not self.errors and self.fenced is None
+
+
+#: Exception class name -> ``tiered_queue_stuck`` reason. A queue failing for
+#: any other reason than these and a storage error is stuck with "error".
+STUCK_REASONS = {
+    "CorruptRecordError": "corrupt_local_data",
+    "StoreBehindError": "store_behind",
+    "FormatVersionError": "manifest",
+    "UnaccountedObjectsError": "unaccounted_objects",
+}
+#: Failures of the object store itself: the store is down, not the queue.
+TRANSPORT_ERRORS = frozenset({"StorageError", "ObjectNotFoundError", "PreconditionFailedError", "ConflictError"})
+
+
+def stuck_reason(error_type: str | None) -> str | None:
+    """The stuck reason of a failed queue, None for a transport failure."""
+    if error_type in TRANSPORT_ERRORS:
+        return None
+    return STUCK_REASONS.get(error_type or "", "error")
 
 
 class Dispatcher:
@@ -95,6 +130,13 @@ class Dispatcher:
             before_write=self._before_write, on_bytes=on_bytes,
         )
         self._failures: dict[tuple[str, int], tuple[int, float]] = {}
+        # queues failing now, with whether that fails the round (not a data stop)
+        self._failing: dict[tuple[str, int], bool] = {}
+        self._stuck: set[tuple[str, int]] = set()
+        self._reported: set[tuple[str, int]] = set()  # queues whose lag the last round reported
+        # (topic, queue) -> (first pending offset, unix ms we first saw it pending):
+        # the lag age of a queue whose oldest pending record cannot be read
+        self._pending_since: dict[tuple[str, int], tuple[int, int]] = {}
         self._rng = random.Random()
         self._fenced: str | None = None
         self._was_fenced = False
@@ -142,26 +184,35 @@ class Dispatcher:
         if not self._round_lock.acquire(blocking=False):
             return RoundResult(skipped=True)
         try:
-            return self._run_round()
+            started = time.perf_counter()
+            result = self._run_round()
+            self._refresh_lag(result)
+            result.seconds = time.perf_counter() - started
+            ok = result.fenced is None and not result.failed and not any(self._failing.values())
+            self.recorder.round_finished("dispatch", result.seconds, ok, self.clock.now_ms() / 1000)
+            return result
         finally:
             self._round_lock.release()
 
     def _run_round(self) -> RoundResult:
-        started = time.perf_counter()
         result = RoundResult()
         if not self.started:
             try:
                 self.start()
             except FencedError as exc:
-                return self._finish_fenced(result, str(exc), started)
+                return self._finish_fenced(result, str(exc))
+            except TieredError as exc:  # the object store cannot be read: nothing written, lag still reported
+                result.errors["start"] = str(exc)
+                result.failed = True
+                log.error("cannot start archiving: %s", exc)
+                return result
         try:
             # the bucket is the truth: a new or emptied one means archiving again
             self.cold.check_identity()
         except TieredError as exc:
             result.errors["_identity.json"] = str(exc)
+            result.failed = True
             log.error("cannot check the bucket identity; nothing written this round: %s", exc)
-            result.seconds = time.perf_counter() - started
-            self.recorder.round_finished("dispatch", result.seconds, False, self.clock.now_ms() / 1000)
             return result
         now = self.clock.monotonic()
         deadline = now + self.options.round_budget_s
@@ -176,7 +227,7 @@ class Dispatcher:
             if busy:
                 self._archive(busy, deadline, outcomes)
         except FencedError as exc:
-            return self._finish_fenced(result, str(exc), started)
+            return self._finish_fenced(result, str(exc))
         committed = False
         for r in outcomes.values():
             self._account(r, result)
@@ -187,8 +238,7 @@ class Dispatcher:
                 self.cold.write_catalog()
             except Exception as exc:  # noqa: BLE001 - the catalog is a hint; next round rewrites it
                 result.errors["_catalog.json"] = f"{type(exc).__name__}: {exc}"
-        result.seconds = time.perf_counter() - started
-        self.recorder.round_finished("dispatch", result.seconds, result.ok, self.clock.now_ms() / 1000)
+                result.failed = True
         return result
 
     def _record_retention(self) -> None:
@@ -256,14 +306,12 @@ class Dispatcher:
         if fenced is not None:
             raise fenced
 
-    def _finish_fenced(self, result: RoundResult, message: str, started: float) -> RoundResult:
+    def _finish_fenced(self, result: RoundResult, message: str) -> RoundResult:
         self._fenced = None
         self._was_fenced = True
         self.started = False  # the next round must win the lease again, then reload
         result.fenced = message
         log.error("dispatch round stopped, not writing: %s", message)
-        result.seconds = time.perf_counter() - started
-        self.recorder.round_finished("dispatch", result.seconds, False, self.clock.now_ms() / 1000)
         return result
 
     def _account(self, r: QueueResult, result: RoundResult) -> None:
@@ -272,11 +320,18 @@ class Dispatcher:
         result.messages += r.messages
         result.nbytes += r.nbytes
         result.gaps += r.gaps
-        result.lag_messages += r.lag_messages
+        if r.committed:
+            self.recorder.queue_committed(r.topic, r.queue_id, self.clock.now_ms() / 1000)
         if r.error is None:
             self._failures.pop(key, None)
+            if not r.skipped_busy:
+                self._failing.pop(key, None)
+                self._set_stuck(key, None)
             return
         result.errors[f"{r.topic}/{r.queue_id}"] = r.error
+        reason = stuck_reason(r.error_type)
+        self._failing[key] = reason is None or reason == "error"
+        self._set_stuck(key, reason)
         failures = self._failures.get(key, (0, 0.0))[0] + 1
         # The first retry comes with the next round; then capped exponential
         # backoff with jitter, so a persistent failure does not hammer the store.
@@ -287,3 +342,74 @@ class Dispatcher:
     def backoff(self, topic: str, queue_id: int) -> tuple[int, float]:
         """(consecutive failures, monotonic time before which the queue is not retried)."""
         return self._failures.get((topic, queue_id), (0, 0.0))
+
+    def _set_stuck(self, key: tuple[str, int], reason: str | None) -> None:
+        if reason is None and key not in self._stuck:
+            return  # the common case: nothing to clear, no recorder call
+        (self._stuck.add if reason is not None else self._stuck.discard)(key)
+        self.recorder.queue_stuck(key[0], key[1], reason)
+
+    # --- lag, whatever the round managed to write ---------------------------
+
+    def _refresh_lag(self, result: RoundResult) -> None:
+        """Every eligible queue's lag from the local store and the cached
+        manifest: failed, in back-off, stuck or not even started alike."""
+        try:
+            keys = self.eligible_queues()
+        except OSError as exc:
+            log.error("cannot list the local store's queues; lag not refreshed: %s", exc)
+            return
+        now_ms = self.clock.now_ms()
+        total = 0
+        for key in keys:
+            lag = self._queue_lag(key[0], key[1], now_ms)
+            if lag is not None:
+                total += lag[0]
+                self.recorder.lag(key[0], key[1], *lag)
+        result.lag_messages = total
+        # A queue gone from the store (or from the topic filter) is nobody's
+        # lag any more: its series go rather than repeat a last value forever.
+        current = set(keys)
+        for gone in self._reported - current:
+            self.recorder.forget_queue(*gone)
+            self._pending_since.pop(gone, None)
+            self._stuck.discard(gone)
+            self._failing.pop(gone, None)  # nor does its last failure fail the rounds
+            self._failures.pop(gone, None)
+        self._reported = current
+
+    def _queue_lag(self, topic: str, qid: int, now_ms: int) -> tuple[int, int, float] | None:
+        local = self.local
+        try:
+            manifest: Manifest | None = self.cold.cached(topic, qid)
+            max_offset = local.max_offset(topic, qid)
+            if manifest is not None and max_offset <= manifest.next_offset:
+                self._pending_since.pop((topic, qid), None)
+                return 0, 0, 0.0  # idle: no more reads
+            rng = local.queue_range(topic, qid)
+            start = max(self.archiver.start_offset(topic, qid, rng.min_offset, rng.max_offset), rng.min_offset)
+            if rng.max_offset <= start:
+                self._pending_since.pop((topic, qid), None)
+                return 0, 0, 0.0
+            count, nbytes = local.pending(topic, qid, start)
+        except FileNotFoundError:
+            local.refresh()  # the broker deleted a file meanwhile: next round reads the new view
+            return None
+        except (OSError, TieredError) as exc:
+            # The queue's ConsumeQueue cannot be read: its error is reported by the
+            # archiver; the lag keeps its last value rather than a made-up one.
+            log.debug("lag of %s/%s not refreshed: %s", topic, qid, exc)
+            return None
+        # pending() counts at most 1M entries; the message count is exact anyway
+        count = max(count, rng.max_offset - start)
+        seen = self._pending_since.get((topic, qid))
+        if seen is None or seen[0] != start:
+            seen = (start, now_ms)
+            self._pending_since[(topic, qid)] = seen
+        # at least as old as we have seen it pending (all we know when the
+        # record is unreadable), and as old as its store time says
+        age_ms = now_ms - seen[1]
+        oldest = self.archiver.oldest_pending_ms(topic, qid, start)
+        if oldest is not None:
+            age_ms = max(age_ms, now_ms - oldest)
+        return count, nbytes, max(0.0, age_ms / 1000)

@@ -18,7 +18,8 @@ Contracts:
   Negative counts are dropped with a warning; an ``op`` or ``outcome``
   outside ``OPS`` / ``OUTCOMES`` is recorded as ``"other"`` / ``"error"``
   (bounding cardinality) with a warning, once per value.
-* Labels are low-cardinality: topic, queue id, job, op, outcome. No offsets,
+* Labels are low-cardinality: topic, queue id, task, op, outcome. Never
+  ``job`` or ``instance``: those are the scraper's. No offsets,
   no keys, no URLs, no credentials.
 * Counters that alerts watch (``tiered_gaps_total``,
   ``tiered_corrupt_records_total``, ...) are created at 0 for a topic the
@@ -35,7 +36,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
+from prometheus_client import disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -43,7 +45,12 @@ from tiered import __version__
 
 log = logging.getLogger(__name__)
 
-#: The two scheduled jobs, values of the ``job`` label.
+# No ``*_created`` series: a third of all series at 900 queues, and nothing
+# here reads them (prometheus-client's switch is process-wide).
+disable_created_metrics()
+
+#: The two scheduled jobs, values of the ``task`` label (never ``job``: that
+#: label belongs to Prometheus, and ours would force ``honor_labels``).
 JOBS: tuple[str, ...] = ("dispatch", "clean")
 #: Object-store operations, values of the ``op`` label; anything else is "other".
 OPS: tuple[str, ...] = ("get", "put", "put_if_absent", "put_if_match", "delete", "list", "head", "copy")
@@ -55,6 +62,12 @@ OPS: tuple[str, ...] = ("get", "put", "put_if_absent", "put_if_match", "delete",
 OUTCOMES: tuple[str, ...] = ("ok", "error", "throttled", "not_found", "precondition_failed", "timeout")
 #: Values of the ``event`` label of ``tiered_recoveries_total``.
 RECOVERY_EVENTS: tuple[str, ...] = ("manifest_rebuilt", "bucket_identity_changed")
+#: Values of the ``reason`` label of ``tiered_queue_stuck``; anything else is "error".
+STUCK_REASONS: tuple[str, ...] = ("corrupt_local_data", "store_behind", "manifest", "unaccounted_objects", "error")
+#: Values of the ``event`` label of ``tiered_lease_changes_total``.
+LEASE_EVENTS: tuple[str, ...] = ("acquired", "lost")
+#: Outcomes after which the object store counts as down (it did not answer usefully).
+DOWN_OUTCOMES: frozenset[str] = frozenset({"error", "timeout"})
 #: Label value that stands for every queue of a topic when ``per_queue=False``.
 ALL_QUEUES = "all"
 
@@ -87,6 +100,10 @@ class _StateCollector(Collector):
         self._lock = threading.Lock()
         self._lag: dict[tuple[str, int], _Lag] = {}
         self._cold: dict[tuple[str, int], _Cold] = {}
+        self._stuck: dict[tuple[str, int], str] = {}  # queue -> reason, only while stopped
+        self._committed: dict[tuple[str, int], float] = {}  # queue -> unix time of its last commit
+        self._store_up: int | None = None  # None until the first request or probe says
+        self._lease: tuple[int, float | None] = (0, None)  # held, expiry (unix s)
 
     def set_lag(self, topic: str, queue_id: int, lag: _Lag) -> None:
         with self._lock:
@@ -95,6 +112,25 @@ class _StateCollector(Collector):
     def forget_queue(self, topic: str, queue_id: int) -> None:
         with self._lock:
             self._lag.pop((topic, queue_id), None)
+            self._stuck.pop((topic, queue_id), None)
+            self._committed.pop((topic, queue_id), None)
+
+    def set_stuck(self, topic: str, queue_id: int, reason: str | None) -> None:
+        with self._lock:
+            if reason is None:
+                self._stuck.pop((topic, queue_id), None)
+            else:
+                self._stuck[(topic, queue_id)] = reason
+
+    def set_committed(self, topic: str, queue_id: int, now_s: float) -> None:
+        with self._lock:
+            self._committed[(topic, queue_id)] = now_s
+
+    def set_store_up(self, up: bool) -> None:
+        self._store_up = int(up)  # one int store: atomic, no lock needed
+
+    def set_lease(self, held: bool, expires_s: float | None) -> None:
+        self._lease = (int(held), expires_s if held else None)
 
     def set_cold(self, topic: str, queue_id: int, cold: _Cold) -> None:
         with self._lock:
@@ -108,12 +144,26 @@ class _StateCollector(Collector):
         with self._lock:
             lag = dict(self._lag)
             cold = dict(self._cold)
+            stuck = dict(self._stuck)
+            committed = dict(self._committed)
         families = self._families()
-        lag_messages, lag_bytes, lag_seconds, cold_bytes, cold_segments, oldest = families
+        (lag_messages, lag_bytes, lag_seconds, cold_bytes, cold_segments, oldest,
+         stuck_family, committed_family, store_up, lease_held, lease_expiry) = families
         for (topic, queue), value in sorted(self._lag_rows(lag).items()):
             lag_messages.add_metric([topic, queue], value.messages)
             lag_bytes.add_metric([topic, queue], value.nbytes)
             lag_seconds.add_metric([topic, queue], value.seconds)
+        # Per queue in both modes: a stopped queue is the exception, named exactly.
+        for (topic, queue_id), reason in sorted(stuck.items()):
+            stuck_family.add_metric([topic, str(queue_id), reason], 1)
+        for (topic, queue), when in sorted(self._committed_rows(committed).items()):
+            committed_family.add_metric([topic, queue], when)
+        if self._store_up is not None:
+            store_up.add_metric([], self._store_up)
+        held, expires_s = self._lease
+        lease_held.add_metric([], held)
+        if expires_s is not None:
+            lease_expiry.add_metric([], expires_s)
         for topic, shape in sorted(self._cold_by_topic(cold).items()):
             cold_bytes.add_metric([topic], shape.nbytes)
             cold_segments.add_metric([topic], shape.segments)
@@ -137,6 +187,15 @@ class _StateCollector(Collector):
             out[topic] = _Cold(prev.nbytes + shape.nbytes, prev.segments + shape.segments,
                                min(oldest) if oldest else None)
         return out
+
+    def _committed_rows(self, committed: dict[tuple[str, int], float]) -> dict[tuple[str, str], float]:
+        if self._per_queue:
+            return {(topic, str(queue_id)): when for (topic, queue_id), when in committed.items()}
+        # Per-topic mode: the topic is as fresh as its stalest queue.
+        rows: dict[tuple[str, str], float] = {}
+        for (topic, _), when in committed.items():
+            rows[(topic, ALL_QUEUES)] = min(when, rows.get((topic, ALL_QUEUES), when))
+        return rows
 
     def _lag_rows(self, lag: dict[tuple[str, int], _Lag]) -> dict[tuple[str, str], _Lag]:
         if self._per_queue:
@@ -180,6 +239,29 @@ class _StateCollector(Collector):
                 "tiered_oldest_archived_timestamp_seconds",
                 "Store time of the oldest message still in the cold tier (absent when empty).",
                 labels=["topic"],
+            ),
+            GaugeMetricFamily(
+                "tiered_queue_stuck",
+                "1 while a queue is stopped (reason: corrupt_local_data | store_behind | manifest | "
+                "unaccounted_objects | error); the series is gone once the queue moves again.",
+                labels=["topic", "queue", "reason"],
+            ),
+            GaugeMetricFamily(
+                "tiered_queue_last_success_timestamp_seconds",
+                "Unix time this process last committed for the queue (an upload or a recorded gap); "
+                "absent until its first commit (queue=\"all\": the topic's stalest queue).",
+                labels=q,
+            ),
+            GaugeMetricFamily(
+                "tiered_object_store_up",
+                "1 when the latest object-store request or probe got an answer, 0 when it failed "
+                "(error or timeout); absent before the first one.",
+            ),
+            GaugeMetricFamily("tiered_lease_held", "1 while this sidecar holds the write lease."),
+            GaugeMetricFamily(
+                "tiered_lease_expiry_timestamp_seconds",
+                "Expiry of the write lease this sidecar holds (renewed before writes, so an idle "
+                "sidecar's may be past); absent when not held.",
             ),
         ]
 
@@ -238,7 +320,7 @@ class PrometheusRecorder:
         self._queue_errors = Counter(
             "tiered_queue_errors",
             "Queue-level failures; the job went on with the other queues.",
-            ["job", "topic"],
+            ["task", "topic"],
             registry=r,
         )
         self._recoveries = Counter(
@@ -252,22 +334,22 @@ class PrometheusRecorder:
         self._skipped_busy = Counter(
             "tiered_queues_skipped_busy",
             "Queues a pass left for the next one because the other job held them for all of it.",
-            ["job"], registry=r,
+            ["task"], registry=r,
         )
         for job in JOBS:
             self._skipped_busy.labels(job)
         # both jobs
         self._round_duration = Histogram(
-            "tiered_round_duration_seconds", "Wall time of one job round.", ["job"],
+            "tiered_round_duration_seconds", "Wall time of one job round.", ["task"],
             buckets=ROUND_BUCKETS, registry=r,
         )
         self._rounds = Counter(
-            "tiered_rounds", "Job rounds by outcome (ok | error).", ["job", "outcome"], registry=r
+            "tiered_rounds", "Job rounds by outcome (ok | error).", ["task", "outcome"], registry=r
         )
         self._last_success = Gauge(
             "tiered_last_success_timestamp_seconds",
             "Unix time of the last successful round (process start until the first one).",
-            ["job"],
+            ["task"],
             registry=r,
         )
         # object store
@@ -303,6 +385,14 @@ class PrometheusRecorder:
             registry=r,
         )
         Info("tiered_build", "Build information.", registry=r).info({"version": __version__})
+        # process_start_time_seconds & co.: alerts tell a fresh process from an old one
+        ProcessCollector(registry=r)
+        self._lease_changes = Counter(
+            "tiered_lease_changes", "Write lease taken (acquired) or lost to another writer (lost).",
+            ["event"], registry=r,
+        )
+        for event in LEASE_EVENTS:
+            self._lease_changes.labels(event)
 
         started = time.time() if started_s is None else started_s
         for job in JOBS:
@@ -334,6 +424,15 @@ class PrometheusRecorder:
         keeps exporting its last lag forever.
         """
         self._state.forget_queue(topic, queue_id)
+
+    def queue_stuck(self, topic: str, queue_id: int, reason: str | None) -> None:
+        """A queue stopped (``reason``) or moving again (None)."""
+        if reason is not None:
+            reason = self._vocab(reason, STUCK_REASONS, "error", "reason")
+        self._state.set_stuck(topic, queue_id, reason)
+
+    def queue_committed(self, topic: str, queue_id: int, now_s: float) -> None:
+        self._state.set_committed(topic, queue_id, now_s)
 
     def gap(self, topic: str, queue_id: int, messages: int) -> None:
         self._seen(topic)
@@ -373,6 +472,19 @@ class PrometheusRecorder:
         outcome = self._vocab(outcome, OUTCOMES, "error", "outcome")
         self._requests.labels(op, outcome).inc()
         self._request_duration.labels(op).observe(seconds)
+        self._state.set_store_up(outcome not in DOWN_OUTCOMES)
+
+    def store_probe(self, ok: bool) -> None:
+        """A probe's answer, for when no real request said anything lately."""
+        self._state.set_store_up(ok)
+
+    # -- lease ----------------------------------------------------------------
+
+    def lease_state(self, held: bool, expires_s: float | None) -> None:
+        self._state.set_lease(held, expires_s)
+
+    def lease_change(self, event: str) -> None:
+        self._lease_changes.labels(self._vocab(event, LEASE_EVENTS, "lost", "event")).inc()
 
     def store_retry(self, op: str) -> None:
         self._retries.labels(self._vocab(op, OPS, "other", "op")).inc()

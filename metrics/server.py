@@ -6,11 +6,17 @@ blocks the jobs and the process can exit without joining it.
 * ``/metrics``: the registry in Prometheus text format, or OpenMetrics when
   the scraper's ``Accept`` asks for it (``prometheus_client.exposition``'s
   ``choose_encoder``).
-* ``/healthz``: 200 ``ok`` as long as the process serves HTTP (liveness).
+* ``/healthz``: liveness. 200 with the reason while ``alive()`` returns
+  ``(True, reason)`` (the sidecar: its scheduler loop beat recently), 503
+  otherwise. Never depends on the object store, the lease or the store, so
+  a restart is only asked for when a restart can help. Without ``alive``:
+  200 ``ok`` while the process serves HTTP.
 * ``/readyz``: 200 with the reason when ``ready()`` returns ``(True,
-  reason)``, 503 with the reason otherwise (readiness). If ``ready()``
-  raises, 503 with the exception's type name only: exception text may
-  carry an endpoint URL or a credential and is never sent.
+  reason)``, 503 with the reason otherwise (for standalone use: the
+  sidecar can write; a pod probe on it would take the broker out of
+  service on S3 trouble). If a check raises, 503 with the exception's type
+  name only: exception text may carry an endpoint URL or a credential and
+  is never sent.
 * anything else: 404. Only GET and HEAD are served.
 
 No request logging: a scrape every 15 s would drown the useful logs.
@@ -39,6 +45,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True  # request threads never hold up shutdown
     registry: CollectorRegistry
     ready: ReadyCheck
+    alive: ReadyCheck
 
 
 class _Server6(_Server):
@@ -63,9 +70,10 @@ class _Handler(BaseHTTPRequestHandler):
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
             status, payload = 200, encoder(self.server.registry)
         elif path == "/healthz":
-            status, payload, content_type = 200, b"ok", _TEXT
+            ok, reason = self._check(self.server.alive, "liveness")
+            status, payload, content_type = (200 if ok else 503), reason.encode(), _TEXT
         elif path == "/readyz":
-            ok, reason = self._readiness()
+            ok, reason = self._check(self.server.ready, "readiness")
             status, payload, content_type = (200 if ok else 503), reason.encode(), _TEXT
         else:
             status, payload, content_type = 404, b"not found", _TEXT
@@ -77,12 +85,13 @@ class _Handler(BaseHTTPRequestHandler):
         if body:
             self.wfile.write(payload)
 
-    def _readiness(self) -> tuple[bool, str]:
+    @staticmethod
+    def _check(check: ReadyCheck, what: str) -> tuple[bool, str]:
         try:
-            ok, reason = self.server.ready()
-        except Exception as exc:  # process edge: a broken check means "not ready"
-            log.warning("readiness check raised %s", type(exc).__name__)
-            return False, f"readiness check failed: {type(exc).__name__}"
+            ok, reason = check()
+        except Exception as exc:  # process edge: a broken check means "no"
+            log.warning("%s check raised %s", what, type(exc).__name__)
+            return False, f"{what} check failed: {type(exc).__name__}"
         return bool(ok), str(reason)
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (stdlib name)
@@ -104,11 +113,13 @@ class MetricsServer:
         host: str,
         port: int,
         ready: ReadyCheck,
+        alive: ReadyCheck | None = None,
     ) -> None:
         self._registry = registry
         self._host = host
         self._port = port
         self._ready = ready
+        self._alive: ReadyCheck = alive or (lambda: (True, "ok"))
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -133,6 +144,7 @@ class MetricsServer:
         server = cls((self._host, self._port), _Handler)
         server.registry = self._registry
         server.ready = self._ready
+        server.alive = self._alive
         thread = threading.Thread(target=server.serve_forever, name="tiered-metrics", daemon=True)
         thread.start()
         self._server, self._thread = server, thread

@@ -26,6 +26,13 @@ class Recorder(Protocol):
 
     def queue_error(self, job: str, topic: str, queue_id: int) -> None: ...
 
+    # a queue stopped (reason: corrupt_local_data | store_behind | manifest |
+    # unaccounted_objects | error) or moving again (None)
+    def queue_stuck(self, topic: str, queue_id: int, reason: str | None) -> None: ...
+
+    # the queue committed (an upload or a recorded gap) at now_s
+    def queue_committed(self, topic: str, queue_id: int, now_s: float) -> None: ...
+
     # a queue left for the next pass because the other job held it all along
     def skipped_busy(self, job: str, topic: str, queue_id: int) -> None: ...
 
@@ -74,6 +81,12 @@ class NullRecorder:
         pass
 
     def queue_error(self, job: str, topic: str, queue_id: int) -> None:
+        pass
+
+    def queue_stuck(self, topic: str, queue_id: int, reason: str | None) -> None:
+        pass
+
+    def queue_committed(self, topic: str, queue_id: int, now_s: float) -> None:
         pass
 
     def skipped_busy(self, job: str, topic: str, queue_id: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,8 +31,14 @@ class QueueStatus:
         return asdict(self)
 
 
-def queue_status(cold: ColdTier, local: LocalStore | None = None) -> list[QueueStatus]:
+def queue_status(cold: ColdTier, local: LocalStore | None = None,
+                 accepts: Callable[[str], bool] | None = None) -> list[QueueStatus]:
     """Rows for every queue archived or (with ``local``) present locally.
+
+    ``accepts`` is the dispatcher's topic filter: a local queue of a topic it
+    excludes (``SCHEDULE_TOPIC_XXXX`` by default) is nobody's lag and gets no
+    row; one archived before it was excluded keeps its archived columns,
+    with no lag and no problem.
 
     Reads the manifests through ``cold`` (fetched if not cached) and the
     local ConsumeQueues; never the CommitLog or archived data.
@@ -41,10 +48,11 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None) -> list[QueueS
     manifests = cold.manifests()
     keys = set(manifests) | set(cold.broken)
     if local is not None:
-        keys.update(local.queues())
+        keys.update(k for k in local.queues() if accepts is None or accepts(k[0]))
     rows = []
     for topic, qid in sorted(keys):
         m = manifests.get((topic, qid))
+        watched = accepts is None or accepts(topic)
         lmin = lmax = None
         if local is not None:
             try:
@@ -54,7 +62,7 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None) -> list[QueueS
                 pass
         lag = None
         problem = f"manifest unreadable: {cold.broken[(topic, qid)]}" if (topic, qid) in cold.broken else None
-        if lmax is not None and local is not None:
+        if lmax is not None and local is not None and watched:
             nxt = max(m.next_offset, lmin or 0) if m else (lmin or 0)
             lag = max(0, lmax - nxt)
             if problem is None and m is not None and lmax < m.next_offset:

@@ -115,8 +115,8 @@ def test_record_problems_count_per_topic(rec: PrometheusRecorder, registry: Coll
     assert value(registry, "tiered_corrupt_records_total", topic="orders") == 2
     assert value(registry, "tiered_quarantined_records_total", topic="orders") == 1
     assert value(registry, "tiered_clock_skew_segments_total", topic="orders") == 1
-    assert value(registry, "tiered_queue_errors_total", job="dispatch", topic="orders") == 1
-    assert value(registry, "tiered_queue_errors_total", job="clean", topic="orders") == 2
+    assert value(registry, "tiered_queue_errors_total", task="dispatch", topic="orders") == 1
+    assert value(registry, "tiered_queue_errors_total", task="clean", topic="orders") == 2
 
 
 def test_first_sight_of_a_topic_creates_its_alert_counters_at_zero(
@@ -130,15 +130,15 @@ def test_first_sight_of_a_topic_creates_its_alert_counters_at_zero(
     ):
         assert value(registry, name, topic="orders") == 0.0, name
     for job in JOBS:
-        assert value(registry, "tiered_queue_errors_total", job=job, topic="orders") == 0.0
+        assert value(registry, "tiered_queue_errors_total", task=job, topic="orders") == 0.0
 
 
 def test_job_and_store_series_exist_from_the_start(rec: PrometheusRecorder, registry: CollectorRegistry) -> None:
     for job in JOBS:
-        assert value(registry, "tiered_last_success_timestamp_seconds", job=job) == STARTED
-        assert value(registry, "tiered_rounds_total", job=job, outcome="ok") == 0
-        assert value(registry, "tiered_rounds_total", job=job, outcome="error") == 0
-        assert value(registry, "tiered_round_duration_seconds_count", job=job) == 0
+        assert value(registry, "tiered_last_success_timestamp_seconds", task=job) == STARTED
+        assert value(registry, "tiered_rounds_total", task=job, outcome="ok") == 0
+        assert value(registry, "tiered_rounds_total", task=job, outcome="error") == 0
+        assert value(registry, "tiered_round_duration_seconds_count", task=job) == 0
     for op in OPS:
         assert value(registry, "tiered_object_store_retries_total", op=op) == 0
         for outcome in OUTCOMES:
@@ -153,14 +153,14 @@ def test_round_finished_updates_last_success_only_on_success(
     rec.round_finished("dispatch", 0.3, True, STARTED + 20)
     rec.round_finished("dispatch", 7.0, False, STARTED + 40)
     rec.round_finished("clean", 42.0, True, STARTED + 3600)
-    assert value(registry, "tiered_last_success_timestamp_seconds", job="dispatch") == STARTED + 20
-    assert value(registry, "tiered_last_success_timestamp_seconds", job="clean") == STARTED + 3600
-    assert value(registry, "tiered_rounds_total", job="dispatch", outcome="ok") == 1
-    assert value(registry, "tiered_rounds_total", job="dispatch", outcome="error") == 1
-    assert value(registry, "tiered_round_duration_seconds_count", job="dispatch") == 2
-    assert value(registry, "tiered_round_duration_seconds_sum", job="dispatch") == pytest.approx(7.3)
-    assert value(registry, "tiered_round_duration_seconds_bucket", job="dispatch", le="0.5") == 1
-    assert value(registry, "tiered_round_duration_seconds_bucket", job="dispatch", le="10.0") == 2
+    assert value(registry, "tiered_last_success_timestamp_seconds", task="dispatch") == STARTED + 20
+    assert value(registry, "tiered_last_success_timestamp_seconds", task="clean") == STARTED + 3600
+    assert value(registry, "tiered_rounds_total", task="dispatch", outcome="ok") == 1
+    assert value(registry, "tiered_rounds_total", task="dispatch", outcome="error") == 1
+    assert value(registry, "tiered_round_duration_seconds_count", task="dispatch") == 2
+    assert value(registry, "tiered_round_duration_seconds_sum", task="dispatch") == pytest.approx(7.3)
+    assert value(registry, "tiered_round_duration_seconds_bucket", task="dispatch", le="0.5") == 1
+    assert value(registry, "tiered_round_duration_seconds_bucket", task="dispatch", le="10.0") == 2
 
 
 class _Outcome(str, enum.Enum):  # what a storage layer might hand in

@@ -74,7 +74,8 @@ def dispatch(
                 except TieredError:
                     pass
     err_console.print(f"archived {result.messages} messages ({result.nbytes} bytes) in {result.segments} segments "
-                      f"over {result.queues} queues; gaps {result.gaps}; still pending {result.lag_messages}")
+                      f"over {result.queues} queues; gaps {result.gaps}; "
+                      + (f"still pending {result.lag_messages}" if result.lag_messages else "nothing pending"))
     for where, error in result.errors.items():
         err_console.print(f"[red]{where}: {error}[/red]")
     if result.fenced:

@@ -4,6 +4,15 @@ The sidecar composes the parts once: one ObjectStore (so every request is
 counted once), one ColdTier (so the dispatcher and the cleaner share one
 manifest cache and one per-queue lock), one lease, one PrometheusRecorder.
 
+Health: ``/healthz`` (liveness) answers 200 while the scheduler loop beats
+(a heartbeat job on an executor of its own, so a long round cannot delay
+it), 503 once the last beat is older than ``LIVENESS_INTERVALS`` dispatch
+intervals. It never asks the object store, the lease or the store: those
+problems are metrics (``tiered_object_store_up``, ``tiered_lease_held``,
+``tiered_queue_stuck``), because a probe failing on them would take the
+broker's pod out of service or restart a sidecar that a restart cannot
+help. ``/readyz`` says whether this sidecar can write, for standalone use.
+
 Shutdown (SIGTERM/SIGINT): stop scheduling, let the running round finish
 for up to ``shutdown_timeout``, then leave. Nothing is ever half-committed:
 a manifest write is the commit and is atomic, so an upload abandoned at the
@@ -39,6 +48,15 @@ from tiered.localstore import LocalStore
 
 log = logging.getLogger("tiered.serve")
 
+#: The scheduler is dead once its heartbeat is older than this many dispatch intervals.
+LIVENESS_INTERVALS = 3
+#: ... but never less than this, so a sub-second test interval does not flap.
+LIVENESS_MIN_S = 30.0
+#: Seconds between heartbeats at most (a long dispatch interval still beats often).
+HEARTBEAT_MAX_S = 5.0
+#: Seconds between object-store probes at least (one HEAD of the lease object).
+PROBE_MIN_S = 10.0
+
 
 class Sidecar:
     def __init__(self, settings: Settings, *, clock: Clock | None = None,
@@ -57,14 +75,22 @@ class Sidecar:
                                           cold=self.cold, lease_manager=self.lease)
         self.cleaner = make_cleaner(settings, self.cold, self.local, lease_manager=self.lease,
                                     recorder=self.recorder, clock=self.clock)
-        self.scheduler = BackgroundScheduler(executors={"default": APThreadPool(2)}, timezone="UTC")
+        # The heartbeat and the probe run on executors of their own: a round
+        # or a probe hanging on the object store never delays the heartbeat.
+        self.scheduler = BackgroundScheduler(
+            executors={"default": APThreadPool(2), "heartbeat": APThreadPool(1), "probe": APThreadPool(1)},
+            timezone="UTC")
         self.scheduler.add_listener(self._job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED)
         self.server = MetricsServer(self.registry, host=settings.metrics.host, port=settings.metrics.port,
-                                    ready=self.ready)
+                                    ready=self.ready, alive=self.alive)
         self._started = threading.Event()
         self._start_error: str | None = "not started"
         self._last_round_error: str | None = None
         self._busy = threading.Lock()
+        self._beat: float | None = None  # monotonic time of the scheduler's last heartbeat
+        self._created = self.clock.monotonic()
+        self._lease_held = False
+        self.liveness_s = max(LIVENESS_MIN_S, LIVENESS_INTERVALS * settings.dispatch.interval)
 
     # --- health --------------------------------------------------------------
 
@@ -82,26 +108,49 @@ class Sidecar:
             return False, f"not writing: {self._last_round_error}"
         return True, "ready"
 
-    # --- jobs ----------------------------------------------------------------
+    def alive(self) -> tuple[bool, str]:
+        """Liveness: the scheduler loop beat within ``liveness_s`` (counted
+        from creation until the first beat)."""
+        last = self._beat if self._beat is not None else self._created
+        age = self.clock.monotonic() - last
+        if age > self.liveness_s:
+            return False, f"scheduler stalled: no heartbeat for {age:.0f}s (limit {self.liveness_s:.0f}s)"
+        return True, "alive" if self._beat is not None else "starting"
 
-    def _ensure_started(self) -> bool:
-        if self._started.is_set():
-            return True
+    def heartbeat(self) -> None:
+        self._beat = self.clock.monotonic()
+
+    def probe_store(self) -> None:
+        """One cheap request (HEAD of the lease object) so that
+        ``tiered_object_store_up`` is fresh even when nothing else asks; its
+        outcome is recorded by the store's own metrics."""
         try:
-            self.dispatcher.start()
+            self.store.head(self.lease.key)
         except TieredError as exc:
-            self._start_error = str(exc)
-            log.error("cannot start archiving: %s", self._start_error)
-            return False
-        self._start_error = None
-        self._started.set()
-        return True
+            log.warning("object-store probe failed: %s", exc)
+
+    def _note_lease(self) -> None:
+        """Lease gauges and changes, from what the lease manager holds (no request)."""
+        lease = self.lease.lease
+        held = lease is not None
+        if held != self._lease_held:
+            self.recorder.lease_change("acquired" if held else "lost")
+            self._lease_held = held
+        self.recorder.lease_state(held, lease.expires_ms / 1000 if lease is not None else None)
+
+    # --- jobs ----------------------------------------------------------------
 
     def dispatch_round(self) -> None:
         with self._busy:
-            if not self._ensure_started():
-                return
+            # Also before the first start and while the object store is down:
+            # the round reports lag and a failed round either way.
             result = self.dispatcher.run_round()
+            if self.dispatcher.started:
+                self._start_error = None
+                self._started.set()
+            elif not self._started.is_set():
+                self._start_error = result.fenced or result.errors.get("start") or "not started"
+            self._note_lease()
             self._last_round_error = result.fenced
             if result.segments or result.gaps or result.errors:
                 log.info("dispatch round", extra={"segments": result.segments, "messages": result.messages,
@@ -117,8 +166,8 @@ class Sidecar:
         if event.code == EVENT_JOB_MISSED:
             log.warning("scheduled run missed", extra={"job": event.job_id})
         elif event.exception is not None:
-            job = "clean" if event.job_id == "clean" else "dispatch"
-            self.recorder.round_finished(job, 0.0, False, self.clock.now_ms() / 1000)
+            if event.job_id in ("dispatch", "clean"):  # the heartbeat and the probe are no rounds
+                self.recorder.round_finished(event.job_id, 0.0, False, self.clock.now_ms() / 1000)
             log.error("job failed: %s: %s", type(event.exception).__name__, event.exception,
                       extra={"job": event.job_id})
 
@@ -128,6 +177,11 @@ class Sidecar:
         self.server.start()
         s = self.settings
         common: dict[str, Any] = {"max_instances": 1, "coalesce": True, "replace_existing": True}
+        self.heartbeat()
+        self.scheduler.add_job(self.heartbeat, "interval", seconds=min(HEARTBEAT_MAX_S, s.dispatch.interval),
+                               id="heartbeat", executor="heartbeat", misfire_grace_time=None, **common)
+        self.scheduler.add_job(self.probe_store, "interval", seconds=max(PROBE_MIN_S, s.dispatch.interval),
+                               id="probe", executor="probe", misfire_grace_time=None, **common)
         self.scheduler.add_job(self.dispatch_round, "interval", seconds=s.dispatch.interval, id="dispatch",
                                misfire_grace_time=max(1, int(s.dispatch.interval)),
                                next_run_time=_now(), **common)
@@ -158,6 +212,7 @@ class Sidecar:
                 self.lease.release()
             except TieredError as exc:
                 log.warning("could not release the write lease: %s", exc)
+            self.recorder.lease_state(False, None)  # released, not lost: no change counted
         self.server.stop()
         return finished
 

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from tiered.cli.app import app
 from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, settings_from
-from tiered.cli.wiring import cold_tier, object_store
+from tiered.cli.wiring import cold_tier, object_store, topic_filter
 from tiered.localstore import LocalStore
 from tiered.status import queue_status
 from tiered.timeparse import format_time_ms
@@ -30,7 +30,8 @@ def status(
     """Print per topic/queue: local and archived offset ranges, lag, archived times, segments, bytes."""
     settings = settings_from(config, store=store, cold_url=cold, cluster=cluster, broker=broker)
     local = LocalStore(settings.store) if settings.store else None
-    rows = queue_status(cold_tier(settings, object_store(settings), writer=False), local)
+    rows = queue_status(cold_tier(settings, object_store(settings), writer=False), local,
+                        accepts=topic_filter(settings).accepts)
     if as_json:
         for row in rows:
             print(json.dumps(row.to_dict()))
