@@ -361,7 +361,8 @@ def write_store(reader: ColdReader, plan: RestorePlan, target: Path, options: Re
             if rec.queue_offset > qw.next:  # a recorded gap: the broker's filler entries keep offsets in place
                 q = plan.queues[i]
                 fillers.append((q.ref.topic, q.ref.queue_id, qw.next, rec.queue_offset))
-                log.warning("%s/%d: offsets %d..%d are a recorded gap in the archive; restored as filler entries",
+                log.warning("%s/%d: offsets %d..%d are a recorded gap in the archive; restored as filler entries "
+                            "(the broker may report the minimum offset after them)",
                             q.ref.topic, q.ref.queue_id, qw.next, rec.queue_offset - 1)
                 while qw.next < rec.queue_offset:
                     qw.add(_FILLER_ENTRY)

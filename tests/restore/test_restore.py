@@ -154,3 +154,44 @@ def test_check_detects_a_changed_record(env, tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     with pytest.raises(RestoreCheckError, match=rf"{rec.topic}/{rec.queue_id}: offset {rec.queue_offset}"):
         check(reader, result, target)
+
+
+def test_recorded_gap_inside_the_range_becomes_fillers(tmp_path: Path, open_cold) -> None:  # noqa: ANN001
+    """The broker deleted data before it was archived: the archive records a gap,
+    the restore keeps the offsets after it in place with filler entries."""
+    from readerkit import archive
+    from tiered.storewriter import StoreWriter
+
+    root = tmp_path / "store"
+    store = open_cold(f"file://{tmp_path / 'cold'}")
+    with StoreWriter(root, commitlog_file_size=8192, cq_entries_per_file=CQ_ENTRIES) as w:
+        for i in range(10):
+            w.put("G", 0, b"x" * 500, store_timestamp=T0 + i, born_timestamp=T0 + i)
+    archive(root, store, tmp_path / "state", segment_bytes=4096)
+    with StoreWriter(root) as w:
+        for i in range(10, 60):
+            w.put("G", 0, b"y" * 500, store_timestamp=T0 + i, born_timestamp=T0 + i)
+    for name in sorted(os.listdir(root / "commitlog"))[:3]:  # the broker's retention, before archival
+        os.remove(root / "commitlog" / name)
+    with LocalStore(root) as local:
+        lmin = local.queue_range("G", 0).min_offset
+    assert 10 < lmin < 60
+    archive(root, store, tmp_path / "state", segment_bytes=4096)
+    kept = inspect_rows(runner, root)
+    target = tmp_path / "restored"
+    res = runner.invoke(app, ["restore", "--cold", f"file://{tmp_path / 'cold'}", "--to", str(target),
+                              "--commitlog-file-size", "8192", "--cq-entries", str(CQ_ENTRIES), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["gaps_as_fillers"] == [{"topic": "G", "queue": 0, "from": 10, "to": lmin}]
+    assert out["messages"] == out["checked"] == 10 + 60 - lmin
+    cq = b"".join((target / "consumequeue" / "G" / "0" / n).read_bytes()
+                  for n in sorted(os.listdir(target / "consumequeue" / "G" / "0")))
+    entries = [CQ_ENTRY.unpack_from(cq, i * CQ_ENTRY_SIZE) for i in range(60)]
+    assert all(e == (0, CQ_FILLER_SIZE, 0) for e in entries[10:lmin])
+    assert all(e[1] == kept[0]["size"] and e[0] >= out["commitlog_start"] for e in entries[:10] + entries[lmin:])
+    with LocalStore(target) as local:
+        after = [it.record.to_dict() for it in local.iter_queue("G", 0, lmin)]
+        before = [it.record.to_dict() for it in local.iter_queue("G", 0, 0, max_count=10)]
+    assert [r["queue_offset"] for r in before] == list(range(10))
+    assert without_positions(after) == without_positions(kept)
