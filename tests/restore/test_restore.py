@@ -139,7 +139,11 @@ def test_check_detects_a_changed_record(env, tmp_path: Path) -> None:
     options = RestoreOptions(commitlog_file_size=CL_FILE, cq_entries_per_file=CQ_ENTRIES)
     plan = plan_restore(reader, options)
     target = tmp_path / "restored"
-    result = write_store(reader, plan, target, options)
+    calls: list[tuple[int, int]] = []
+    result = write_store(reader, plan, target, options, progress=lambda n, b: calls.append((n, b)))
+    assert plan.messages == result.messages == 270
+    assert calls[-1] == (270, result.nbytes) and [n for n, _ in calls] == sorted(n for n, _ in calls)
+    assert result.nbytes == sum(r["size"] for r in inspect_rows(runner, env.root))
     assert check(reader, result, target) == 270
     # flip one body byte and fix its CRC so only the comparison can tell
     first = sorted(os.listdir(target / "commitlog"))[0]
