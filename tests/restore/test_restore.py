@@ -199,3 +199,20 @@ def test_recorded_gap_inside_the_range_becomes_fillers(tmp_path: Path, open_cold
         before = [it.record.to_dict() for it in local.iter_queue("G", 0, 0, max_count=10)]
     assert [r["queue_offset"] for r in before] == list(range(10))
     assert without_positions(after) == without_positions(kept)
+
+
+@pytest.mark.skipif(__import__("shutil").which("script") is None, reason="util-linux script not installed")
+def test_progress_on_a_terminal(env, tmp_path: Path) -> None:
+    """On a tty (util-linux ``script`` gives the command one) the bar counts messages to the total."""
+    import shlex
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "tiered.cli", "restore", "--cold", env.url, "--to", str(tmp_path / "t"),
+           "--commitlog-file-size", str(CL_FILE), "--cq-entries", str(CQ_ENTRIES)]
+    out = subprocess.run(["script", "-qec", shlex.join(cmd), "/dev/null"], capture_output=True, text=True,
+                         check=False, env={**os.environ, "COLUMNS": "120"})
+    assert out.returncode == 0, out.stdout
+    assert "270/270" in out.stdout and "restoring" in out.stdout
+    plain = _restore(env, tmp_path / "t2")  # not a tty: no bar
+    assert plain.exit_code == 0 and "restoring" not in plain.stderr and "270/270" not in plain.output
