@@ -41,6 +41,7 @@ from prometheus_client import disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from metrics.consumers import ConsumerPositionCollector
 from tiered import __version__
 
 log = logging.getLogger(__name__)
@@ -288,6 +289,9 @@ class PrometheusRecorder:
         r = self.registry
         self._state = _StateCollector(per_queue)
         r.register(self._state)
+        # consumer positions: computed at scrape time from a source the sidecar sets
+        self.consumers = ConsumerPositionCollector()
+        r.register(self.consumers)
         self._topics: set[str] = set()
         self._warned: set[tuple[str, str]] = set()
         self._lock = threading.Lock()

@@ -47,6 +47,7 @@ from tiered.codec import (
     peek,
 )
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, NotWrittenYetError
+from tiered.consumeroffsets import ConsumerOffsets, read_consumer_offsets
 from tiered.jsonfile import read_json
 
 _EMPTY = memoryview(b"")
@@ -758,6 +759,11 @@ class LocalStore:
     def topic_configs(self) -> dict[str, dict[str, Any]]:
         table = self.read_config("topics.json").get("topicConfigTable", {})
         return table if isinstance(table, dict) else {}
+
+    def consumer_offsets(self) -> ConsumerOffsets:
+        """Committed consumer offsets from ``config/consumerOffset.json``
+        (unquoted or quoted integer keys; ``.bak`` fallback with a warning)."""
+        return read_consumer_offsets(self.root / "config")
 
     def retention_hours(self) -> dict[str, float]:
         """Per-topic ``reserve.time`` (hours) from topics.json, where set and valid."""

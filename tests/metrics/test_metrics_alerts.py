@@ -25,6 +25,7 @@ from metrics.names import (
     present_sample_names,
     rule_exprs,
 )
+from tiered.consumeroffsets import ConsumerPosition, PositionState
 from tiered.recorder import Recorder
 
 SEVERITIES = {"critical", "warning", "info"}
@@ -88,6 +89,11 @@ def exercise(recorder: Any) -> None:
         recorder.store_probe(True)
 
 
+_ARCHIVE_ONLY_POSITION = ConsumerPosition(
+    group="g", topic="orders", queue_id=0, committed_offset=1, local_min_offset=5, local_max_offset=9,
+    archived_first_offset=0, archived_next_offset=9, state=PositionState.ARCHIVE_ONLY)
+
+
 class _Spy:
     def __init__(self, inner: Any) -> None:
         self.inner, self.called = inner, set()
@@ -100,7 +106,9 @@ class _Spy:
 @pytest.fixture(scope="module")
 def exposition() -> str:
     registry = CollectorRegistry()
-    exercise(PrometheusRecorder(registry))
+    recorder = PrometheusRecorder(registry)
+    exercise(recorder)
+    recorder.consumers.source = lambda: [_ARCHIVE_ONLY_POSITION]  # scrape-time consumer positions (issue 18)
     return generate_latest(registry).decode()
 
 

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from tiered.cli.app import app, err_console, fail
-from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, settings_from
+from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, settings_from
 from tiered.cli.wiring import object_store, s3_options
 from tiered.codec import Record
 from tiered.config import Settings
@@ -95,15 +95,27 @@ def _report_skipped(reader: ColdReader) -> None:
 @app.command()
 def cat(
     topic: Annotated[str, typer.Option("--topic", help="Topic.")],
-    queue: Annotated[int, typer.Option("--queue", help="Queue id.")],
+    queue: Annotated[Optional[int], typer.Option("--queue", help="Queue id (required without --group).")] = None,
     offset: Annotated[int, typer.Option("--offset", min=0, help="First queue offset.")] = 0,
     count: Annotated[Optional[int], typer.Option("--count", min=0, help="At most this many records (default: to the end).")] = None,
     as_json: JsonOpt = False,
     body: BodyOpt = False,
     skip_corrupt: SkipOpt = False,
     config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
+    group: Annotated[Optional[str], typer.Option("--group", help="From this consumer group's committed offsets (needs the store): archive first, then local.")] = None,
+    store: StoreOpt = None,
 ) -> None:
-    """Print archived records of one queue from a queue offset."""
+    """Print archived records of one queue from a queue offset, or a group's records from its committed offsets."""
+    if group is not None:
+        from tiered.cli.consumers import cat_group_command
+
+        cat_group_command(settings_from(config, cold_url=cold, cluster=cluster, broker=broker, store=store),
+                          _reader, group=group, topic=topic, queue=queue, count=count, skip_corrupt=skip_corrupt,
+                          emit=lambda ref, rec, _src: _emit(_record_json(rec, body) if as_json
+                                                            else _record_line(ref, rec, body, show_broker=False)))
+        return
+    if queue is None:
+        fail("--queue is required (or --group)", 2)
     settings = _settings(config, cold, cluster, broker)
     reader = _reader(settings, skip_corrupt=skip_corrupt)
     try:

@@ -43,6 +43,7 @@ from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOp
 from tiered.cli.wiring import cold_tier, lease, make_cleaner, make_dispatcher, object_store, setup_logging
 from tiered.clock import Clock, SystemClock
 from tiered.config import Settings
+from tiered.consumeroffsets import ConsumerPosition, archived_ranges, store_positions
 from tiered.errors import TieredError
 from tiered.localstore import LocalStore
 
@@ -69,6 +70,11 @@ class Sidecar:
         self.recorder = PrometheusRecorder(self.registry, per_queue=settings.metrics.per_queue)
         self.store = object_store(settings, self.recorder)
         self.local = LocalStore(settings.store)
+        # tiered_consumer_offset_in_archive_only is computed at scrape time, from its own
+        # LocalStore: the dispatcher's is used by the job thread only
+        self._positions_local = LocalStore(settings.store)
+        self._positions_lock = threading.Lock()
+        self.recorder.consumers.source = self.consumer_positions
         self.cold = cold_tier(settings, self.store, writer=True, clock=self.clock, recorder=self.recorder)
         self.lease = lease(settings, self.store, self.clock)
         self.dispatcher = make_dispatcher(settings, self.local, self.recorder, self.clock, store=self.store,
@@ -116,6 +122,12 @@ class Sidecar:
         if age > self.liveness_s:
             return False, f"scheduler stalled: no heartbeat for {age:.0f}s (limit {self.liveness_s:.0f}s)"
         return True, "alive" if self._beat is not None else "starting"
+
+    def consumer_positions(self) -> list[ConsumerPosition]:
+        """Committed consumer offsets against the local store and the cached manifests."""
+        with self._positions_lock:
+            self._positions_local.refresh()
+            return store_positions(self._positions_local, archived_ranges(self.cold.manifests()))
 
     def heartbeat(self) -> None:
         self._beat = self.clock.monotonic()

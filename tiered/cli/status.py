@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tiered.cli.app import app
+from tiered.cli.consumers import show_positions
 from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, settings_from
 from tiered.cli.wiring import cold_tier, object_store, topic_filter
 from tiered.localstore import LocalStore
@@ -30,12 +31,13 @@ def status(
     """Print per topic/queue: local and archived offset ranges, lag, archived times, segments, bytes."""
     settings = settings_from(config, store=store, cold_url=cold, cluster=cluster, broker=broker)
     local = LocalStore(settings.store) if settings.store else None
-    rows = queue_status(cold_tier(settings, object_store(settings), writer=False), local,
-                        accepts=topic_filter(settings).accepts)
+    cold = cold_tier(settings, object_store(settings), writer=False)
+    rows = queue_status(cold, local, accepts=topic_filter(settings).accepts)
     if as_json:
         for row in rows:
             print(json.dumps(row.to_dict()))
-        if any(r.problem for r in rows):
+        consumers_ok = local is None or show_positions(local, cold.manifests(), as_json=True)
+        if any(r.problem for r in rows) or not consumers_ok:
             raise typer.Exit(1)
         return
     table = Table("topic", "queue", "local", "archived", "lag", "oldest archived", "newest archived",
@@ -47,8 +49,9 @@ def status(
                       format_time_ms(r.oldest_archived_ms), format_time_ms(r.newest_archived_ms),
                       str(r.segments), str(r.nbytes), str(r.gaps))
     Console(width=180).print(table)
+    consumers_ok = local is None or show_positions(local, cold.manifests(), as_json=False)
     problems = [r for r in rows if r.problem]
     for r in problems:
         print(f"PROBLEM {r.topic}/{r.queue_id}: {r.problem}")
-    if problems:
+    if problems or not consumers_ok:
         raise typer.Exit(1)
