@@ -349,8 +349,8 @@ def test_servicemonitor_scrapes_the_metrics_service(rendered: dict[str, list[dic
         (endpoint,) = monitor["spec"]["endpoints"]
         assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
         assert endpoint["path"] == "/metrics"
-        # tiered's own `job` label (dispatch | clean) must survive the scrape.
-        assert endpoint["honorLabels"] is True
+        # tiered exports no job/instance label: the scrape's own ones are the truth.
+        assert endpoint["honorLabels"] is False
     sidecar_monitor = one(rendered["sidecar-s3-monitoring"], "ServiceMonitor")
     assert sidecar_monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
