@@ -191,7 +191,7 @@ class ObjectStore:
         except ObjectNotFoundError:
             return None
 
-    def list(self, prefix: str = "") -> list[ObjectInfo]:
+    def list_keys(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object under ``prefix`` (recursive), fresh (no listing cache)."""
         return self._call("list", prefix, lambda: self._raw_list(prefix))
 
