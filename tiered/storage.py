@@ -633,13 +633,13 @@ def _bad_response(op: str, key: str, exc: Exception) -> BadResponseError | None:
     if isinstance(exc, ResponseParserError):
         return BadResponseError(op, key, "unparsable body")
     if isinstance(exc, bx.ResponseStreamingError):
-        return BadResponseError(op, key, "body cut short")
+        return BadResponseError(op, key, "truncated body")
     try:
         import aiohttp
     except ImportError:  # pragma: no cover - s3fs brings it
         return None
     if isinstance(exc, aiohttp.ClientPayloadError):
-        return BadResponseError(op, key, "body cut short")
+        return BadResponseError(op, key, "truncated body")
     return None
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import zlib
 from collections import Counter
 from collections.abc import Callable
 
@@ -97,7 +98,10 @@ class MangleProxy(FaultProxy):
         elif kind == "truncated":
             headers = headers + [("X-Faultproxy-Declared-Length", str(len(body)))]
             body = body[: len(body) // 2]
-        elif kind == "bad_checksum":
+        elif kind == "bad_checksum":  # the checksum of the body as sent, then one byte flipped on the way
+            crc = base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode("ascii")
+            headers = [(n, v) for n, v in headers if not n.lower().startswith("x-amz-checksum-")]
+            headers.append(("x-amz-checksum-crc32", crc))
             body = bytes([body[0] ^ 0xFF]) + body[1:] if body else body
         return status, reason, headers, body
 
