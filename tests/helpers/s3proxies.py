@@ -38,6 +38,7 @@ class RgwIfMatchProxy(FaultProxy):
     def __init__(self, upstream: str, **kw: object) -> None:
         super().__init__(upstream, **kw)  # type: ignore[arg-type]
         self.refused_quoted = 0
+        self.refused_keys: list[str] = []
         self.bad_digests = 0
 
     def forward(self, req: Request) -> tuple[int, str, list[tuple[str, str]], bytes]:
@@ -56,6 +57,7 @@ class RgwIfMatchProxy(FaultProxy):
         if value is not None and value.startswith('"'):
             with self._lock:
                 self.refused_quoted += 1
+                self.refused_keys.append(req.key)
             body = _XML.format(code="PreconditionFailed", msg="At least one of the pre-conditions you "
                                "specified did not hold").encode()
             return 412, "Precondition Failed", [("Content-Type", "application/xml")], body
