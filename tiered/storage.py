@@ -35,6 +35,7 @@ from zlib_ng.zlib_ng import crc32
 
 from tiered.errors import (
     BadResponseError,
+    ConfigError,
     CredentialsMissingError,
     ObjectNotFoundError,
     PreconditionFailedError,
@@ -87,6 +88,7 @@ class S3Options:
     session_token: str | None = field(default=None, repr=False)
     connect_timeout: float = 10.0
     read_timeout: float = 60.0
+    profile: str | None = None  # a named AWS profile; None: AWS_PROFILE or the default chain
     extra: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
 
     def put_kwargs(self) -> dict[str, str]:
@@ -405,6 +407,10 @@ class S3Store(ObjectStore):
         bucket, _, prefix = self.root.partition("/")
         if len(bucket) < 3:
             raise ValueError("an S3 URL needs a bucket name of 3+ characters")
+        if (self.options.access_key_id is None) != (self.options.secret_access_key is None):
+            # botocore would sign with half a key pair and fail far from here
+            raise ConfigError("s3.access_key_id and s3.secret_access_key: set both or neither (neither: the AWS "
+                              "credential chain: environment, profile, web identity, instance metadata)")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self._fs: Any = None
@@ -443,7 +449,7 @@ class S3Store(ObjectStore):
                     if o.endpoint_url:
                         client_kwargs["endpoint_url"] = o.endpoint_url
                     self._fs = s3fs.S3FileSystem(
-                        key=o.access_key_id, secret=o.secret_access_key, token=o.session_token,
+                        key=o.access_key_id, secret=o.secret_access_key, token=o.session_token, profile=o.profile,
                         client_kwargs=client_kwargs, config_kwargs=self._botocore_config(),
                         s3_additional_kwargs=o.put_kwargs(), use_listings_cache=False,
                         skip_instance_cache=True, **dict(o.extra),
@@ -463,7 +469,7 @@ class S3Store(ObjectStore):
                     o = self.options
                     session = boto3.session.Session(
                         aws_access_key_id=o.access_key_id, aws_secret_access_key=o.secret_access_key,
-                        aws_session_token=o.session_token, region_name=o.region,
+                        aws_session_token=o.session_token, region_name=o.region, profile_name=o.profile,
                     )
                     self._client = session.client(
                         "s3", endpoint_url=o.endpoint_url, config=Config(**self._botocore_config()),
@@ -496,6 +502,9 @@ class S3Store(ObjectStore):
             from tiered.s3probe import endpoint_name
 
             return CredentialsMissingError(op, key, endpoint_name(self))
+        if type(exc).__name__ == "ProfileNotFound":
+            return StorageError(op, key, f"AWS profile {self.options.profile or os.environ.get('AWS_PROFILE')!r} "
+                                "is in neither ~/.aws/config nor ~/.aws/credentials", retriable=False)
         response = getattr(exc, "response", None)
         if isinstance(response, dict) and "Error" in response:
             code = str(response["Error"].get("Code", ""))
