@@ -67,7 +67,7 @@ _bucket_locks: dict[tuple[int, str, str], threading.Lock] = {}
 
 def endpoint_name(store: S3Store) -> str:
     """The endpoint as an operator would name it, never with credentials."""
-    url = store.options.endpoint_url
+    url = store.options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if not url:
         return f"AWS S3 ({store.options.region or os.environ.get('AWS_DEFAULT_REGION') or 'default region'})"
     parts = urllib.parse.urlsplit(url)

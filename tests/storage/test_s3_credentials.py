@@ -62,7 +62,9 @@ def test_a_named_profile_from_the_shared_files(moto_endpoint, s3_bucket, no_aws_
     assert str(err.value) == "head k: AWS profile 'nope' is in neither ~/.aws/config nor ~/.aws/credentials"
 
 
-def test_endpoint_named_without_credentials():
+def test_endpoint_named_without_credentials(monkeypatch):
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     store = S3Store("bucket/p", S3Options(endpoint_url="https://user:pa55@minio.example:9000/"))
     assert endpoint_name(store) == "https://minio.example:9000/"
     assert "pa55" not in endpoint_name(store)
