@@ -105,6 +105,12 @@ def moto_endpoint(request: pytest.FixtureRequest) -> str:
     return request.getfixturevalue("real_moto_endpoint")
 
 
+@pytest.fixture(scope="session")
+def s3_server() -> str:
+    """Which S3 server the tests run on: moto, seaweedfs or external."""
+    return S3_SERVER
+
+
 @pytest.fixture
 def s3_bucket(moto_endpoint: str) -> Iterator[str]:
     """A fresh, empty bucket (S3 naming rules: lower case, 3+ chars); on a
