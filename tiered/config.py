@@ -81,6 +81,8 @@ class S3Settings(_Section):
     access_key_id: SecretStr | None = None
     secret_access_key: SecretStr | None = None
     session_token: SecretStr | None = None
+    # a named profile of ~/.aws/config and ~/.aws/credentials (else AWS_PROFILE, else the default chain)
+    profile: str | None = None
     max_attempts: int = Field(default=5, ge=1, le=20)
     connect_timeout: Duration = 10.0
     read_timeout: Duration = 60.0

@@ -103,3 +103,44 @@ class PreconditionFailedError(StorageError):
 
 class FencedError(TieredError):
     """Another sidecar holds the write lease for this broker prefix."""
+
+
+class BadResponseError(StorageError):
+    """The store answered, but with something unusable: a 200 whose body is
+    garbage or cut short, a write answered without an ETag, a body that fails
+    its checksum. Transient by nature (a proxy or a node misbehaving once), so
+    retried like a 500 and counted."""
+
+    def __init__(self, op: str, key: str, reason: str) -> None:
+        super().__init__(op, key, f"bad response: {reason}", retriable=True)
+
+
+class ConditionalWritesUnsupportedError(StorageError):
+    """The capability probe found a store that does not honour conditional
+    writes (ignores ``If-Match`` / ``If-None-Match`` or answers 501/400):
+    manifest commits and the write lease would be unsafe there, so nothing is
+    written. There is deliberately no switch to write anyway."""
+
+    def __init__(self, endpoint: str, bucket: str, key: str, finding: str) -> None:
+        self.endpoint = endpoint
+        self.bucket = bucket
+        self.finding = finding
+        super().__init__("probe", key, "", retriable=False)
+        self.args = (
+            f"{endpoint} bucket {bucket}: conditional writes are not honoured ({finding}); tiered writes "
+            f"nothing to this store (see the README's 'Supported object stores' table)",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class CredentialsMissingError(StorageError):
+    """No credentials anywhere in the AWS chain: names the places looked at."""
+
+    def __init__(self, op: str, key: str, endpoint: str) -> None:
+        super().__init__(
+            op, key,
+            f"no S3 credentials found for {endpoint}: set s3.access_key_id and s3.secret_access_key, "
+            "or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or a profile (AWS_PROFILE, ~/.aws/credentials), "
+            "or web identity (AWS_ROLE_ARN + AWS_WEB_IDENTITY_TOKEN_FILE, as IRSA sets them), "
+            "or run where instance metadata serves a role", retriable=False)

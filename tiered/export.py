@@ -391,4 +391,4 @@ def export(cold: ObjectStore, target: ObjectStore, **kw: Any) -> ExportReport:
 
 
 def iter_files(target: ObjectStore) -> Iterable[str]:
-    return [o.key for o in target.list("") if o.key.endswith(".parquet")]
+    return [o.key for o in target.list_keys("") if o.key.endswith(".parquet")]

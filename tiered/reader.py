@@ -129,7 +129,7 @@ def list_dirs(store: ObjectStore, prefix: str = "") -> list[str]:
         return store._call("list", prefix or "/", scan_s3)
     # any other store: derive from a full listing (slow, but correct)
     plen = len(prefix) + 1 if prefix else 0
-    return sorted({o.key[plen:].split("/", 1)[0] for o in store.list(prefix + "/" if prefix else "")
+    return sorted({o.key[plen:].split("/", 1)[0] for o in store.list_keys(prefix + "/" if prefix else "")
                    if "/" in o.key[plen:]})
 
 
@@ -207,7 +207,7 @@ class Archive:
             else:
                 log.warning("%s/%s has no readable catalog: listing its manifests", c, b)
                 names = []
-                for o in self.store.list(f"{c}/{b}/"):
+                for o in self.store.list_keys(f"{c}/{b}/"):
                     parts = o.key.split("/")
                     if len(parts) == 5 and parts[4] == MANIFEST and parts[3].lstrip("-").isdigit():
                         names.append((topic_of_dir(parts[2]), int(parts[3])))

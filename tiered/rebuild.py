@@ -81,7 +81,7 @@ class RebuildPlan:
 def scan_queue(store: ObjectStore, prefix: str, topic: str, queue_id: int) -> tuple[list[Found], dict[str, int]]:
     """Every ConsumeQueue object of ``prefix`` with its descriptor checked
     against its own entries, and the size of every object under ``prefix``."""
-    sizes = {o.key: o.size for o in store.list(prefix + "/")}
+    sizes = {o.key: o.size for o in store.list_keys(prefix + "/")}
     found: list[Found] = []
     for key in sorted(k for k in sizes if k.startswith(prefix + "/consumequeue/")):
         try:

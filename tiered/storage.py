@@ -29,12 +29,22 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from zlib_ng.zlib_ng import crc32
 
-from tiered.errors import ObjectNotFoundError, PreconditionFailedError, StorageError
+from tiered.errors import (
+    BadResponseError,
+    ConfigError,
+    CredentialsMissingError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    StorageError,
+)
 from tiered.recorder import NullRecorder, Recorder
+
+if TYPE_CHECKING:
+    from tiered.s3probe import Capabilities
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +88,7 @@ class S3Options:
     session_token: str | None = field(default=None, repr=False)
     connect_timeout: float = 10.0
     read_timeout: float = 60.0
+    profile: str | None = None  # a named AWS profile; None: AWS_PROFILE or the default chain
     extra: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
 
     def put_kwargs(self) -> dict[str, str]:
@@ -175,14 +186,17 @@ class ObjectStore:
     def put(self, key: str, data: bytes) -> None:
         """Write ``key`` (whole, or not at all). No ETag: only the conditional
         writes need one, and a file store would have to hash the data for it."""
+        self._before_write()
         self._call("put", key, lambda: self._raw_put(key, data))
 
     def put_if_absent(self, key: str, data: bytes) -> str:
         """Create ``key``; PreconditionFailedError when it exists."""
+        self._before_write()
         return self._call("put_if_absent", key, lambda: self._raw_put_if(key, data, None))
 
     def put_if_match(self, key: str, data: bytes, etag: str) -> str:
         """Replace ``key`` only if its current ETag is ``etag``."""
+        self._before_write()
         return self._call("put_if_match", key, lambda: self._raw_put_if(key, data, etag))
 
     def head(self, key: str) -> ObjectInfo | None:
@@ -191,7 +205,7 @@ class ObjectStore:
         except ObjectNotFoundError:
             return None
 
-    def list(self, prefix: str = "") -> list[ObjectInfo]:
+    def list_keys(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object under ``prefix`` (recursive), fresh (no listing cache)."""
         return self._call("list", prefix, lambda: self._raw_list(prefix))
 
@@ -213,6 +227,10 @@ class ObjectStore:
         return []
 
     # --- implementation hooks --------------------------------------------------
+
+    def _before_write(self) -> None:
+        """Run before every write, outside the retry loop: the S3 store's
+        capability probe. Nothing to check on a local directory."""
 
     def _raw_get(self, key: str, start: int | None, end: int | None) -> bytes:
         raise NotImplementedError
@@ -389,6 +407,10 @@ class S3Store(ObjectStore):
         bucket, _, prefix = self.root.partition("/")
         if len(bucket) < 3:
             raise ValueError("an S3 URL needs a bucket name of 3+ characters")
+        if (self.options.access_key_id is None) != (self.options.secret_access_key is None):
+            # botocore would sign with half a key pair and fail far from here
+            raise ConfigError("s3.access_key_id and s3.secret_access_key: set both or neither (neither: the AWS "
+                              "credential chain: environment, profile, web identity, instance metadata)")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self._fs: Any = None
@@ -427,7 +449,7 @@ class S3Store(ObjectStore):
                     if o.endpoint_url:
                         client_kwargs["endpoint_url"] = o.endpoint_url
                     self._fs = s3fs.S3FileSystem(
-                        key=o.access_key_id, secret=o.secret_access_key, token=o.session_token,
+                        key=o.access_key_id, secret=o.secret_access_key, token=o.session_token, profile=o.profile,
                         client_kwargs=client_kwargs, config_kwargs=self._botocore_config(),
                         s3_additional_kwargs=o.put_kwargs(), use_listings_cache=False,
                         skip_instance_cache=True, **dict(o.extra),
@@ -447,7 +469,7 @@ class S3Store(ObjectStore):
                     o = self.options
                     session = boto3.session.Session(
                         aws_access_key_id=o.access_key_id, aws_secret_access_key=o.secret_access_key,
-                        aws_session_token=o.session_token, region_name=o.region,
+                        aws_session_token=o.session_token, region_name=o.region, profile_name=o.profile,
                     )
                     self._client = session.client(
                         "s3", endpoint_url=o.endpoint_url, config=Config(**self._botocore_config()),
@@ -461,7 +483,28 @@ class S3Store(ObjectStore):
             self._pid = os.getpid()
             self._lock = threading.Lock()
 
+    def _before_write(self) -> None:
+        self.capabilities()
+
+    def capabilities(self) -> Capabilities:
+        """What this bucket honours (If-Match form, upload checksum); probed on
+        the first write in this process, ConditionalWritesUnsupportedError
+        when conditional writes are not honoured."""
+        from tiered.s3probe import capabilities
+
+        return capabilities(self)
+
     def _translate(self, op: str, key: str, exc: Exception) -> StorageError:
+        bad = _bad_response(op, key, exc)
+        if bad is not None:
+            return bad
+        if type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+            from tiered.s3probe import endpoint_name
+
+            return CredentialsMissingError(op, key, endpoint_name(self))
+        if type(exc).__name__ == "ProfileNotFound":
+            return StorageError(op, key, f"AWS profile {self.options.profile or os.environ.get('AWS_PROFILE')!r} "
+                                "is in neither ~/.aws/config nor ~/.aws/credentials", retriable=False)
         response = getattr(exc, "response", None)
         if isinstance(response, dict) and "Error" in response:
             code = str(response["Error"].get("Code", ""))
@@ -494,7 +537,7 @@ class S3Store(ObjectStore):
 
     def _raw_get_etag(self, key: str) -> tuple[bytes, str]:
         resp = self.client.get_object(Bucket=self.bucket, Key=self._full(key))
-        return resp["Body"].read(), resp["ETag"].strip('"')
+        return resp["Body"].read(), _etag("get", key, resp)
 
     def _raw_put(self, key: str, data: bytes) -> None:
         if len(data) < _SINGLE_PUT_LIMIT:
@@ -508,23 +551,32 @@ class S3Store(ObjectStore):
             self.fs.pipe_file(self._path(key), data)  # multipart beyond a single PUT's limit
 
     def _checksum(self, data: bytes) -> dict[str, str]:
-        """The CRC32 the store verifies the upload against, computed here
-        (zlib-ng, ~5x what botocore's zlib does) instead of by botocore; none
-        where the store takes no checksum headers."""
-        if self.options.checksum_mode != "when_supported":
-            return {}
-        return {"ChecksumCRC32": base64.b64encode(crc32(data).to_bytes(4, "big")).decode("ascii")}
+        """The checksum the store verifies the upload against, the one the
+        probe found it honours: CRC32 computed here (zlib-ng, ~5x what
+        botocore's zlib does) instead of by botocore, else Content-MD5 (Ceph
+        RGW ignores CRC32 but checks MD5). Where it verifies neither (moto),
+        CRC32 all the same, as before there was a probe: harmless."""
+        mode = self.capabilities().upload_checksum
+        if mode == "crc32" or (mode == "none" and self.options.checksum_mode == "when_supported"):
+            return {"ChecksumCRC32": base64.b64encode(crc32(data).to_bytes(4, "big")).decode("ascii")}
+        if mode == "md5":
+            from tiered.s3probe import content_md5
+
+            return {"ContentMD5": content_md5(data)}
+        return {}
 
     def _raw_put_if(self, key: str, data: bytes, etag: str | None) -> str:
-        cond = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": f'"{etag}"'}
+        # If-Match in the form the server accepts: Ceph RGW compares the
+        # header with its bare ETag byte for byte, so a quoted tag never matches
+        cond = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": self.capabilities().if_match(etag)}
         resp = self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data,
-                                      **self.options.put_kwargs(), **cond)
-        return resp["ETag"].strip('"')
+                                      **self.options.put_kwargs(), **self._checksum(data), **cond)
+        return _etag(op_of(etag), key, resp)
 
     def _raw_head(self, key: str) -> ObjectInfo:
         resp = self.client.head_object(Bucket=self.bucket, Key=self._full(key))
         return ObjectInfo(key, resp["ContentLength"], int(resp["LastModified"].timestamp() * 1000),
-                          resp["ETag"].strip('"'))
+                          _etag("head", key, resp))
 
     def _raw_list(self, prefix: str) -> list[ObjectInfo]:
         full = self._full(prefix)
@@ -534,7 +586,7 @@ class S3Store(ObjectStore):
         for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
             for obj in page.get("Contents", []):
                 out.append(ObjectInfo(obj["Key"][strip:], obj["Size"],
-                                      int(obj["LastModified"].timestamp() * 1000), obj["ETag"].strip('"')))
+                                      int(obj["LastModified"].timestamp() * 1000), (obj.get("ETag") or "").strip('"') or None))
         return out
 
     def _raw_delete(self, keys: list[str]) -> None:
@@ -558,6 +610,46 @@ class S3Store(ObjectStore):
         super().__setstate__(state)
         self._lock = threading.Lock()
         self._pid = os.getpid()
+
+
+def op_of(etag: str | None) -> str:
+    return "put_if_absent" if etag is None else "put_if_match"
+
+
+def _etag(op: str, key: str, resp: dict[str, Any]) -> str:
+    """The ETag of a response; a response without one is a bad answer (a
+    proxy or node misbehaving), retried, never a KeyError."""
+    etag = str(resp.get("ETag") or "").strip('"')
+    if not etag:
+        raise BadResponseError(op, key, "no ETag header")
+    return etag
+
+
+def _bad_response(op: str, key: str, exc: Exception) -> BadResponseError | None:
+    """A 200 whose body cannot be used: unparsable (garbage XML), cut short
+    (fewer bytes than Content-Length), or failing the checksum botocore
+    verifies. Each is the same typed, retriable error, so it is retried and
+    counted like a 500 instead of ending in a traceback."""
+    try:
+        from botocore import exceptions as bx
+        from botocore.parsers import ResponseParserError
+    except ImportError:  # pragma: no cover - boto3 is a dependency
+        return None
+    if isinstance(exc, bx.FlexibleChecksumError):
+        return BadResponseError(op, key, "checksum mismatch")
+    if isinstance(exc, bx.IncompleteReadError):
+        return BadResponseError(op, key, "truncated body")
+    if isinstance(exc, ResponseParserError):
+        return BadResponseError(op, key, "unparsable body")
+    if isinstance(exc, bx.ResponseStreamingError):
+        return BadResponseError(op, key, "truncated body")
+    try:
+        import aiohttp
+    except ImportError:  # pragma: no cover - s3fs brings it
+        return None
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return BadResponseError(op, key, "truncated body")
+    return None
 
 
 def _transport_error(exc: Exception) -> tuple[str, str] | None:

@@ -190,7 +190,7 @@ def verify(cold: ColdTier, local: LocalStore | None = None, *, orphans: bool = T
     ``pending`` also that nothing overdue is missing from the archive. A
     manifest that cannot be read is a problem of its queue, not a crash."""
     report = VerifyReport()
-    listing = cold.store.list(cold.prefix + "/")
+    listing = cold.store.list_keys(cold.prefix + "/")
     if not listing:
         report.missing_prefix = cold.prefix
         report.known_prefixes = [f"{c}/{b}" for c in list_dirs(cold.store) for b in list_dirs(cold.store, c)]

@@ -117,7 +117,7 @@ class CleanMachine(RuleBasedStateMachine):
 
     @rule(merge=st.booleans(), orphans=st.sampled_from([None, True]), dry_run=st.booleans())
     def clean(self, merge: bool, orphans: bool | None, dry_run: bool) -> None:
-        before = sorted(o.key for o in self.rig.objects.list(PREFIX + "/")) if dry_run else None
+        before = sorted(o.key for o in self.rig.objects.list_keys(PREFIX + "/")) if dry_run else None
         report = self.rig.clean(merge=merge, orphans=orphans, dry_run=dry_run)
         assert report.fenced is None
         assert not {k: v for k, v in report.errors.items() if "Crash" in v}
@@ -126,7 +126,7 @@ class CleanMachine(RuleBasedStateMachine):
             if n and not dry_run:
                 event(f"clean {what}")
         if dry_run:
-            assert sorted(o.key for o in self.rig.objects.list(PREFIX + "/")) == before, "a dry run changed the bucket"
+            assert sorted(o.key for o in self.rig.objects.list_keys(PREFIX + "/")) == before, "a dry run changed the bucket"
 
     @rule(seconds=st.sampled_from([1, 20, 60, 700, 1800, 3600, 7200]))
     def advance(self, seconds: int) -> None:

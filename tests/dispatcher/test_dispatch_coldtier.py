@@ -137,6 +137,7 @@ def test_a_newer_major_format_is_refused_clearly(tmp_path, clock):
 
 
 @pytest.mark.s3
+@pytest.mark.moto_only  # SSE-KMS keys come from moto's KMS emulation
 @pytest.mark.parametrize("sse", ["AES256", "aws:kms"])
 def test_server_side_encryption_on_every_object(sse, moto_endpoint, s3_bucket, s3_client, tmp_path, clock):
     kms_key = None

@@ -98,7 +98,7 @@ def test_each_fault_kind_is_translated_and_retried(kind, moto_endpoint, s3_bucke
             assert store.get_with_etag("a/cond")[0] == b"v1"
             store.put_if_match("a/cond", b"v2", etag)
         assert store.get("a/cond") == b"v2"
-        assert [o.key for o in store.list("a/")] == ["a/cond", "a/obj"]
+        assert [o.key for o in store.list_keys("a/")] == ["a/cond", "a/obj"]
         assert store.head("a/obj").size == 100
         store.delete_many(["a/obj"])
         assert store.head("a/obj") is None

@@ -53,7 +53,7 @@ def manifest(objects: ObjectStore, topic: str) -> Manifest:
 
 
 def data_keys(objects: ObjectStore, topic: str) -> set[str]:
-    return {o.key for o in objects.list(f"{PREFIX}/{topic}/0/") if not o.key.endswith("manifest.json")}
+    return {o.key for o in objects.list_keys(f"{PREFIX}/{topic}/0/") if not o.key.endswith("manifest.json")}
 
 
 def three_segments(tmp_path: Path, env: dict[str, str], cold_url: str) -> tuple[StoreWriter, Path]:
@@ -181,7 +181,7 @@ def test_an_emptied_bucket_is_noticed_and_everything_archived_again(
         tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
     w, store = three_segments(tmp_path, env, cold_url)
     ident = json.loads(objects.get(f"{PREFIX}/_identity.json"))["id"]
-    objects.delete_many([o.key for o in objects.list("")])  # emptied (or recreated) under us
+    objects.delete_many([o.key for o in objects.list_keys("")])  # emptied (or recreated) under us
     code, out = dispatch({**env, "TIERED_LOG__LEVEL": "INFO"}, store, cold_url)
     assert code == 0, out
     assert "not the one the local state describes" in out

@@ -32,6 +32,7 @@ def s3_options(settings: Settings) -> S3Options:
         sse_kms_key_id=s3.sse_kms_key_id, checksum_mode=s3.checksum_mode,
         access_key_id=secret(s3.access_key_id), secret_access_key=secret(s3.secret_access_key),
         session_token=secret(s3.session_token), connect_timeout=s3.connect_timeout, read_timeout=s3.read_timeout,
+        profile=s3.profile,
     )
 
 
