@@ -8,6 +8,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from tiered.cli.app import fail
+from tiered.cli.output import warn
+from tiered.configsources import unknown_env
 from tiered.config import Settings, load_settings
 from tiered.errors import ConfigError
 
@@ -19,8 +21,11 @@ BrokerOpt = Annotated[Optional[str], typer.Option("--broker", help="Broker name 
 
 
 def settings_from(config: Path | None, **flags: Any) -> Settings:
-    """Settings with flags > TIERED_* env > file > defaults; exit 2 with one line on error."""
+    """Settings with flags > TIERED_* env > file > defaults; exit 2 with one line on error.
+    ``TIERED_*`` variables that name no setting get a warning each."""
+    for problem in unknown_env(Settings):
+        warn(problem)
     try:
         return load_settings(config, **flags)
     except ConfigError as exc:
-        fail(str(exc).removeprefix("invalid configuration: ").join(("invalid configuration: ", "")), 2)
+        fail(str(exc), 2)
