@@ -184,11 +184,13 @@ def check_pending(manifests: dict[tuple[str, int], Manifest], local: LocalStore,
 
 
 def verify(cold: ColdTier, local: LocalStore | None = None, *, orphans: bool = True,
-           pending: PendingCheck | None = None) -> VerifyReport:
+           pending: PendingCheck | None = None, topics: Callable[[str], bool] | None = None) -> VerifyReport:
     """Check every manifest of the prefix (found by a LIST, not the catalog)
     and, with ``local``, every archived record against the broker's; with
     ``pending`` also that nothing overdue is missing from the archive. A
-    manifest that cannot be read is a problem of its queue, not a crash."""
+    manifest that cannot be read is a problem of its queue, not a crash.
+    ``topics`` keeps only the topics it accepts (orphans are then not
+    looked for: they belong to no topic)."""
     report = VerifyReport()
     listing = cold.store.list(cold.prefix + "/")
     if not listing:
@@ -203,7 +205,10 @@ def verify(cold: ColdTier, local: LocalStore | None = None, *, orphans: bool = T
         except TieredError as exc:
             report.problems.append(f"{obj.key}: {exc}")
             continue
-        manifests[(m.topic, m.queue_id)] = m
+        if topics is None or topics(m.topic):
+            manifests[(m.topic, m.queue_id)] = m
+    if topics is not None:
+        orphans = False  # the caller's pending check filters its own topics
     for (topic, qid), m in sorted(manifests.items()):
         report.queues += 1
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -13,6 +15,10 @@ from tiered.configsources import unknown_env
 from tiered.config import Settings, load_settings
 from tiered.errors import ConfigError
 
+TopicsOpt = Annotated[Optional[list[str]], typer.Option(
+    "--topic", help="Only this topic (repeatable; shell patterns like 'Order*' work).")]
+OnceOpt = Annotated[bool, typer.Option("--once", hidden=True,
+                                       help="Accepted for scripts: one run is the only mode ('tiered serve' schedules).")]
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="YAML configuration file.")]
 StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="Broker store directory.")]
 ColdOpt = Annotated[Optional[str], typer.Option("--cold", help="Cold-tier URL: file:///path or s3://bucket/prefix.")]
@@ -29,3 +35,11 @@ def settings_from(config: Path | None, **flags: Any) -> Settings:
         return load_settings(config, **flags)
     except ConfigError as exc:
         fail(str(exc), 2)
+
+
+def topic_matcher(topics: list[str] | None) -> Callable[[str], bool] | None:
+    """A predicate for ``--topic`` values (exact names or shell patterns); None = every topic."""
+    if not topics:
+        return None
+    patterns = tuple(topics)
+    return lambda topic: any(topic == p or fnmatchcase(topic, p) for p in patterns)

@@ -116,7 +116,7 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, as_json: boo
     """Rows as a table fitted to the terminal, or as JSON lines keyed by column
     name (``as_json``). Cells are printed whole: long ones wrap."""
     if as_json:
-        json_lines({c.replace(" ", "_"): v for c, v in zip(columns, row)} for row in rows)
+        json_lines({c.replace(" ", "_"): v for c, v in zip(columns, row, strict=True)} for row in rows)
         return
     aligned = set(right)
     t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
