@@ -146,6 +146,10 @@ class LeaseManager:
         self.lost = False
         self._lock = threading.Lock()
 
+    def current(self) -> Lease | None:
+        """The lease object as it is in the bucket (None when there is none): for ``tiered lease show``."""
+        return self._read()
+
     def _read(self) -> Lease | None:
         try:
             data, etag = self.store.get_with_etag(self.key)

@@ -15,6 +15,7 @@ from tiered.cli import store as _store  # noqa: F401
 from tiered.cli import clean as _clean  # noqa: F401
 from tiered.cli import query as _query  # noqa: F401
 from tiered.cli import repair as _repair  # noqa: F401
+from tiered.cli import admin as _admin  # noqa: F401
 
 
 def main() -> None:

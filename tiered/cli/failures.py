@@ -107,7 +107,7 @@ def classify(exc: BaseException) -> tuple[int, str]:
 
     if isinstance(exc, ConfigError):
         return USAGE, str(exc)
-    if isinstance(exc, StorageError):
+    if isinstance(exc, StorageError) and _is_unavailable(exc):
         what = f"{exc.op} {_full_key(exc.key)}"
         head = str(exc).split(": ", 1)[1] if ": " in str(exc) else str(exc)
         reason = _storage_reason(exc)
@@ -130,12 +130,21 @@ def classify(exc: BaseException) -> tuple[int, str]:
                       f"  run with --debug for the traceback")
 
 
+def _is_unavailable(exc: BaseException) -> bool:
+    """A storage error meaning the store could not be used (unreachable,
+    refused, throttled to death); a missing object or a lost conditional
+    write is an answer about the data, not an outage."""
+    from tiered.errors import ObjectNotFoundError, PreconditionFailedError, StorageError
+
+    return isinstance(exc, StorageError) and not isinstance(exc, (ObjectNotFoundError, PreconditionFailedError))
+
+
 def code_for(exc: BaseException, default: int = FINDINGS) -> int:
     """The exit code for an error a command caught: storage and configuration
     keep their codes, anything else is the command's ``default``."""
-    from tiered.errors import ConfigError, StorageError
+    from tiered.errors import ConfigError
 
-    if isinstance(exc, StorageError):
+    if _is_unavailable(exc):
         return STORAGE
     if isinstance(exc, ConfigError):
         return USAGE
@@ -144,13 +153,12 @@ def code_for(exc: BaseException, default: int = FINDINGS) -> int:
 
 def fail_with(exc: BaseException, default: int = FINDINGS, prefix: str = "") -> NoReturn:
     """Exit for an error a command caught; storage errors name the store."""
-    from tiered.cli.output import error
-    from tiered.errors import StorageError
-
     import typer
 
+    from tiered.cli.output import error
+
     code = code_for(exc, default)
-    message = classify(exc)[1] if isinstance(exc, StorageError) else str(exc)
+    message = classify(exc)[1] if _is_unavailable(exc) else str(exc)
     error(prefix + message)
     raise typer.Exit(code)
 

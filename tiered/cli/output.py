@@ -119,11 +119,16 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, as_json: boo
         json_lines({c.replace(" ", "_"): v for c, v in zip(columns, row, strict=True)} for row in rows)
         return
     aligned = set(right)
+    cells = [["-" if v is None else str(v) for v in row] for row in rows]
+    # the first column names the row (a topic, a key): it keeps its whole
+    # width up to half the screen, and the other columns wrap first
+    first = max([len(columns[0])] + [len(r[0]) for r in cells]) if columns else 0
     t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
-    for c in columns:
-        t.add_column(c, overflow="fold", justify="right" if c in aligned else "left")
-    for row in rows:
-        t.add_row(*("-" if v is None else str(v) for v in row))
+    for i, c in enumerate(columns):
+        t.add_column(c, overflow="fold", justify="right" if c in aligned else "left",
+                     min_width=min(first, width() // 2) if i == 0 else None)
+    for row in cells:
+        t.add_row(*row)
     _console(sys.stdout).print(t)
 
 
