@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tiered.clock import Clock, SystemClock
-from tiered.errors import CorruptRecordError, FencedError, ObjectNotFoundError, PreconditionFailedError
+from tiered.errors import FencedError, ObjectNotFoundError, PreconditionFailedError
 from tiered.manifest import LEASE
 from tiered.storage import ObjectStore
 from tiered.timeparse import format_time_ms

@@ -90,8 +90,8 @@ def _print(report: CleanReport) -> None:
                   f"(not collected; see `tiered repair`), e.g. {keys[0]}")
     for topic, why in sorted(report.retention_unknown.items()):
         print(f"keep {topic}: retention unknown ({why}); nothing expired")
-    for t, q in report.busy:
-        print(f"busy {t}/{q}: skipped this pass")
+    for busy_topic, busy_queue in report.busy:
+        print(f"busy {busy_topic}/{busy_queue}: skipped this pass")
     for c in report.conflicts:
         print(f"conflict: {c}")
     pending = _pending(report)
