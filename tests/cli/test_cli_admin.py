@@ -58,13 +58,15 @@ def test_config_show_names_each_source_and_masks_secrets(tmp_path: Path) -> None
     assert "very-secret" not in result.output and "AKIAXXXX" not in result.output
 
 
-def test_config_show_table_fits_80_columns(tmp_path: Path) -> None:
-    result = run("config", "show", "--cold", f"file://{tmp_path}/c")
+def test_config_show_without_json(tmp_path: Path) -> None:
+    result = run("config", "show", "--cold", "s3://bucket-a/p", env={"XDG_STATE_HOME": "/x"})
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["key", "value", "source"]
-    assert all(len(ln.rstrip()) <= 80 for ln in lines)
-    assert any(ln.split()[:2] == ["cleaner.orphan_scan_interval", "21600.0"] for ln in lines)
+    assert lines[0].split() == ["key", "value", "source"] and all(len(ln) <= 80 for ln in lines)
+    rows = [ln.rstrip().split(None, 2) for ln in lines[1:]]
+    assert ["cleaner.orphan_scan_interval", "21600.0", "default"] in rows
+    assert ["cold_url", "s3://bucket-a/p", "command line"] in rows
+    assert ["state_dir", "/x/tiered", "default"] in rows
 
 
 def _env(tmp_path: Path) -> dict[str, str | None]:
@@ -102,13 +104,16 @@ def test_lease_show_and_release(tmp_path: Path) -> None:
 
 def test_table_never_truncates_a_long_topic(capsys) -> None:
     topic = "%RETRY%" + "a-really-long-consumer-group-name-" * 3
-    table(("topic", "queue", "bytes"), [(topic, 0, 123)])
-    out = capsys.readouterr().out
-    lines = out.splitlines()
-    assert all(len(ln) <= 80 for ln in lines)
-    col = lines[0].index("queue")  # the topic column ends where the next one starts
-    assert "".join(ln[:col].strip() for ln in lines[1:]) == topic
-    assert lines[1][col:].split() == ["0", "123"]
+    table(("topic", "queue", "last stored"), [(topic, 0, "2026-01-01T00:00:00.000Z"), ("A", 1, "a b")])
+    # wider than 80 columns off a terminal: one record per line, whole
+    assert capsys.readouterr().out.splitlines() == [
+        f"topic={topic}  queue=0  last_stored=2026-01-01T00:00:00.000Z", 'topic=A  queue=1  last_stored="a b"']
+
+
+def test_table_that_fits_is_a_table(capsys) -> None:
+    table(("topic", "queue", "bytes"), [("%DLQ%billing", 0, 123), ("Orders", 11, None)], right=("queue", "bytes"))
+    assert capsys.readouterr().out.splitlines() == ["topic         queue  bytes", "%DLQ%billing      0    123",
+                                                    "Orders           11      -"]
 
 
 def test_table_json_is_one_object_per_row(capsys) -> None:

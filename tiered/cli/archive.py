@@ -98,10 +98,16 @@ def verify(
     archived_topics = topic_filter(settings).accepts
     pending = PendingCheck(accepts=(lambda t: archived_topics(t) and only(t)) if only else archived_topics,
                            max_delay_ms=int(settings.dispatch.max_delay * 1000), now_ms=SystemClock().now_ms())
-    try:
-        report = run_verify(ct, local, pending=pending, topics=only)
-    except TieredError as exc:
-        fail_with(exc, 1, prefix="verify could not read the cold tier: ")
+    with progress("verifying", unit="bytes") as bar:
+
+        def advance(nbytes: int, total: int) -> None:
+            bar.set_total(total)
+            bar.advance(nbytes)
+
+        try:
+            report = run_verify(ct, local, pending=pending, topics=only, on_segment=advance)
+        except TieredError as exc:
+            fail_with(exc, 1, prefix="verify could not read the cold tier: ")
     if as_json:
         print_json({"ok": report.ok, "queues": report.queues, "segments": report.segments,
                     "records": report.records, "compared_locally": report.compared_locally,

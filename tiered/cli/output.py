@@ -4,9 +4,11 @@ Every command prints through these functions so that all of them behave
 alike:
 
 - **Tables** (:func:`table`) follow the terminal's width, and 80 columns
-  when stdout is not a terminal; a cell never loses characters: long topic
-  names wrap inside their column (``overflow="fold"``). With ``--json`` the
-  same rows are printed as JSON lines instead (one object per row).
+  when stdout is not a terminal; a cell never loses characters. A table
+  that does not fit prints one record per line instead
+  (``topic=Orders  queue=0  ...``, values with spaces quoted), so nothing is
+  cut or wrapped mid-word. With ``--json`` the same rows are printed as JSON
+  lines (one object per row).
 - **JSON** (:func:`print_json` for one report, :func:`json_lines` for a
   stream of rows or records): compact, one JSON value per line, UTF-8,
   bytes as base64, times as given (the callers pass ISO 8601 UTC strings or
@@ -21,6 +23,7 @@ alike:
               ...
               bar.advance(len(chunk))
           bar.set_total(new_total)   # when the size is learnt late
+          bar.set_completed(done)    # when the work reports a position instead
 
   ``unit`` is ``"bytes"`` (rate in B/s, KiB/s...) or any noun counted one by
   one (``"records"``, ``"segments"``): the rate is then "N records/s".
@@ -120,6 +123,12 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, as_json: boo
         return
     aligned = set(right)
     cells = [["-" if v is None else str(v) for v in row] for row in rows]
+    natural = sum(max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)) + 2 * (len(columns) - 1)
+    if natural > width():
+        # wrapping would cut times and names mid-word: one record per line instead
+        for row in cells:
+            out("  ".join(f"{c.replace(' ', '_')}={_quoted(v)}" for c, v in zip(columns, row, strict=True)))
+        return
     # the first column names the row (a topic, a key): it keeps its whole
     # width up to half the screen, and the other columns wrap first
     first = max([len(columns[0])] + [len(r[0]) for r in cells]) if columns else 0
@@ -130,6 +139,11 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, as_json: boo
     for row in cells:
         t.add_row(*row)
     _console(sys.stdout).print(t)
+
+
+def _quoted(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False) if (not value or any(ch.isspace() or ch in "\"=" for ch in value)) \
+        else value
 
 
 def error(message: str) -> None:
@@ -172,6 +186,11 @@ class Bar:
     def set_total(self, total: int | float | None) -> None:
         if self._progress is not None:
             self._progress.update(self._task, total=total or None)
+
+    def set_completed(self, done: int | float) -> None:
+        """For work that reports where it is rather than what it just did."""
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done)
 
     @property
     def enabled(self) -> bool:

@@ -8,9 +8,13 @@ every cluster and broker under the cold-tier root is read.
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import date, datetime
 from typing import Annotated, Any, Optional
 
@@ -20,7 +24,7 @@ from tiered.cli.app import app, fail
 from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, settings_from
 from tiered.cli.failures import fail_with
 from tiered.cli.lookup import find_msg_id, follow, window
-from tiered.cli.output import dumps, note, out, print_json, table
+from tiered.cli.output import dumps, note, out, print_json, progress, progress_enabled, table
 from tiered.config import parse_duration
 from tiered.cli.wiring import object_store, s3_options
 from tiered.codec import Record
@@ -242,6 +246,51 @@ def spark_session(master: str) -> tuple[Any, bool]:
     return spark, True
 
 
+@contextmanager
+def spark_progress(spark: Any, poll_s: float = 0.5) -> Iterator[None]:
+    """Spark's running stages as one bar (tasks done of tasks, rate, ETA) on a
+    terminal; nothing otherwise. Spark's own console bar is off."""
+    if not progress_enabled():
+        yield
+        return
+    tracker = spark.sparkContext.statusTracker()
+    done = threading.Event()
+    with progress("spark", unit="tasks") as bar:
+
+        def poll() -> None:
+            while not done.wait(poll_s):
+                stages = [tracker.getStageInfo(i) for i in tracker.getActiveStageIds()]
+                stages = [s for s in stages if s is not None]
+                if stages:
+                    bar.set_total(sum(s.numTasks for s in stages))
+                    bar.set_completed(sum(s.numCompletedTasks for s in stages))
+
+        watcher = threading.Thread(target=poll, name="tiered-spark-progress", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+            watcher.join()
+
+
+def progress_executor(inner: Any, chunk: int) -> Any:
+    """``inner`` run on chunks of tasks so that a bar can advance between them;
+    the plain executor off a terminal (one batch, as before)."""
+    if not progress_enabled():
+        return inner
+
+    def execute(ctx: Any, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        results: list[dict[str, Any]] = []
+        with progress("exporting", total=len(tasks), unit="tasks") as bar:
+            for i in range(0, len(tasks), chunk):
+                results += inner(ctx, tasks[i:i + chunk])
+                bar.advance(len(tasks[i:i + chunk]))
+        return results
+
+    return execute
+
+
 def _cell(v: Any) -> str:
     """A table cell of a Spark row: times in ISO 8601 UTC, bytes as base64, the rest as text."""
     if isinstance(v, (bytes, bytearray)):
@@ -270,18 +319,28 @@ def sql(
         from tiered.spark_source import load
 
         load(spark, settings.cold_url, **opts).createOrReplaceTempView("messages")
+        # PySpark logs a failed query's context as its own JSON line on stderr:
+        # the command reports the error once, in its one line
+        logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
         try:
             result = spark.sql(query)
-            if as_json:
-                for row in result.toLocalIterator():
-                    out(dumps(row.asDict(recursive=True)))
-            else:
-                rows = (result.limit(limit) if limit else result).collect()
+            with spark_progress(spark):
+                if as_json:
+                    for row in result.toLocalIterator():
+                        out(dumps(row.asDict(recursive=True)))
+                else:
+                    rows = (result.limit(limit) if limit else result).collect()
+            if not as_json:
                 table(result.columns, ([_cell(v) for v in row] for row in rows))
+        except typer.Exit:
+            raise
         except Exception as exc:  # noqa: BLE001 - the CLI's edge: one line, not a JVM stack
+            from pyspark.errors import AnalysisException
+
             name = type(exc).__name__
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else name
-            fail(f"{name}: {message}", 1)
+            # a query Spark cannot parse or resolve is the caller's usage error
+            fail(f"{name}: {message}", 2 if isinstance(exc, AnalysisException) else 1)
     finally:
         if created:
             spark.stop()
@@ -321,9 +380,9 @@ def export_cmd(
     created = False
     if engine == "spark":
         spark, created = spark_session(master)
-        executor = run_spark(spark)
+        executor = progress_executor(run_spark(spark), 64)
     else:
-        executor = run_local(parallelism)
+        executor = progress_executor(run_local(parallelism), 4 * parallelism)
     try:
         report = Exporter(store, target, archive=Archive(store, cluster=c, broker=b),
                           topics=(lambda t: t in wanted) if wanted else None, skip_corrupt=skip_corrupt,
