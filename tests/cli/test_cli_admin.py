@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import re
+import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
 
 from tiered.cli import app
-from tiered.cli.output import table
+from tiered.cli.output import progress, table
 from tiered.cli.wiring import JsonFormatter, TextFormatter
 from tiered.lease import LeaseManager
 from tiered.storage import open_store
@@ -130,3 +133,32 @@ def test_log_times_are_utc_iso_with_milliseconds() -> None:
                    "topic": "Orders"}
     text = TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s").format(rec)
     assert text == "2023-11-14T22:13:20.123Z INFO t: hello x topic=Orders"
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_quiet_off_a_terminal(capsys) -> None:
+    with progress("archiving", total=10, unit="bytes") as bar:
+        bar.advance(10)
+    assert not bar.enabled
+    assert capsys.readouterr() == ("", "")
+
+
+def test_progress_on_a_terminal_shows_count_rate_and_eta(monkeypatch) -> None:
+    fake = _Tty()
+    monkeypatch.setattr(sys, "stderr", fake)
+    now = [100.0]
+    with progress("exporting", total=8, unit="tasks", get_time=lambda: now[0]) as bar:
+        bar.set_total(20)  # learnt late (a new total restarts the rate estimate)
+        now[0] = 101.0
+        bar.advance(5)
+        now[0] = 102.0
+        bar.set_completed(10)
+    assert bar.enabled
+    # the last frame before the bar is erased: count, percentage, rate (5 tasks in 1 s), ETA (10 left)
+    frame = fake.getvalue().split("\r")[-2]
+    assert ["exporting", "10/20", "50%", "5", "tasks/s", "0:00:02"] == [
+        w for w in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", frame).split() if not w.startswith("━")]

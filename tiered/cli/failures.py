@@ -170,6 +170,7 @@ def report(exc: BaseException, *, debug: bool) -> int:
     code, message = classify(exc)
     if debug:
         traceback.print_exception(exc)
+        message = message.replace("\n  run with --debug for the traceback", "")
     error(message)
     return code
 

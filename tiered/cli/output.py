@@ -39,7 +39,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TextIO
 
@@ -205,8 +205,10 @@ def progress_enabled() -> bool:
 
 
 @contextmanager
-def progress(label: str, *, total: int | float | None = None, unit: str = "bytes") -> Iterator[Bar]:
-    """A progress bar with rate and ETA on a terminal (stderr); quiet otherwise."""
+def progress(label: str, *, total: int | float | None = None, unit: str = "bytes",
+             get_time: Callable[[], float] | None = None) -> Iterator[Bar]:
+    """A progress bar with rate and ETA on a terminal (stderr); quiet otherwise.
+    ``get_time``: the clock the rate and ETA are measured with (tests)."""
     if not progress_enabled():
         yield Bar(None, None)
         return
@@ -216,5 +218,5 @@ def progress(label: str, *, total: int | float | None = None, unit: str = "bytes
     else:
         columns = [TextColumn(label), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(), _Rate(unit),
                    TimeRemainingColumn()]
-    with Progress(*columns, console=_console(sys.stderr), transient=True) as p:
+    with Progress(*columns, console=_console(sys.stderr), transient=True, get_time=get_time) as p:
         yield Bar(p, p.add_task(label, total=total or None))
