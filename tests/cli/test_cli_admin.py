@@ -162,3 +162,20 @@ def test_progress_on_a_terminal_shows_count_rate_and_eta(monkeypatch) -> None:
     frame = fake.getvalue().split("\r")[-2]
     assert ["exporting", "10/20", "50%", "5", "tasks/s", "0:00:02"] == [
         w for w in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", frame).split() if not w.startswith("━")]
+
+
+def test_export_progress_runs_tasks_in_chunks_in_order(monkeypatch) -> None:
+    from tiered.cli.query import progress_executor
+
+    calls: list[list[int]] = []
+
+    def inner(ctx: object, tasks: list[dict]) -> list[dict]:
+        calls.append([t["n"] for t in tasks])
+        return [{"n": t["n"] * 10} for t in tasks]
+
+    tasks = [{"n": i} for i in range(5)]
+    # off a terminal: the executor itself, one batch
+    assert progress_executor(inner, 2) is inner
+    monkeypatch.setattr(sys, "stderr", _Tty())
+    assert progress_executor(inner, 2)(None, tasks) == [{"n": i * 10} for i in range(5)]
+    assert calls == [[0, 1], [2, 3], [4]]
