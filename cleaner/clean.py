@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cleaner.execute import Executor
@@ -121,10 +122,13 @@ class Cleaner:
 
     # --- the pass ----------------------------------------------------------------
 
-    def run_pass(self, *, dry_run: bool = False, orphans: bool | None = None, merge: bool | None = None) -> CleanReport:
+    def run_pass(self, *, dry_run: bool = False, orphans: bool | None = None, merge: bool | None = None,
+                 topics: Callable[[str], bool] | None = None) -> CleanReport:
         """One pass. ``orphans``: None = when due, True/False = force. ``merge``:
-        None = as configured. Never raises for data or storage problems: they
-        are logged, counted and returned in the report."""
+        None = as configured. ``topics``: only the topics it accepts (an
+        operator's ``clean --topic``; orphans, of no topic, are then left).
+        Never raises for data or storage problems: they are logged, counted
+        and returned in the report."""
         started = time.perf_counter()
         now = self.clock.now_ms()
         report = CleanReport(now, dry_run)
@@ -141,10 +145,15 @@ class Cleaner:
                 report.errors["retention"] = str(exc)
                 log.error("retention unknown; nothing expires this pass", extra={"error": str(exc)})
             for (topic, qid), why in sorted(self.cold.broken.items()):
+                if topics is not None and not topics(topic):
+                    continue
                 # its objects are never touched while its manifest cannot be read
                 report.errors[f"{topic}/{qid}"] = f"manifest unreadable, queue left alone: {why}"
                 self.recorder.queue_error("clean", topic, qid)
             manifests = self.cold.manifests()
+            if topics is not None:
+                manifests = {k: m for k, m in manifests.items() if topics(k[0])}
+                orphans = False
             plan = make_plan(manifests, retention, now, self.options, merge=merge)
             report.plan = plan
             if policy is not None:

@@ -56,7 +56,7 @@ def _change(
         gaps = [g for g in gaps if g not in qp.drop_gaps]
         # what goes must lie entirely before what stays: never a hole
         first_kept = min([s.q_start for s in segs[:1]] + [g.q_start for g in gaps] + [current.next_offset])
-        if any(x.q_end > first_kept for x in (*qp.expire, *qp.drop_gaps)):
+        if any(s.q_end > first_kept for s in qp.expire) or any(g.q_end > first_kept for g in qp.drop_gaps):
             raise ConflictError(f"{qp.topic}/{qp.queue_id}: removal would not be a prefix")
         pending = [p for p in current.pending_deletes if p not in qp.due_pending]
         for m in merged:

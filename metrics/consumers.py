@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tiered.consumeroffsets import ConsumerPosition
@@ -30,7 +30,7 @@ class ConsumerPositionCollector(Collector):
         self.source: Callable[[], Iterable[ConsumerPosition]] | None = None
         self._errors = 0
 
-    def describe(self) -> Iterable[GaugeMetricFamily]:
+    def describe(self) -> Iterable[Metric]:
         return self._families()[:2]
 
     def _families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily]:

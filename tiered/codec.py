@@ -45,7 +45,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum, IntFlag
-from typing import Any
+from typing import Any, Final
 
 from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, the same values, ~5x faster (SIMD)
 
@@ -103,8 +103,22 @@ MAX_PROPERTIES = 0x7FFF
 
 # Index of each fixed field in Record._f, the tuple _FIXED_V4 unpacks (the
 # IPv6 walk builds the same tuple, with 20-byte packed hosts).
-(_F_SIZE, _F_MAGIC, _F_CRC, _F_QUEUE_ID, _F_FLAG, _F_QUEUE_OFFSET, _F_PHYSICAL_OFFSET, _F_SYS_FLAG,
- _F_BORN_TS, _F_BORN_HOST, _F_STORE_TS, _F_STORE_HOST, _F_RECONSUME, _F_PREPARED, _F_BODY_LEN) = range(15)
+# literal indexes (Final) so that a type checker knows each field's type
+_F_SIZE: Final = 0
+_F_MAGIC: Final = 1
+_F_CRC: Final = 2
+_F_QUEUE_ID: Final = 3
+_F_FLAG: Final = 4
+_F_QUEUE_OFFSET: Final = 5
+_F_PHYSICAL_OFFSET: Final = 6
+_F_SYS_FLAG: Final = 7
+_F_BORN_TS: Final = 8
+_F_BORN_HOST: Final = 9
+_F_STORE_TS: Final = 10
+_F_STORE_HOST: Final = 11
+_F_RECONSUME: Final = 12
+_F_PREPARED: Final = 13
+_F_BODY_LEN: Final = 14
 
 
 
@@ -215,11 +229,9 @@ def decode_properties(raw: bytes | memoryview, source: str = "<buffer>", offset:
     return props
 
 
-def _field(index: int, doc: str) -> property:
-    def get(self: Record) -> Any:
-        return self._f[index]
-
-    return property(get, doc=doc)
+# The fixed fields as ``_FIXED_V4`` (or the slow path) unpacks them: hosts
+# are the packed address + port, everything else an integer.
+_Fixed = tuple[int, int, int, int, int, int, int, int, int, bytes, int, bytes, int, int, int]
 
 
 class Record:
@@ -234,25 +246,76 @@ class Record:
 
     __slots__ = ("_f", "raw", "source", "position", "_props")
 
-    _f: tuple[Any, ...]
+    _f: _Fixed
     raw: memoryview
     source: str
     position: int
     _props: dict[str, str] | None
 
-    size = _field(_F_SIZE, "Total size of the record in bytes.")
-    magic = _field(_F_MAGIC, "Magic code (v1 0xDAA320A7 or v2 0xDAA320AB).")
-    body_crc = _field(_F_CRC, "Stored CRC32 of the body, masked with 0x7FFFFFFF.")
-    queue_id = _field(_F_QUEUE_ID, "Queue id.")
-    flag = _field(_F_FLAG, "The producer's flag.")
-    queue_offset = _field(_F_QUEUE_OFFSET, "Index of the record in its ConsumeQueue.")
-    physical_offset = _field(_F_PHYSICAL_OFFSET, "Byte offset of the record in the broker CommitLog.")
-    sys_flag = _field(_F_SYS_FLAG, "System flag bits (see SysFlag).")
-    born_timestamp = _field(_F_BORN_TS, "Producer-side timestamp, ms.")
-    store_timestamp = _field(_F_STORE_TS, "Broker store timestamp, ms.")
-    reconsume_times = _field(_F_RECONSUME, "Reconsume times.")
-    prepared_transaction_offset = _field(_F_PREPARED, "Prepared transaction offset.")
-    body_length = _field(_F_BODY_LEN, "Length of the body in bytes.")
+    @property
+    def size(self) -> int:
+        """Total size of the record in bytes."""
+        return self._f[_F_SIZE]
+
+    @property
+    def magic(self) -> int:
+        """Magic code (v1 0xDAA320A7 or v2 0xDAA320AB)."""
+        return self._f[_F_MAGIC]
+
+    @property
+    def body_crc(self) -> int:
+        """Stored CRC32 of the body, masked with 0x7FFFFFFF."""
+        return self._f[_F_CRC]
+
+    @property
+    def queue_id(self) -> int:
+        """Queue id."""
+        return self._f[_F_QUEUE_ID]
+
+    @property
+    def flag(self) -> int:
+        """The producer's flag."""
+        return self._f[_F_FLAG]
+
+    @property
+    def queue_offset(self) -> int:
+        """Index of the record in its ConsumeQueue."""
+        return self._f[_F_QUEUE_OFFSET]
+
+    @property
+    def physical_offset(self) -> int:
+        """Byte offset of the record in the broker CommitLog."""
+        return self._f[_F_PHYSICAL_OFFSET]
+
+    @property
+    def sys_flag(self) -> int:
+        """System flag bits (see SysFlag)."""
+        return self._f[_F_SYS_FLAG]
+
+    @property
+    def born_timestamp(self) -> int:
+        """Producer-side timestamp, ms."""
+        return self._f[_F_BORN_TS]
+
+    @property
+    def store_timestamp(self) -> int:
+        """Broker store timestamp, ms."""
+        return self._f[_F_STORE_TS]
+
+    @property
+    def reconsume_times(self) -> int:
+        """Reconsume times."""
+        return self._f[_F_RECONSUME]
+
+    @property
+    def prepared_transaction_offset(self) -> int:
+        """Prepared transaction offset."""
+        return self._f[_F_PREPARED]
+
+    @property
+    def body_length(self) -> int:
+        """Length of the body in bytes."""
+        return self._f[_F_BODY_LEN]
 
     @property
     def born_host(self) -> Host:

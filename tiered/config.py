@@ -2,12 +2,19 @@
 
 Nested keys use ``__`` in the environment: ``TIERED_S3__ENDPOINT_URL``,
 ``TIERED_DISPATCH__INTERVAL``. Durations accept seconds (``20``, ``0.5``) or
-a number with a unit (``500ms``, ``20s``, ``5m``, ``1h``, ``3d``). Secrets are
+a number with a unit (``500ms``, ``20s``, ``5m``, ``1h``, ``3d``); retentions
+accept hours (``72``), a duration (``36h``, ``7d``) or ``forever``. Secrets are
 ``SecretStr``: they print as ``**********`` in reprs, errors and logs.
+
+Defaults never depend on the working directory: the local state lives in
+``$XDG_STATE_HOME/tiered`` (``~/.local/state/tiered``), the default
+``file://`` archive in ``$XDG_DATA_HOME/tiered/cold``
+(``~/.local/share/tiered/cold``).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
@@ -33,14 +40,47 @@ def parse_duration(value: Any) -> float:
     else:
         match = _DURATION.match(str(value))
         if not match:
-            raise ValueError(f"not a duration: {value!r} (use e.g. 20, '20s', '5m', '1h')")
+            raise ValueError(f"not a duration: {value!r} (use e.g. 20, '20s', '5m', '1h', '7d')")
         seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if not math.isfinite(seconds) or seconds > MAX_DURATION_S:
+        raise ValueError(f"a duration must be finite and at most {MAX_DURATION_S // 86400:.0f} days")
     if seconds <= 0:
         raise ValueError("a duration must be > 0")
     return seconds
 
 
+# ~100 years: beyond it a value is a typo (1e400), and timers overflow
+MAX_DURATION_S = 100 * 365 * 86400.0
+# "forever" as hours: finite so that arithmetic and JSON catalogs stay plain
+# numbers (10^9 h is ~114,000 years, 3.6e15 ms: far inside an int64)
+FOREVER_HOURS = 1e9
+
+
+def parse_retention_hours(value: Any) -> float:
+    """Hours from ``72`` (a bare number is hours), ``"36h"``, ``"7d"``, ``"90m"``, or ``"forever"``."""
+    if isinstance(value, str) and value.strip().lower() in ("forever", "never", "infinite"):
+        return FOREVER_HOURS
+    if isinstance(value, bool):
+        raise ValueError("a retention is hours, a duration like '7d', or 'forever'")
+    if isinstance(value, (int, float)):
+        hours = float(value)
+        if not math.isfinite(hours):
+            raise ValueError("a retention must be finite: use 'forever' to keep data without expiry")
+    else:
+        text = str(value).strip()
+        try:
+            hours = float(text) if _DURATION.match(text) and text[-1:].isdigit() else parse_duration(text) / 3600
+        except ValueError:
+            raise ValueError(f"not a retention: {value!r} (use e.g. 72, '36h', '7d', 'forever')") from None
+        if not math.isfinite(hours):
+            raise ValueError("a retention must be finite: use 'forever' to keep data without expiry")
+    if hours <= 0:
+        raise ValueError("a retention must be > 0")
+    return min(hours, FOREVER_HOURS)
+
+
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+RetentionHours = Annotated[float, BeforeValidator(parse_retention_hours)]
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1 << 20, "mb": 1 << 20,
                "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
@@ -83,9 +123,23 @@ class S3Settings(_Section):
     session_token: SecretStr | None = None
     # a named profile of ~/.aws/config and ~/.aws/credentials (else AWS_PROFILE, else the default chain)
     profile: str | None = None
+    # attempts per S3 request (the first one included); the backoff between
+    # them is dispatch.retry's. A file:// archive uses dispatch.retry.attempts.
     max_attempts: int = Field(default=5, ge=1, le=20)
     connect_timeout: Duration = 10.0
     read_timeout: Duration = 60.0
+
+    @model_validator(mode="after")
+    def _pairs(self) -> S3Settings:
+        # half a key pair would silently fall back to another identity of the
+        # AWS chain (or fail deep inside botocore): refuse it here
+        if (self.access_key_id is None) != (self.secret_access_key is None):
+            given, missing = (("access_key_id", "secret_access_key") if self.secret_access_key is None
+                              else ("secret_access_key", "access_key_id"))
+            raise ValueError(f"s3.{given} is set but s3.{missing} is not: give both or neither")
+        if self.session_token is not None and self.access_key_id is None:
+            raise ValueError("s3.session_token needs s3.access_key_id and s3.secret_access_key")
+        return self
 
 
 class RetrySettings(_Section):
@@ -133,16 +187,9 @@ class CleanerSettings(_Section):
 
 
 class RetentionSettings(_Section):
-    default_hours: float = Field(default=72.0, gt=0)
-    topics: dict[str, float] = Field(default_factory=dict)
-
-    @field_validator("topics")
-    @classmethod
-    def _positive(cls, value: dict[str, float]) -> dict[str, float]:
-        for topic, hours in value.items():
-            if hours <= 0:
-                raise ValueError(f"retention for topic {topic!r} must be > 0 hours")
-        return value
+    # hours, a duration ("36h", "7d") or "forever"
+    default_hours: RetentionHours = 72.0
+    topics: dict[str, RetentionHours] = Field(default_factory=dict)
 
 
 class TopicSettings(_Section):
@@ -169,6 +216,25 @@ def default_broker() -> str:
     return socket.gethostname()
 
 
+def _xdg(var: str, fallback: str) -> Path:
+    value = os.environ.get(var)
+    # the XDG spec: a relative value is invalid and must be ignored
+    return Path(value) if value and os.path.isabs(value) else Path.home() / fallback
+
+
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/tiered`` (``~/.local/state/tiered``): never the working directory."""
+    return _xdg("XDG_STATE_HOME", ".local/state") / "tiered"
+
+
+def default_cold_url() -> str:
+    """A ``file://`` archive in ``$XDG_DATA_HOME/tiered/cold`` (``~/.local/share/tiered/cold``)."""
+    return f"file://{_xdg('XDG_DATA_HOME', '.local/share') / 'tiered' / 'cold'}"
+
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="TIERED_",
@@ -178,8 +244,8 @@ class Settings(BaseSettings):
     )
 
     store: Path | None = None
-    cold_url: str = "file://./.tiered/cold"
-    state_dir: Path = Path(".tiered/state")
+    cold_url: str = Field(default_factory=default_cold_url)
+    state_dir: Path = Field(default_factory=default_state_dir)
     cluster: str = "DefaultCluster"
     broker: str = Field(default_factory=default_broker)
     instance_id: str | None = None
@@ -207,6 +273,11 @@ class Settings(BaseSettings):
         scheme = value.split("://", 1)[0] if "://" in value else "file"
         if scheme not in ("file", "s3", "s3a", "memory"):
             raise ValueError(f"unsupported scheme {scheme!r}: use file:// or s3://")
+        if scheme in ("s3", "s3a"):
+            bucket = value.split("://", 1)[1].split("/", 1)[0]
+            if not _BUCKET.match(bucket) or ".." in bucket:
+                raise ValueError(f"{bucket!r} is not an S3 bucket name (3-63 characters: lower-case letters, "
+                                 f"digits, '.', '-'); use s3://BUCKET/PREFIX")
         return value
 
     @model_validator(mode="after")
@@ -242,24 +313,54 @@ class Settings(BaseSettings):
         return tuple(sources)
 
 
-def _first_error_line(exc: ValidationError) -> str:
+def _error_line(exc: ValidationError, *, flags: dict[str, Any], config_file: str | Path | None,
+                file_data: Any) -> str:
+    """One line: the key, where its value came from, and what is wrong."""
+    from tiered.configsources import source_of
+
     err = exc.errors()[0]
     msg = err["msg"].removeprefix("Value error, ")
-    if not err["loc"]:  # a rule across keys: the message names them
+    loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+    if not loc:  # a rule across keys (or a section's own rule): the message names them
         return f"invalid configuration: {msg}"
-    key = ".".join(str(p) for p in err["loc"])
-    return f"invalid configuration: {key}: {msg}"
+    key = ".".join(str(p) for p in loc)
+    source = source_of(loc, flags=flags, config_file=config_file, file_data=file_data)
+    where = "" if source == "default" else f" ({source})"
+    return f"invalid configuration: {key}{where}: {msg}"
+
+
+def _read_yaml(config_file: str | Path) -> Any:
+    import yaml
+
+    from tiered.configsources import yaml_problem
+
+    path = Path(config_file)
+    if not path.is_file():
+        raise ConfigError(f"invalid configuration: --config: no such file {config_file}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"invalid configuration: {config_file}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"invalid configuration: {config_file}: not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"invalid configuration: {yaml_problem(config_file, exc)}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"invalid configuration: {config_file}: the top level must be a mapping of settings "
+                          f"(found {type(data).__name__})")
+    return data
 
 
 def load_settings(config_file: str | Path | None = None, **flags: Any) -> Settings:
     """Load settings once. ``flags`` are the command-line values (None = not given).
 
-    Raises ConfigError with one line naming the key and what is wrong; the
+    Raises ConfigError with one line naming the key, where its value came
+    from (flag, environment variable, file and line) and what is wrong; the
     offending value is not echoed (it may be a secret).
     """
-    overrides = _nest({k: v for k, v in flags.items() if v is not None})
-    if config_file is not None and not Path(config_file).is_file():
-        raise ConfigError(f"invalid configuration: --config: no such file {config_file}")
+    given = {k: v for k, v in flags.items() if v is not None}
+    overrides = _nest(given)
+    file_data = _read_yaml(config_file) if config_file is not None else None
     previous = os.environ.get("_TIERED_CONFIG_FILE")
     try:
         if config_file is not None:
@@ -268,7 +369,7 @@ def load_settings(config_file: str | Path | None = None, **flags: Any) -> Settin
             os.environ.pop("_TIERED_CONFIG_FILE", None)
         return Settings(**overrides)
     except ValidationError as exc:
-        raise ConfigError(_first_error_line(exc)) from None
+        raise ConfigError(_error_line(exc, flags=given, config_file=config_file, file_data=file_data)) from None
     except (OSError, ValueError) as exc:  # unreadable or unparsable YAML
         raise ConfigError(f"invalid configuration: {config_file}: {type(exc).__name__}") from None
     finally:

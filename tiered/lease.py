@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tiered.clock import Clock, SystemClock
-from tiered.errors import CorruptRecordError, FencedError, ObjectNotFoundError, PreconditionFailedError
+from tiered.errors import FencedError, ObjectNotFoundError, PreconditionFailedError
 from tiered.manifest import LEASE
 from tiered.storage import ObjectStore
 from tiered.timeparse import format_time_ms
@@ -145,6 +145,10 @@ class LeaseManager:
         # ping-pong between two processes configured with one identity).
         self.lost = False
         self._lock = threading.Lock()
+
+    def current(self) -> Lease | None:
+        """The lease object as it is in the bucket (None when there is none): for ``tiered lease show``."""
+        return self._read()
 
     def _read(self) -> Lease | None:
         try:

@@ -151,7 +151,10 @@ def plan_rebuild(topic: str, queue_id: int, found: list[Found], sizes: dict[str,
     usable: list[Descriptor] = []
     for d in descs:
         missing = _complete(d.segment, sizes)
-        (usable.append(d) if missing is None else problems.append(missing))  # type: ignore[func-returns-value]
+        if missing is None:
+            usable.append(d)
+        else:
+            problems.append(missing)
     histories = sorted({d.history for d in usable})
     if len(histories) > 1:
         problems.append(f"segments of {len(histories)} different archive histories ({', '.join(histories)})")

@@ -25,6 +25,7 @@ import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
+from typing import Any
 from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
@@ -89,7 +90,8 @@ class ScanSpec:
 
     def with_set(self, name: str, values: frozenset) -> ScanSpec:
         current = getattr(self, name)
-        return replace(self, **{name: values if current is None else current & values})
+        changes: dict[str, Any] = {name: values if current is None else current & values}
+        return replace(self, **changes)
 
     @property
     def nothing(self) -> bool:

@@ -77,10 +77,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import date, datetime, timedelta, timezone
-from typing import Any
+from typing import Any, cast
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -288,7 +288,7 @@ def apply_filter(spec: ScanSpec, f: Filter) -> tuple[ScanSpec, bool] | None:
     if not attr or len(attr) != 1:
         return None
     col = attr[0]
-    value = getattr(f, "value", None)
+    value: Any = getattr(f, "value", None)
     if col in _SETS:
         want_int = col == "queue_id"
 
@@ -324,7 +324,8 @@ def apply_filter(spec: ScanSpec, f: Filter) -> tuple[ScanSpec, bool] | None:
             bounds = bounds.and_(hi=v)
         else:
             return None
-        return replace(spec, **{_RANGES[col]: bounds}), False
+        changes: dict[str, Any] = {_RANGES[col]: bounds}
+        return replace(spec, **changes), False
     return None
 
 
@@ -361,7 +362,7 @@ class RocketMQReader(DataSourceReader):
                 yield f
                 continue
             self.spec, exact = applied
-            self.pushed.append(type(f).__name__ + str(f.attribute))
+            self.pushed.append(type(f).__name__ + str(getattr(f, "attribute", "")))
             if not exact:
                 yield f  # pruning only: Spark still checks the rows
 
@@ -481,7 +482,7 @@ def load(spark: Any, url: str, **options: str) -> Any:
     return spark.read.format(NAME).options(**options).load(url).where(GUARD)
 
 
-def plan_partitions(options: dict[str, str], filters: list[Filter] = (), schema: Any = None
+def plan_partitions(options: dict[str, str], filters: Sequence[Filter] = (), schema: Any = None
                     ) -> tuple[list[SlicesPartition], Any, list[Filter]]:
     """Plan a scan as Spark would, without Spark: (partitions, plan, filters
     left for Spark). For tests and tools that check pruning."""
@@ -489,7 +490,7 @@ def plan_partitions(options: dict[str, str], filters: list[Filter] = (), schema:
     reader = source.reader(schema or spark_schema())
     inner = reader._inner if isinstance(reader, _NoPushdownReader) else reader
     left = list(inner.pushFilters(list(filters))) if isinstance(reader, RocketMQReader) else list(filters)
-    parts, p = inner.plan()
+    parts, p = cast(RocketMQReader, inner).plan()
     return parts, p, left
 
 

@@ -17,6 +17,7 @@ Keys are relative to the store's root URL and use ``/``.
 from __future__ import annotations
 
 import base64
+import builtins  # ObjectStore.list shadows the builtin inside the class
 import errno
 import fcntl
 import hashlib
@@ -216,11 +217,11 @@ class ObjectStore:
         requests = 0
         for i in range(0, len(keys), DELETE_BATCH):
             batch = keys[i:i + DELETE_BATCH]
-            self._call("delete", batch[0], lambda: self._raw_delete(batch))
+            self._call("delete", batch[0], lambda: self._raw_delete(batch))  # noqa: B023 - called at once
             requests += 1
         return requests
 
-    def leftovers(self, prefix: str = "") -> list[ObjectInfo]:
+    def leftovers(self, prefix: str = "") -> builtins.list[ObjectInfo]:
         """Debris of writes that never finished (a crash mid-write) under
         ``prefix``, for the orphan pass to remove after its grace period;
         ``delete_many`` takes their keys. None on a store without any."""
@@ -247,10 +248,10 @@ class ObjectStore:
     def _raw_head(self, key: str) -> ObjectInfo:
         raise NotImplementedError
 
-    def _raw_list(self, prefix: str) -> list[ObjectInfo]:
+    def _raw_list(self, prefix: str) -> builtins.list[ObjectInfo]:
         raise NotImplementedError
 
-    def _raw_delete(self, keys: list[str]) -> None:
+    def _raw_delete(self, keys: builtins.list[str]) -> None:
         raise NotImplementedError
 
     def __getstate__(self) -> dict[str, Any]:

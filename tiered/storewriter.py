@@ -67,7 +67,7 @@ class StoreWriter:
         *,
         commitlog_file_size: int = DEFAULT_COMMITLOG_FILE_SIZE,
         cq_entries_per_file: int = DEFAULT_CQ_ENTRIES,
-        store_host: Host = Host("127.0.0.1", 10911),
+        store_host: Host = Host("127.0.0.1", 10911),  # noqa: B008 - Host is immutable
         preallocate: bool = True,
         fsync: bool = False,
     ) -> None:

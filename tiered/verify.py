@@ -184,11 +184,15 @@ def check_pending(manifests: dict[tuple[str, int], Manifest], local: LocalStore,
 
 
 def verify(cold: ColdTier, local: LocalStore | None = None, *, orphans: bool = True,
-           pending: PendingCheck | None = None) -> VerifyReport:
+           pending: PendingCheck | None = None, topics: Callable[[str], bool] | None = None,
+           on_segment: Callable[[int, int], None] | None = None) -> VerifyReport:
     """Check every manifest of the prefix (found by a LIST, not the catalog)
     and, with ``local``, every archived record against the broker's; with
     ``pending`` also that nothing overdue is missing from the archive. A
-    manifest that cannot be read is a problem of its queue, not a crash."""
+    manifest that cannot be read is a problem of its queue, not a crash.
+    ``topics`` keeps only the topics it accepts (orphans are then not
+    looked for: they belong to no topic). ``on_segment(nbytes, total_bytes)``
+    is called after each segment (a progress bar)."""
     report = VerifyReport()
     listing = cold.store.list_keys(cold.prefix + "/")
     if not listing:
@@ -203,7 +207,11 @@ def verify(cold: ColdTier, local: LocalStore | None = None, *, orphans: bool = T
         except TieredError as exc:
             report.problems.append(f"{obj.key}: {exc}")
             continue
-        manifests[(m.topic, m.queue_id)] = m
+        if topics is None or topics(m.topic):
+            manifests[(m.topic, m.queue_id)] = m
+    if topics is not None:
+        orphans = False  # the caller's pending check filters its own topics
+    total_bytes = sum(seg.nbytes for m in manifests.values() for seg in m.segments)
     for (topic, qid), m in sorted(manifests.items()):
         report.queues += 1
         try:
@@ -217,6 +225,8 @@ def verify(cold: ColdTier, local: LocalStore | None = None, *, orphans: bool = T
         for seg in m.segments:
             report.segments += 1
             verify_segment(cold, m, seg, report, local)
+            if on_segment is not None:
+                on_segment(seg.nbytes, total_bytes)
         if local is not None:
             try:
                 ahead = local.max_offset(topic, qid) - m.next_offset

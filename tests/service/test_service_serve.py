@@ -19,7 +19,7 @@ import pytest
 
 from metrics.names import declared_sample_names, metric_names_in_dashboard, metric_names_in_rules
 from tiered.coldtier import ColdTier
-from tiered.storage import RetryPolicy, S3Options, open_store
+from tiered.storage import S3Options, open_store
 from tiered.storewriter import StoreWriter
 from tiered.verify import verify
 

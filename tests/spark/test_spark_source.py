@@ -180,5 +180,12 @@ def test_sql_command_runs_on_the_messages_view(spark, build, tmp_path: Path) -> 
                                       "--option", f"startTime={start}", "--option", "topics=Orders", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {"n": 40}
+    # a query Spark cannot resolve is a usage error (exit 2), one line
     bad = CliRunner().invoke(app, ["sql", "SELECT nope FROM messages", "--cold", url])
-    assert bad.exit_code == 1 and "nope" in bad.stderr
+    assert bad.exit_code == 2 and "nope" in bad.stderr and len(bad.stderr.splitlines()) == 1
+    # the table: the output layer's, 80 columns off a terminal, every cell whole
+    result = CliRunner().invoke(app, ["sql", "SELECT topic, count(*) AS n FROM messages GROUP BY topic ORDER BY topic",
+                                      "--cold", url])
+    assert result.exit_code == 0, result.output
+    assert [ln.split() for ln in result.stdout.splitlines()] == [["topic", "n"], ["%DLQ%billing", "40"],
+                                                                 ["Orders", "240"]]

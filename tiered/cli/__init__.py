@@ -16,6 +16,7 @@ from tiered.cli import clean as _clean  # noqa: F401
 from tiered.cli import query as _query  # noqa: F401
 from tiered.cli import repair as _repair  # noqa: F401
 from tiered.cli import restore as _restore  # noqa: F401
+from tiered.cli import admin as _admin  # noqa: F401
 
 
 def main() -> None:

@@ -1,25 +1,83 @@
-"""The Typer application every command module registers on."""
+"""The Typer application every command module registers on.
+
+Global options (before the command): ``--debug`` (tracebacks), ``--version``;
+shell completion through ``--install-completion`` / ``--show-completion``.
+Every exception a command leaves unhandled becomes one or two lines and an
+exit code in one place (:mod:`tiered.cli.failures`).
+"""
 
 from __future__ import annotations
 
-import sys
-from typing import NoReturn
+import os
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
+from typing import Annotated, Any, NoReturn
 
 import typer
+from typer.exceptions import TyperException
 from rich.console import Console
+from typer.core import TyperGroup
+
+from tiered.cli import failures
+from tiered.cli.output import error
+
+
+class TieredGroup(TyperGroup):
+    """Runs a command and maps what escapes it to an exit code and a message."""
+
+    # ``Any``: typer's vendored click Context, private to typer
+    def invoke(self, ctx: Any) -> Any:
+        failures.reset()
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, TyperException, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            error("interrupted")
+            raise typer.Exit(130) from None
+        except Exception as exc:  # noqa: BLE001 - the CLI's edge: one message and a code, not a traceback
+            debug = bool(ctx.meta.get("tiered.debug")) or os.environ.get("TIERED_DEBUG") == "1"
+            raise typer.Exit(failures.report(exc, debug=debug)) from None
+
 
 app = typer.Typer(
     name="tiered",
-    help="Tiered-storage archival sidecar for Apache RocketMQ.",
+    help="Tiered-storage archival sidecar for Apache RocketMQ.\n\n"
+         "Exit codes: 0 ok, 1 findings, 2 usage or configuration, 3 storage unreachable or refused.",
+    cls=TieredGroup,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 
-err_console = Console(stderr=True)
+# kept for commands that print rich markup; plain messages go through tiered.cli.output
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+def package_version() -> str:
+    try:
+        return dist_version("rocketmq-tiered")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+        return "unknown"
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"tiered {package_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    debug: Annotated[bool, typer.Option("--debug", help="Print tracebacks of errors.")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    ctx.meta["tiered.debug"] = debug
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    """One line on stderr, then exit with ``code`` (2 = bad usage or config)."""
-    print(f"tiered: {message}", file=sys.stderr)
+    """One line on stderr, then exit with ``code`` (see tiered.cli.failures for the codes)."""
+    error(message)
     raise typer.Exit(code)

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import replace
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from dispatcher import Dispatcher
-from tiered.cli.app import app, err_console, fail
-from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, settings_from
+from tiered.cli.app import app, fail
+from tiered.cli.common import (BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, OnceOpt, StoreOpt, TopicsOpt, settings_from,
+                               topic_matcher)
+from tiered.cli.failures import fail_with
+from tiered.cli.output import note, print_json, progress
 from tiered.cli.wiring import cold_tier, make_dispatcher, object_store, setup_logging, topic_filter
 from tiered.config import Settings
 from tiered.errors import TieredError
@@ -43,41 +43,42 @@ def _backlog_bytes(dispatcher: Dispatcher) -> int:
 @app.command()
 def dispatch(
     config: ConfigOpt = None, store: StoreOpt = None, cold: ColdOpt = None,
-    cluster: ClusterOpt = None, broker: BrokerOpt = None,
-    once: Annotated[bool, typer.Option("--once", help="Run one round and exit.")] = False,
+    cluster: ClusterOpt = None, broker: BrokerOpt = None, topic: TopicsOpt = None,
+    once: OnceOpt = False,
     all_pending: Annotated[bool, typer.Option("--all", help="Upload everything pending, ignoring thresholds.")] = False,
 ) -> None:
-    """Archive every eligible queue (one round with --once)."""
-    flags = {"store": store, "cold_url": cold, "cluster": cluster, "broker": broker}
+    """One archive round over every eligible queue ('tiered serve' runs rounds on a schedule).
+
+    With --topic only those topics (exact names, also system topics, or shell patterns)."""
+    flags: dict[str, object] = {"store": store, "cold_url": cold, "cluster": cluster, "broker": broker}
     if all_pending:
         flags.update({"dispatch.upload_bytes": 1, "dispatch.max_delay": 0.001})
+    if topic:
+        flags["topics.include"] = list(topic)
     settings = settings_from(config, **flags)
     setup_logging(settings.log.format, settings.log.level)
-    if not once:
-        fail("use --once for a single round, or 'tiered serve' to run on a schedule", 2)
     local = _require_store(settings)
-    with Progress(TextColumn("archiving"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  console=err_console, transient=True, disable=not sys.stderr.isatty()) as progress:
-        task = progress.add_task("archive", total=None)
-        dispatcher = make_dispatcher(settings, local, on_bytes=lambda n: progress.advance(task, n))
+    with progress("archiving", unit="bytes") as bar:
+        dispatcher = make_dispatcher(settings, local, on_bytes=bar.advance)
         dispatcher.options = replace(dispatcher.options, round_budget_s=float("inf"))
         try:
             dispatcher.start()
-            progress.update(task, total=_backlog_bytes(dispatcher) or None)
+            if bar.enabled:
+                bar.set_total(_backlog_bytes(dispatcher))
             result = dispatcher.run_round()
         except TieredError as exc:
-            fail(str(exc), 1)
+            fail_with(exc, 1)
         finally:
             if dispatcher.started and dispatcher.lease is not None:
                 try:
                     dispatcher.lease.release()  # a one-shot run: a replacement need not wait
                 except TieredError:
                     pass
-    err_console.print(f"archived {result.messages} messages ({result.nbytes} bytes) in {result.segments} segments "
-                      f"over {result.queues} queues; gaps {result.gaps}; "
-                      + (f"still pending {result.lag_messages}" if result.lag_messages else "nothing pending"))
+    note(f"archived {result.messages} messages ({result.nbytes} bytes) in {result.segments} segments "
+         f"over {result.queues} queues; gaps {result.gaps}; "
+         + (f"still pending {result.lag_messages}" if result.lag_messages else "nothing pending"))
     for where, error in result.errors.items():
-        err_console.print(f"[red]{where}: {error}[/red]")
+        note(f"ERROR {where}: {error}")
     if result.fenced:
         fail(result.fenced, 1)
     if result.errors:
@@ -87,27 +88,34 @@ def dispatch(
 @app.command()
 def verify(
     config: ConfigOpt = None, store: StoreOpt = None, cold: ColdOpt = None,
-    cluster: ClusterOpt = None, broker: BrokerOpt = None,
+    cluster: ClusterOpt = None, broker: BrokerOpt = None, topic: TopicsOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Check every archived record against the local store, byte for byte; exit 0 only if all hold."""
     settings = settings_from(config, store=store, cold_url=cold, cluster=cluster, broker=broker)
     local = LocalStore(settings.store) if settings.store else None
     ct = cold_tier(settings, object_store(settings), writer=False)
-    pending = PendingCheck(accepts=topic_filter(settings).accepts, max_delay_ms=int(settings.dispatch.max_delay * 1000),
-                           now_ms=SystemClock().now_ms())
-    try:
-        report = run_verify(ct, local, pending=pending)
-    except TieredError as exc:
-        fail(f"verify could not read the cold tier: {exc}", 1)
+    only = topic_matcher(topic)
+    archived_topics = topic_filter(settings).accepts
+    pending = PendingCheck(accepts=(lambda t: archived_topics(t) and only(t)) if only else archived_topics,
+                           max_delay_ms=int(settings.dispatch.max_delay * 1000), now_ms=SystemClock().now_ms())
+    with progress("verifying", unit="bytes") as bar:
+
+        def advance(nbytes: int, total: int) -> None:
+            bar.set_total(total)
+            bar.advance(nbytes)
+
+        try:
+            report = run_verify(ct, local, pending=pending, topics=only, on_segment=advance)
+        except TieredError as exc:
+            fail_with(exc, 1, prefix="verify could not read the cold tier: ")
     if as_json:
-        print(json.dumps({"ok": report.ok, "queues": report.queues, "segments": report.segments,
-                          "records": report.records, "compared_locally": report.compared_locally,
-                          "expired_locally": report.expired_locally, "gaps": report.gaps,
-                          "problems": report.problems, "orphans": report.orphans,
-                          "unarchived": report.unarchived, "pending": report.pending,
-                          "missing_prefix": report.missing_prefix, "known_prefixes": report.known_prefixes},
-                         indent=2))
+        print_json({"ok": report.ok, "queues": report.queues, "segments": report.segments,
+                    "records": report.records, "compared_locally": report.compared_locally,
+                    "expired_locally": report.expired_locally, "gaps": report.gaps,
+                    "problems": report.problems, "orphans": report.orphans,
+                    "unarchived": report.unarchived, "pending": report.pending,
+                    "missing_prefix": report.missing_prefix, "known_prefixes": report.known_prefixes})
     else:
         if report.missing_prefix is not None:
             known = ", ".join(report.known_prefixes) or "none"

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import typer
 
 from cleaner import CleanReport
 from tiered.cli.app import app, fail
-from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, settings_from
+from tiered.cli.common import (BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, OnceOpt, StoreOpt, TopicsOpt, settings_from,
+                               topic_matcher)
+from tiered.cli.output import print_json
 from tiered.cli.wiring import cold_tier, lease, make_cleaner, object_store, setup_logging
 from tiered.errors import TieredError
 from tiered.localstore import LocalStore
@@ -17,10 +18,11 @@ from tiered.timeparse import format_time_ms
 
 
 def _size(n: int) -> str:
+    v = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
+        if v < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{v:.1f} {unit}"
+        v /= 1024
     return str(n)
 
 
@@ -88,8 +90,8 @@ def _print(report: CleanReport) -> None:
                   f"(not collected; see `tiered repair`), e.g. {keys[0]}")
     for topic, why in sorted(report.retention_unknown.items()):
         print(f"keep {topic}: retention unknown ({why}); nothing expired")
-    for t, q in report.busy:
-        print(f"busy {t}/{q}: skipped this pass")
+    for busy_topic, busy_queue in report.busy:
+        print(f"busy {busy_topic}/{busy_queue}: skipped this pass")
     for c in report.conflicts:
         print(f"conflict: {c}")
     pending = _pending(report)
@@ -103,15 +105,16 @@ def _print(report: CleanReport) -> None:
 def clean(
     config: ConfigOpt = None, store: StoreOpt = None, cold: ColdOpt = None,
     cluster: ClusterOpt = None, broker: BrokerOpt = None,
-    once: Annotated[bool, typer.Option("--once", help="Run one pass and exit.")] = False,
+    topic: TopicsOpt = None,
+    once: OnceOpt = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be deleted and merged; change nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Expire archived segments past retention, merge small segments, collect orphans (one pass with --once)."""
+    """One cleaner pass: expire archived segments past retention, merge small segments, collect orphans.
+
+    With --topic only those topics are expired and merged (orphans, which belong to no topic, are left)."""
     settings = settings_from(config, store=store, cold_url=cold, cluster=cluster, broker=broker)
     setup_logging(settings.log.format, settings.log.level)
-    if not once:
-        fail("use --once for a single pass, or 'tiered serve' to run on a schedule", 2)
     local = None
     if settings.store is not None:
         if not (settings.store / "config").is_dir() and not (settings.store / "consumequeue").is_dir():
@@ -123,7 +126,7 @@ def clean(
     lease_manager = None if dry_run else lease(settings, objects)
     cleaner = make_cleaner(settings, ct, local, lease_manager=lease_manager)
     try:
-        report = cleaner.run_pass(dry_run=dry_run, orphans=True)
+        report = cleaner.run_pass(dry_run=dry_run, orphans=True, topics=topic_matcher(topic))
     finally:
         if lease_manager is not None and lease_manager.lease is not None:
             try:
@@ -131,7 +134,7 @@ def clean(
             except TieredError:
                 pass
     if as_json:
-        print(json.dumps(_as_dict(report), indent=2))
+        print_json(_as_dict(report))
     else:
         _print(report)
         for where, error in report.errors.items():

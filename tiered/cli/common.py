@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
 from tiered.cli.app import fail
+from tiered.cli.output import warn
+from tiered.configsources import unknown_env
 from tiered.config import Settings, load_settings
 from tiered.errors import ConfigError
 
+TopicsOpt = Annotated[Optional[list[str]], typer.Option(
+    "--topic", help="Only this topic (repeatable; shell patterns like 'Order*' work).")]
+OnceOpt = Annotated[bool, typer.Option("--once", hidden=True,
+                                       help="Accepted for scripts: one run is the only mode ('tiered serve' schedules).")]
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="YAML configuration file.")]
 StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="Broker store directory.")]
 ColdOpt = Annotated[Optional[str], typer.Option("--cold", help="Cold-tier URL: file:///path or s3://bucket/prefix.")]
@@ -19,8 +27,19 @@ BrokerOpt = Annotated[Optional[str], typer.Option("--broker", help="Broker name 
 
 
 def settings_from(config: Path | None, **flags: Any) -> Settings:
-    """Settings with flags > TIERED_* env > file > defaults; exit 2 with one line on error."""
+    """Settings with flags > TIERED_* env > file > defaults; exit 2 with one line on error.
+    ``TIERED_*`` variables that name no setting get a warning each."""
+    for problem in unknown_env(Settings):
+        warn(problem)
     try:
         return load_settings(config, **flags)
     except ConfigError as exc:
-        fail(str(exc).removeprefix("invalid configuration: ").join(("invalid configuration: ", "")), 2)
+        fail(str(exc), 2)
+
+
+def topic_matcher(topics: list[str] | None) -> Callable[[str], bool] | None:
+    """A predicate for ``--topic`` values (exact names or shell patterns); None = every topic."""
+    if not topics:
+        return None
+    patterns = tuple(topics)
+    return lambda topic: any(topic == p or fnmatchcase(topic, p) for p in patterns)

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Mapping
 
-from rich.console import Console
-from rich.table import Table
-
 from tiered.cli.app import err_console, fail
+from tiered.cli.output import json_lines, out, table
 from tiered.codec import Record
 from tiered.config import Settings
 from tiered.consumeroffsets import ConsumerPosition, PositionState, archived_ranges, store_positions
@@ -18,32 +15,31 @@ from tiered.manifest import Manifest
 from tiered.reader import ColdReader, QueueRef
 
 
-def show_positions(local: LocalStore, manifests: Mapping[tuple[str, int], Manifest], as_json: bool) -> bool:
+def show_positions(local: LocalStore, manifests: Mapping[tuple[str, int], Manifest], as_json: bool,
+                   only: Callable[[str], bool] | None = None) -> bool:
     """Print where each group's committed offset stands; False when the
     consumer offsets cannot be read (printed as a PROBLEM)."""
     try:
-        rows = store_positions(local, archived_ranges(manifests))
+        rows = [p for p in store_positions(local, archived_ranges(manifests)) if only is None or only(p.topic)]
     except TieredError as exc:
-        print(f"PROBLEM consumer offsets: {exc}")
+        out(f"PROBLEM consumer offsets: {exc}")
         return False
     if as_json:
-        for p in rows:
-            print(json.dumps({"kind": "consumer", **p.to_dict()}))
+        json_lines({"kind": "consumer", **p.to_dict()} for p in rows)
         return True
-    if not rows:
-        return True
-    table = Table("group", "topic", "queue", "committed", "local", "archived", "state", title="consumer positions")
-    for p in rows:
-        state = p.state.value
-        if p.state is PositionState.ARCHIVE_ONLY:
-            state = f"[yellow]{state}[/yellow] ({p.local_min_offset - p.committed_offset} behind local)"  # type: ignore[operator]
-        elif p.state is PositionState.LOST:
-            state = f"[red]{state}[/red]"
-        table.add_row(p.group, p.topic, str(p.queue_id), str(p.committed_offset),
-                      _r(p.local_min_offset, p.local_max_offset), _r(p.archived_first_offset, p.archived_next_offset),
-                      state)
-    Console(width=180).print(table)
+    if rows:
+        out("consumer positions:")
+        table(("group", "topic", "queue", "committed", "local", "archived", "state"),
+              ((p.group, p.topic, p.queue_id, p.committed_offset, _r(p.local_min_offset, p.local_max_offset),
+                _r(p.archived_first_offset, p.archived_next_offset), _state(p)) for p in rows),
+              right=("queue", "committed"))
     return True
+
+
+def _state(p: ConsumerPosition) -> str:
+    if p.state is PositionState.ARCHIVE_ONLY and p.local_min_offset is not None:
+        return f"{p.state.value} ({p.local_min_offset - p.committed_offset} behind local)"
+    return p.state.value
 
 
 def _r(lo: int | None, hi: int | None) -> str:

@@ -9,16 +9,24 @@ from __future__ import annotations
 
 import base64
 import importlib
-import json
+import logging
 import os
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import date, datetime
 from typing import Annotated, Any, Optional
 
 import typer
 
-from tiered.cli.app import app, err_console, fail
+from tiered.cli.app import app, fail
 from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, settings_from
+from tiered.cli.failures import fail_with
+from tiered.cli.lookup import find_msg_id, follow, window
+from tiered.cli.output import dumps, note, out, print_json, progress, progress_enabled, table
+from tiered.config import parse_duration
 from tiered.cli.wiring import object_store, s3_options
 from tiered.codec import Record
 from tiered.config import Settings
@@ -57,7 +65,7 @@ def _record_json(rec: Record, with_body: bool) -> str:
         except UnicodeDecodeError:
             d["body"] = base64.b64encode(body).decode("ascii")
             d["body_encoding"] = "base64"
-    return json.dumps(d, ensure_ascii=False)
+    return dumps(d)
 
 
 def _record_line(ref: QueueRef, rec: Record, with_body: bool, *, show_broker: bool) -> str:
@@ -75,29 +83,33 @@ def _record_line(ref: QueueRef, rec: Record, with_body: bool, *, show_broker: bo
     return line
 
 
-def _emit(line: str) -> None:
-    try:
-        sys.stdout.write(line + "\n")
-    except BrokenPipeError:  # `tiered cat ... | head`
-        try:
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the interpreter's final flush
-        finally:
-            raise typer.Exit(0)
-
-
 def _report_skipped(reader: ColdReader) -> None:
     if reader.skipped:
-        err_console.print(f"[yellow]skipped {reader.skipped} corrupt or missing archived records[/yellow]")
+        note(f"skipped {reader.skipped} corrupt or missing archived records")
         for problem in reader.problems[:5]:
-            err_console.print(f"[yellow]  {problem}[/yellow]")
+            note(f"  {problem}")
+
+
+def _time_flag(name: str, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_time_ms(value)
+    except ValueError as exc:
+        fail(f"{name}: {exc}", 2)
 
 
 @app.command()
 def cat(
     topic: Annotated[str, typer.Option("--topic", help="Topic.")],
     queue: Annotated[Optional[int], typer.Option("--queue", help="Queue id (required without --group).")] = None,
-    offset: Annotated[int, typer.Option("--offset", min=0, help="First queue offset.")] = 0,
-    count: Annotated[Optional[int], typer.Option("--count", min=0, help="At most this many records (default: to the end).")] = None,
+    offset: Annotated[Optional[int], typer.Option("--offset", min=0, help="First queue offset (default: the first archived).")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", "--count", min=0, help="At most this many records (default: to the end).")] = None,
+    since: Annotated[Optional[str], typer.Option("--since", help="From the first record stored at or after this time (ISO 8601 or epoch ms).")] = None,
+    until: Annotated[Optional[str], typer.Option("--until", help="Up to the last record stored before this time.")] = None,
+    last: Annotated[Optional[int], typer.Option("--last", min=0, help="The last N archived records.")] = None,
+    follow_: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing newly archived records (Ctrl-C ends).")] = False,
+    interval: Annotated[str, typer.Option("--interval", help="With --follow: how often to look for new records.")] = "2s",
     as_json: JsonOpt = False,
     body: BodyOpt = False,
     skip_corrupt: SkipOpt = False,
@@ -105,81 +117,99 @@ def cat(
     group: Annotated[Optional[str], typer.Option("--group", help="From this consumer group's committed offsets (needs the store): archive first, then local.")] = None,
     store: StoreOpt = None,
 ) -> None:
-    """Print archived records of one queue from a queue offset, or a group's records from its committed offsets."""
+    """Print archived records of one queue: from an offset, a store time (--since/--until), the --last N; --follow.
+    With --group: that group's records of the topic from its committed offsets, archive first, then local."""
     if group is not None:
         from tiered.cli.consumers import cat_group_command
 
         cat_group_command(settings_from(config, cold_url=cold, cluster=cluster, broker=broker, store=store),
-                          _reader, group=group, topic=topic, queue=queue, count=count, skip_corrupt=skip_corrupt,
-                          emit=lambda ref, rec, _src: _emit(_record_json(rec, body) if as_json
-                                                            else _record_line(ref, rec, body, show_broker=False)))
+                          _reader, group=group, topic=topic, queue=queue, count=limit, skip_corrupt=skip_corrupt,
+                          emit=lambda ref, rec, _src: out(_record_json(rec, body) if as_json
+                                                          else _record_line(ref, rec, body, show_broker=False)))
         return
     if queue is None:
         fail("--queue is required (or --group)", 2)
+    if sum(x is not None for x in (offset, since, last)) > 1:
+        fail("give at most one of --offset, --since, --last", 2)
+    if follow_ and (until is not None or limit is not None):
+        fail("--follow reads to the end and waits: it takes no --until or --limit", 2)
+    since_ms, until_ms = _time_flag("--since", since), _time_flag("--until", until)
+    try:
+        poll_s = parse_duration(interval)
+    except ValueError as exc:
+        fail(f"--interval: {exc}", 2)
     settings = _settings(config, cold, cluster, broker)
     reader = _reader(settings, skip_corrupt=skip_corrupt)
     try:
         ref = reader.queue(topic, queue)
         if ref is None:
             fail(f"{topic}/{queue}: not in the archive at {settings.cold_url}", 1)
+        win = window(reader, ref, offset=offset, since_ms=since_ms, until_ms=until_ms, last=last, limit=limit)
         m = reader.archive.manifest(ref)
-        if m is not None and offset < m.first_offset and not as_json:
-            err_console.print(f"[yellow]offsets below {m.first_offset} are no longer archived; "
-                              f"starting there[/yellow]")
-        for rec in reader.iter_queue(ref, offset, count):
-            _emit(_record_json(rec, body) if as_json else _record_line(ref, rec, body, show_broker=False))
+        if m is not None and offset is not None and offset < m.first_offset and not as_json:
+            note(f"offsets below {m.first_offset} are no longer archived; starting there")
+        records = (follow(reader, ref, win.start, sleep=lambda: time.sleep(poll_s)) if follow_ else
+                   reader.iter_queue(ref, win.start, None if win.end is None else win.end - win.start))
+        for rec in records:
+            out(_record_json(rec, body) if as_json else _record_line(ref, rec, body, show_broker=False))
     except TieredError as exc:
-        fail(str(exc), 1)
+        fail_with(exc, 1)
     _report_skipped(reader)
 
 
 @app.command()
 def find(
     key: Annotated[Optional[str], typer.Option("--key", help="A KEYS entry or a UNIQ_KEY (client message id).")] = None,
-    time: Annotated[Optional[str], typer.Option("--time", help="ISO 8601 or epoch ms: per queue, the first record stored at or after it.")] = None,
-    topic: Annotated[Optional[str], typer.Option("--topic", help="Topic (required with --time).")] = None,
+    msg_id: Annotated[Optional[str], typer.Option("--msg-id", help="A message id: the broker's offset id (store host, port, CommitLog offset) or the client's UNIQ_KEY id.")] = None,
+    time_: Annotated[Optional[str], typer.Option("--time", help="ISO 8601 or epoch ms: per queue, the first record stored at or after it.")] = None,
+    topic: Annotated[Optional[str], typer.Option("--topic", help="Only this topic (required with --time).")] = None,
     as_json: JsonOpt = False,
     body: BodyOpt = False,
     skip_corrupt: SkipOpt = False,
     config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
 ) -> None:
-    """Find archived records by key, or the first record at or after a time (exit 1 when none)."""
-    if (key is None) == (time is None):
-        fail("give exactly one of --key or --time", 2)
-    if time is not None and topic is None:
+    """Find archived records by key, by message id, or the first record at or after a time (exit 1 when none)."""
+    if sum(x is not None for x in (key, msg_id, time_)) != 1:
+        fail("give exactly one of --key, --msg-id or --time", 2)
+    if time_ is not None and topic is None:
         fail("--time needs --topic", 2)
     settings = _settings(config, cold, cluster, broker)
     reader = _reader(settings, skip_corrupt=skip_corrupt)
+    only = (lambda t: t == topic) if topic else None
     found = 0
     try:
         many = len(reader.archive.brokers) > 1
-        if key is not None:
-            for ref, rec in reader.find_key(key, topics=(lambda t: t == topic) if topic else None):
+        if time_ is None:
+            hits = (reader.find_key(key, topics=only) if key is not None else
+                    find_msg_id(reader, msg_id or "", topics=only))
+            for ref, rec in hits:
                 found += 1
-                _emit(_record_json(rec, body) if as_json else _record_line(ref, rec, body, show_broker=many))
+                out(_record_json(rec, body) if as_json else _record_line(ref, rec, body, show_broker=many))
         else:
-            try:
-                ts = parse_time_ms(time or "")
-            except ValueError as exc:
-                fail(str(exc), 2)
-            for ref in reader.archive.queues(lambda t: t == topic):
-                off = reader.offset_for_time(ref, ts)
-                if off is None:
-                    continue
-                res = reader.read(ref, off, max_count=1)
-                if res.status is not ReadStatus.FOUND or not res.records:
-                    if not as_json:
-                        err_console.print(f"{ref}: nothing stored at or after {format_time_ms(ts)} "
-                                          f"(archive ends at offset {res.next_offset})")
-                    continue
-                found += 1
-                rec = res.records[0]
-                _emit(_record_json(rec, body) if as_json else _record_line(ref, rec, body, show_broker=many))
+            found = _find_time(reader, topic or "", _time_flag("--time", time_) or 0, as_json=as_json, body=body,
+                               many=many)
     except TieredError as exc:
-        fail(str(exc), 1)
+        fail_with(exc, 1)
     _report_skipped(reader)
     if not found:
         raise typer.Exit(1)
+
+
+def _find_time(reader: ColdReader, topic: str, ts: int, *, as_json: bool, body: bool, many: bool) -> int:
+    found = 0
+    for ref in reader.archive.queues(lambda t: t == topic):
+        off = reader.offset_for_time(ref, ts)
+        if off is None:
+            continue
+        res = reader.read(ref, off, max_count=1)
+        if res.status is not ReadStatus.FOUND or not res.records:
+            if not as_json:
+                note(f"{ref}: nothing stored at or after {format_time_ms(ts)} (archive ends at offset {res.next_offset})")
+            continue
+        found += 1
+        rec = res.records[0]
+        out(_record_json(rec, body) if as_json else _record_line(ref, rec, body, show_broker=many))
+    return found
 
 
 # --- Spark ------------------------------------------------------------------------------
@@ -244,14 +274,60 @@ def spark_session(master: str) -> tuple[Any, bool]:
     return spark, True
 
 
-def _json_value(v: Any) -> Any:
+@contextmanager
+def spark_progress(spark: Any, poll_s: float = 0.5) -> Iterator[None]:
+    """Spark's running stages as one bar (tasks done of tasks, rate, ETA) on a
+    terminal; nothing otherwise. Spark's own console bar is off."""
+    if not progress_enabled():
+        yield
+        return
+    tracker = spark.sparkContext.statusTracker()
+    done = threading.Event()
+    with progress("spark", unit="tasks") as bar:
+
+        def poll() -> None:
+            while not done.wait(poll_s):
+                stages = [tracker.getStageInfo(i) for i in tracker.getActiveStageIds()]
+                stages = [s for s in stages if s is not None]
+                if stages:
+                    bar.set_total(sum(s.numTasks for s in stages))
+                    bar.set_completed(sum(s.numCompletedTasks for s in stages))
+
+        watcher = threading.Thread(target=poll, name="tiered-spark-progress", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+            watcher.join()
+
+
+def progress_executor(inner: Any, chunk: int) -> Any:
+    """``inner`` run on chunks of tasks so that a bar can advance between them;
+    the plain executor off a terminal (one batch, as before)."""
+    if not progress_enabled():
+        return inner
+
+    def execute(ctx: Any, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        results: list[dict[str, Any]] = []
+        with progress("exporting", total=len(tasks), unit="tasks") as bar:
+            for i in range(0, len(tasks), chunk):
+                results += inner(ctx, tasks[i:i + chunk])
+                bar.advance(len(tasks[i:i + chunk]))
+        return results
+
+    return execute
+
+
+def _cell(v: Any) -> str:
+    """A table cell of a Spark row: times in ISO 8601 UTC, bytes as base64, the rest as text."""
     if isinstance(v, (bytes, bytearray)):
         return base64.b64encode(bytes(v)).decode("ascii")
     if isinstance(v, datetime):
         return v.isoformat().replace("+00:00", "Z")
     if isinstance(v, date):
         return v.isoformat()
-    return str(v)
+    return "null" if v is None else str(v)
 
 
 @app.command()
@@ -272,17 +348,28 @@ def sql(
         from tiered.spark_source import load
 
         load(spark, settings.cold_url, **opts).createOrReplaceTempView("messages")
+        # PySpark logs a failed query's context as its own JSON line on stderr:
+        # the command reports the error once, in its one line
+        logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
         try:
             result = spark.sql(query)
-            if as_json:
-                for row in result.toLocalIterator():
-                    _emit(json.dumps(row.asDict(recursive=True), default=_json_value, ensure_ascii=False))
-            else:
-                result.show(limit or max(1, result.count()), truncate=40)
+            with spark_progress(spark):
+                if as_json:
+                    for row in result.toLocalIterator():
+                        out(dumps(row.asDict(recursive=True)))
+                else:
+                    rows = (result.limit(limit) if limit else result).collect()
+            if not as_json:
+                table(result.columns, ([_cell(v) for v in row] for row in rows))
+        except typer.Exit:
+            raise
         except Exception as exc:  # noqa: BLE001 - the CLI's edge: one line, not a JVM stack
+            from pyspark.errors import AnalysisException
+
             name = type(exc).__name__
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else name
-            fail(f"{name}: {message}", 1)
+            # a query Spark cannot parse or resolve is the caller's usage error
+            fail(f"{name}: {message}", 2 if isinstance(exc, AnalysisException) else 1)
     finally:
         if created:
             spark.stop()
@@ -292,7 +379,7 @@ def sql(
 def export_cmd(
     to: Annotated[str, typer.Option("--to", help="Target URL: file:///path or s3://bucket/prefix.")],
     fmt: Annotated[str, typer.Option("--format", help="Output format (parquet).")] = "parquet",
-    topics: Annotated[Optional[str], typer.Option("--topics", help="Only these topics (comma-separated).")] = None,
+    topics: Annotated[Optional[list[str]], typer.Option("--topic", "--topics", help="Only this topic (repeatable, or comma-separated).")] = None,
     engine: Annotated[str, typer.Option("--engine", help="local (processes on this machine) or spark.")] = "local",
     parallelism: Annotated[int, typer.Option("--parallelism", min=1, help="Local worker processes.")] = max(1, (os.cpu_count() or 1)),
     compression: Annotated[str, typer.Option("--compression", help="Parquet compression codec.")] = "snappy",
@@ -318,14 +405,14 @@ def export_cmd(
     except ValueError as exc:
         fail(f"--to: {exc}", 2)
     c, b = _scope(settings)
-    wanted = {t.strip() for t in topics.split(",") if t.strip()} if topics else None
+    wanted = {t.strip() for item in topics for t in item.split(",") if t.strip()} if topics else None
     spark = None
     created = False
     if engine == "spark":
         spark, created = spark_session(master)
-        executor = run_spark(spark)
+        executor = progress_executor(run_spark(spark), 64)
     else:
-        executor = run_local(parallelism)
+        executor = progress_executor(run_local(parallelism), 4 * parallelism)
     try:
         report = Exporter(store, target, archive=Archive(store, cluster=c, broker=b),
                           topics=(lambda t: t in wanted) if wanted else None, skip_corrupt=skip_corrupt,
@@ -336,16 +423,15 @@ def export_cmd(
         if created and spark is not None:
             spark.stop()
     if as_json:
-        print(json.dumps(report.__dict__, default=str))
+        print_json(report.__dict__)
     else:
-        err_console.print(
+        note(
             f"exported {report.rows} records into {report.files} files ({report.tasks} new tasks, "
             f"{report.resumed_tasks} redone from an unfinished run) over {report.queues} queues "
             f"in {report.seconds:.1f}s")
         if report.expired_before_export:
-            err_console.print(f"[yellow]{report.expired_before_export} records left the archive before they were "
-                              f"exported[/yellow]")
+            note(f"{report.expired_before_export} records left the archive before they were exported")
         if report.skipped:
-            err_console.print(f"[yellow]skipped {report.skipped} corrupt records[/yellow]")
+            note(f"skipped {report.skipped} corrupt records")
             for p in report.problems[:5]:
-                err_console.print(f"[yellow]  {p}[/yellow]")
+                note(f"  {p}")

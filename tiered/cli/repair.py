@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 
 from tiered.cli.app import app, fail
+from tiered.cli.output import print_json
 from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, settings_from
 from tiered.cli.wiring import cold_tier, lease, object_store, setup_logging
 from tiered.errors import TieredError
@@ -38,13 +38,13 @@ def repair(
             except TieredError:
                 pass
     if as_json:
-        print(json.dumps({
+        print_json({
             "ok": report.ok, "dry_run": dry_run, "intact": report.intact,
             "adopted": {q: {"segments": len(p.adopted), "gaps": len(p.manifest.gaps) if p.manifest else 0,
                             "first_offset": p.manifest.first_offset if p.manifest else None,
                             "next_offset": p.manifest.next_offset if p.manifest else None,
                             "superseded": list(p.superseded)} for q, p in report.adopted.items()},
-            "problems": {q: list(v) for q, v in report.problems.items()}}, indent=2))
+            "problems": {q: list(v) for q, v in report.problems.items()}})
     else:
         would = "would rebuild" if dry_run else "rebuilt"
         for q, p in report.adopted.items():

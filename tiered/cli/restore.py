@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from tiered.cli.app import app, err_console, fail
+from tiered.cli.app import app, fail
 from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, settings_from
+from tiered.cli.output import out, print_json, progress
 from tiered.cli.wiring import object_store
 from tiered.errors import TieredError
 from tiered.reader import ColdReader
@@ -20,7 +18,6 @@ from tiered.restore import (
     DEFAULT_CQ_ENTRIES,
     RestoreCheckError,
     RestoreOptions,
-    RestorePlan,
     TargetNotEmptyError,
     check_target,
     restore as run_restore,
@@ -56,23 +53,16 @@ def restore(
         fail(str(exc), 2)
     reader = ColdReader(object_store(settings), cluster=settings.cluster if "cluster" in given else None,
                         broker=settings.broker if "broker" in given else None)
-    with Progress(TextColumn("restoring"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=err_console, transient=True, disable=not sys.stderr.isatty()) as progress:
-        task = progress.add_task("restore", total=None)
-
-        def planned(plan: RestorePlan) -> None:
-            progress.update(task, total=plan.messages)
-
+    with progress("restoring", unit="messages") as bar:
         try:
-            result, checked = run_restore(reader, to, options,
-                                          progress=lambda n, _b: progress.update(task, completed=n),
-                                          planned=planned)
+            result, checked = run_restore(reader, to, options, progress=lambda n, _b: bar.set_completed(n),
+                                          planned=lambda plan: bar.set_total(plan.messages))
         except RestoreCheckError as exc:
             fail(f"restored store differs from the archive, do not start a broker on {to}: {exc}", 1)
         except (TieredError, OSError) as exc:
             fail(f"restore into {to} failed (the directory is incomplete: empty it before retrying): {exc}", 1)
     plan = result.plan
-    out = {
+    report = {
         "target": str(to), "cluster": plan.cluster, "broker": plan.broker, "queues": len(plan.queues),
         "topics": sorted(plan.read_queue_nums), "messages": result.messages, "bytes": result.nbytes,
         "checked": checked, "commitlog_start": plan.commitlog_start, "commitlog_end": result.commitlog_end,
@@ -80,12 +70,12 @@ def restore(
         "offsets": {f"{q.ref.topic}/{q.ref.queue_id}": [q.first, q.end] for q in plan.queues},
     }
     if as_json:
-        print(json.dumps(out))
+        print_json(report)
         return
-    print(f"restored {result.messages} messages ({result.nbytes} bytes) of {len(plan.queues)} queues of "
+    out(f"restored {result.messages} messages ({result.nbytes} bytes) of {len(plan.queues)} queues of "
           f"{plan.cluster}/{plan.broker} into {to}; all {checked} checked against the archive")
-    print(f"CommitLog {plan.commitlog_start}..{result.commitlog_end}; queue offsets as archived:")
+    out(f"CommitLog {plan.commitlog_start}..{result.commitlog_end}; queue offsets as archived:")
     for q in plan.queues:
-        print(f"  {q.ref.topic}/{q.ref.queue_id}: {q.first}..{q.end}")
-    for t, q, a, b in result.filler_gaps:
-        print(f"WARNING {t}/{q}: offsets {a}..{b - 1} were a recorded gap in the archive, restored as filler entries")
+        out(f"  {q.ref.topic}/{q.ref.queue_id}: {q.first}..{q.end}")
+    for t, qid, a, b in result.filler_gaps:
+        out(f"WARNING {t}/{qid}: offsets {a}..{b - 1} were a recorded gap in the archive, restored as filler entries")

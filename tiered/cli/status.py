@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from tiered.cli.app import app
+from tiered.cli.common import (BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, TopicsOpt, settings_from,
+                               topic_matcher)
 from tiered.cli.consumers import show_positions
-from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, settings_from
+from tiered.cli.output import json_lines, out, table
 from tiered.cli.wiring import cold_tier, object_store, topic_filter
 from tiered.localstore import LocalStore
 from tiered.status import queue_status
 from tiered.timeparse import format_time_ms
+
+COLUMNS = ("topic", "queue", "local", "archived", "lag", "oldest archived", "newest archived", "segments", "bytes",
+           "gaps")
 
 
 def _r(lo: int | None, hi: int | None) -> str:
@@ -25,33 +27,29 @@ def _r(lo: int | None, hi: int | None) -> str:
 @app.command()
 def status(
     config: ConfigOpt = None, store: StoreOpt = None, cold: ColdOpt = None,
-    cluster: ClusterOpt = None, broker: BrokerOpt = None,
+    cluster: ClusterOpt = None, broker: BrokerOpt = None, topic: TopicsOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per queue.")] = False,
 ) -> None:
-    """Print per topic/queue: local and archived offset ranges, lag, archived times, segments, bytes."""
+    """Print per topic/queue: local and archived offset ranges, lag, archived times, segments, bytes.
+
+    Exit 1 when a queue has a problem (named below the table)."""
     settings = settings_from(config, store=store, cold_url=cold, cluster=cluster, broker=broker)
     local = LocalStore(settings.store) if settings.store else None
-    cold = cold_tier(settings, object_store(settings), writer=False)
-    rows = queue_status(cold, local, accepts=topic_filter(settings).accepts)
+    only = topic_matcher(topic)
+    archive = cold_tier(settings, object_store(settings), writer=False)
+    rows = [r for r in queue_status(archive, local, accepts=topic_filter(settings).accepts)
+            if only is None or only(r.topic)]
     if as_json:
-        for row in rows:
-            print(json.dumps(row.to_dict()))
-        consumers_ok = local is None or show_positions(local, cold.manifests(), as_json=True)
-        if any(r.problem for r in rows) or not consumers_ok:
-            raise typer.Exit(1)
-        return
-    table = Table("topic", "queue", "local", "archived", "lag", "oldest archived", "newest archived",
-                  "segments", "bytes", "gaps")
-    for r in rows:
-        table.add_row(r.topic, str(r.queue_id), _r(r.local_min_offset, r.local_max_offset),
-                      _r(r.archived_first_offset, r.archived_next_offset),
-                      "-" if r.lag_messages is None else str(r.lag_messages),
-                      format_time_ms(r.oldest_archived_ms), format_time_ms(r.newest_archived_ms),
-                      str(r.segments), str(r.nbytes), str(r.gaps))
-    Console(width=180).print(table)
-    consumers_ok = local is None or show_positions(local, cold.manifests(), as_json=False)
-    problems = [r for r in rows if r.problem]
-    for r in problems:
-        print(f"PROBLEM {r.topic}/{r.queue_id}: {r.problem}")
-    if problems or not consumers_ok:
+        json_lines(row.to_dict() for row in rows)
+    else:
+        table(COLUMNS, ((r.topic, r.queue_id, _r(r.local_min_offset, r.local_max_offset),
+                         _r(r.archived_first_offset, r.archived_next_offset), r.lag_messages,
+                         format_time_ms(r.oldest_archived_ms), format_time_ms(r.newest_archived_ms),
+                         r.segments, r.nbytes, r.gaps) for r in rows),
+              right=("queue", "lag", "segments", "bytes", "gaps"))
+        for r in rows:
+            if r.problem:
+                out(f"PROBLEM {r.topic}/{r.queue_id}: {r.problem}")
+    consumers_ok = local is None or show_positions(local, archive.manifests(), as_json=as_json, only=only)
+    if any(r.problem for r in rows) or not consumers_ok:
         raise typer.Exit(1)

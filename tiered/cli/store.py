@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import uuid
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
-from tiered.cli.app import app, err_console, fail
+from tiered.cli.app import app, fail
+from tiered.cli.output import dumps, error, note, out, table
 from tiered.codec import Host
 from tiered.errors import CorruptRecordError, ExpiredLocallyError
 from tiered.localstore import LocalStore
@@ -57,7 +54,7 @@ def produce(
                 tags=tags, keys=[f"key-{i}"] if keys else None, unique_key=uid,
                 store_timestamp=ts, born_timestamp=ts, born_host=born_host, delay_level=delay_level,
             )
-    err_console.print(f"appended {messages} messages to {topic} in {store}")
+    note(f"appended {messages} messages to {topic} in {store}")
 
 
 @app.command()
@@ -65,14 +62,14 @@ def inspect(
     store: StoreOpt,
     topic: Annotated[Optional[str], typer.Option(help="Only this topic.")] = None,
     queue: Annotated[Optional[int], typer.Option(help="Only this queue id.")] = None,
-    from_offset: Annotated[Optional[int], typer.Option("--from", help="First queue offset.")] = None,
+    from_offset: Annotated[Optional[int], typer.Option("--offset", "--from", min=0, help="First queue offset.")] = None,
     limit: Annotated[Optional[int], typer.Option(min=0, help="At most this many records per queue.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per record.")] = False,
 ) -> None:
     """Print the records of a store, through its ConsumeQueues."""
     if not (store / "consumequeue").is_dir():
         fail(f"{store}: not a broker store (no consumequeue/ directory)", 2)
-    table = Table("topic", "queue", "offset", "commitlog", "size", "store time", "tags", "keys", "body")
+    rows: list[tuple[object, ...]] = []
     problems = 0
     with LocalStore(store) as local:
         for t, q in local.queues():
@@ -84,18 +81,17 @@ def inspect(
                 for item in local.iter_queue(t, q, start, max_count=limit):
                     rec = item.record
                     if as_json:
-                        sys.stdout.write(json.dumps(rec.to_dict(), ensure_ascii=False) + "\n")
+                        out(dumps(rec.to_dict()))
                     else:
                         d = rec.to_dict()
-                        table.add_row(t, str(q), str(item.queue_offset), str(d["commitlog_offset"]), str(d["size"]),
-                                      format_time_ms(d["store_timestamp"]), d["tags"] or "", " ".join(d["keys"]),
-                                      str(d["body_length"]))
+                        rows.append((t, q, item.queue_offset, d["commitlog_offset"], d["size"],
+                                     format_time_ms(d["store_timestamp"]), d["tags"] or "", " ".join(d["keys"]),
+                                     d["body_length"]))
             except (CorruptRecordError, ExpiredLocallyError) as exc:
                 problems += 1
-                err_console.print(f"[red]{t}/{q}: {exc}[/red]")
+                error(f"{t}/{q}: {exc}")
     if not as_json:
-        from rich.console import Console
-
-        Console(width=max(120, os.get_terminal_size().columns if sys.stdout.isatty() else 160)).print(table)
+        table(("topic", "queue", "offset", "commitlog", "size", "store time", "tags", "keys", "body"), rows,
+              right=("queue", "offset", "commitlog", "size", "body"))
     if problems:
         raise typer.Exit(1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING
 from tiered.clock import Clock, SystemClock
 from tiered.coldtier import ColdTier
 from tiered.config import Settings
+from tiered.errors import ConfigError
 from tiered.lease import LeaseManager
 from tiered.manifest import broker_prefix
 from tiered.localstore import LocalStore
@@ -36,14 +38,40 @@ def s3_options(settings: Settings) -> S3Options:
     )
 
 
+def is_s3(url: str) -> bool:
+    return url.split("://", 1)[0] in ("s3", "s3a") if "://" in url else False
+
+
 def object_store(settings: Settings, recorder: Recorder | None = None) -> ObjectStore:
+    """The cold tier's store. Attempts per request: ``s3.max_attempts`` on S3,
+    ``dispatch.retry.attempts`` on file://; the backoff is dispatch.retry's."""
+    from tiered.cli import failures
+
     r = settings.dispatch.retry
+    attempts = settings.s3.max_attempts if is_s3(settings.cold_url) else r.attempts
+    failures.note_store(settings.cold_url, settings.s3.endpoint_url if is_s3(settings.cold_url) else None)
     return open_store(settings.cold_url, s3=s3_options(settings),
-                      retry=RetryPolicy(r.attempts, r.base_delay, r.max_delay), recorder=recorder or NullRecorder())
+                      retry=RetryPolicy(attempts, r.base_delay, r.max_delay), recorder=recorder or NullRecorder())
+
+
+def writable_state_dir(settings: Settings) -> Path:
+    """The state directory, created; ConfigError (exit 2) naming it when it cannot be written."""
+    path = Path(settings.state_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"invalid configuration: state_dir: {path} is not writable ({exc.strerror}); "
+                          f"set state_dir in the config file or TIERED_STATE_DIR") from None
+    return path
 
 
 def cold_tier(settings: Settings, store: ObjectStore, *, writer: bool, clock: Clock | None = None,
               recorder: Recorder | None = None) -> ColdTier:
+    if writer:
+        writable_state_dir(settings)
     return ColdTier(store, settings.cluster, settings.broker,
                     state_dir=Path(settings.state_dir) if writer else None,
                     writer=settings.writer_identity() if writer else "", clock=clock or SystemClock(),
@@ -55,6 +83,13 @@ def lease(settings: Settings, store: ObjectStore, clock: Clock | None = None) ->
                         ttl_s=settings.lease_ttl, clock=clock, force=settings.force_takeover)
 
 
+def utc_iso_ms(created: float) -> str:
+    """``2026-11-25T03:04:05.678Z``: UTC, ISO 8601, milliseconds (what log pipelines parse)."""
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(created, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line, with the structured fields (topic, queue, offset...)."""
 
@@ -63,7 +98,7 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         import json
 
-        out = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
+        out = {"time": utc_iso_ms(record.created), "level": record.levelname,
                "logger": record.name, "message": record.getMessage()}
         for k, v in vars(record).items():
             if k not in self._STD and not k.startswith("_"):
@@ -75,6 +110,9 @@ class JsonFormatter(logging.Formatter):
 
 class TextFormatter(logging.Formatter):
     _STD = JsonFormatter._STD
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's name
+        return utc_iso_ms(record.created)
 
     def format(self, record: logging.LogRecord) -> str:
         base = super().format(record)
