@@ -225,6 +225,52 @@ class LocalStore:
         for files in self._queues.values():
             files.refresh()
 
+    def refresh_queue(self, topic: str, queue_id: int) -> None:
+        """``refresh`` for the CommitLog and one queue only."""
+        self.commitlog.refresh()
+        self._queue(topic, queue_id).refresh()
+
+    def release_queue(self, topic: str, queue_id: int) -> None:
+        """Give back this process's mapped pages of a queue's ConsumeQueue
+        files (they stay in the page cache). A round over many queues touches
+        a few pages of each; kept, they add up to hundreds of MiB."""
+        files = self._queues.get((topic, queue_id))
+        if files is not None:
+            for start in list(files._maps):
+                files.release(start)
+
+    def commitlog_join(self, spans: list[tuple[int, int]]) -> bytes:
+        """CommitLog bytes [lo, hi) of each span (each within one file, written
+        already), joined in one copy; the pages read are given back after.
+        Raises FileNotFoundError when a file is gone or shorter."""
+        parts: list[memoryview] = []
+        touched: list[tuple[int, int, int]] = []
+        for lo, hi in spans:
+            located = self._commitlog_span(lo, hi)
+            if located is None:
+                self.commitlog.refresh()  # a file started since the last look
+                located = self._commitlog_span(lo, hi)
+                if located is None:
+                    raise FileNotFoundError(f"CommitLog bytes [{lo}, {hi}) are not on disk")
+            start, view = located
+            parts.append(view[lo - start:hi - start])
+            touched.append((start, lo - start, hi - start))
+        try:
+            return b"".join(parts)
+        finally:
+            for start, lo, hi in touched:
+                self.commitlog.release(start, lo, hi)
+
+    def _commitlog_span(self, lo: int, hi: int) -> tuple[int, memoryview] | None:
+        start = self.commitlog.locate(lo)
+        if start is None:
+            return None
+        try:
+            view = self.commitlog.view(start, hi - start)
+        except FileNotFoundError:
+            return None
+        return (start, view) if hi - start <= len(view) else None
+
     def _queue(self, topic: str, queue_id: int) -> _QueueFiles:
         files = self._queues.get((topic, queue_id))
         if files is None:
