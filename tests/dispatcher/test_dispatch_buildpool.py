@@ -142,14 +142,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _consumequeue_rss_kib() -> int:
-    """Resident KiB of this process's mappings of ConsumeQueue files."""
+def _consumequeue_rss_kib(root: Path) -> int:
+    """Resident KiB of this process's mappings of the ConsumeQueue files under ``root``."""
+    prefix = f"{root}/consumequeue/"
     total, inside = 0, False
     with open("/proc/self/smaps") as fh:
         for line in fh:
             head = line.split()
             if head and "-" in head[0] and len(head) >= 5 and ":" in head[3]:
-                inside = len(head) >= 6 and "/consumequeue/" in head[5]
+                inside = len(head) >= 6 and head[5].startswith(prefix)
             elif inside and head and head[0] == "Rss:":
                 total += int(head[1])
     return total
@@ -164,12 +165,12 @@ def test_a_round_gives_back_the_consumequeue_pages_it_mapped(tmp_path: Path, clo
     local = LocalStore(root)
     d = new_dispatcher(cold, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0, parallelism=1)
     assert d.run_round().messages == 120
-    assert _consumequeue_rss_kib() == 0
+    assert _consumequeue_rss_kib(root) == 0
     # an idle round maps (and bisects) every queue's file, then gives the pages back
     assert d.run_round().messages == 0
-    assert len(local._queues) == 40 and _consumequeue_rss_kib() == 0
+    assert len(local._queues) == 40 and _consumequeue_rss_kib(root) == 0
     # what the check measures: without the release, the pages stay
-    assert local.max_offset("Many", 0) == 3 and _consumequeue_rss_kib() > 0
+    assert local.max_offset("Many", 0) == 3 and _consumequeue_rss_kib(root) > 0
     local.release_queue("Many", 0)
-    assert _consumequeue_rss_kib() == 0
+    assert _consumequeue_rss_kib(root) == 0
     assert os.path.exists(root / "consumequeue" / "Many" / "0")
