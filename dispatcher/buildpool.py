@@ -18,11 +18,12 @@ leaves no orphan behind): each watches its parent's pid.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,6 +34,7 @@ from tiered.codec import crc32
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, TieredError
 from tiered.localstore import LocalStore
 
+log = logging.getLogger(__name__)
 _PHYS_AT = 28  # a record's physical offset (i64), checked against its ConsumeQueue entry
 
 
@@ -154,6 +156,8 @@ class ProcessBuilds:
 
     def __init__(self, processes: int) -> None:
         self.processes = processes
+        self._broken = False
+        self._lock = threading.Lock()  # in-process builds, one at a time (after a broken pool)
         ctx = multiprocessing.get_context("forkserver")
         # workers fork from a server that already imported the build code
         ctx.set_forkserver_preload(["dispatcher.buildpool"])
@@ -161,7 +165,20 @@ class ProcessBuilds:
                                          initargs=(os.getpid(),))
 
     def build(self, local: LocalStore, job: BuildJob, now_ms: int) -> tuple[BuiltSegment | None, Exception | None]:
-        outcome = self._pool.submit(_run_job, str(local.root), job, now_ms).result()
+        if self._broken:
+            with self._lock:
+                return build_segment(local, job, now_ms)
+        try:
+            outcome = self._pool.submit(_run_job, str(local.root), job, now_ms).result()
+        except BrokenExecutor as exc:
+            # Workers that cannot start (a __main__ module that is not import
+            # safe, a memory limit) must not stop archiving: build here.
+            if not self._broken:
+                self._broken = True
+                log.error("segment-build worker processes failed (%s); building in the dispatcher process "
+                          "from now on", exc)
+            with self._lock:
+                return build_segment(local, job, now_ms)
         if outcome[0] == "error":
             raise WorkerError(f"building {job.topic}/{job.queue_id} from offset {job.start}: "
                               f"{outcome[1]}: {outcome[2]}")

@@ -174,3 +174,23 @@ def test_a_round_gives_back_the_consumequeue_pages_it_mapped(tmp_path: Path, clo
     local.release_queue("Many", 0)
     assert _consumequeue_rss_kib(root) == 0
     assert os.path.exists(root / "consumequeue" / "Many" / "0")
+
+
+def test_a_broken_worker_pool_falls_back_to_building_in_process(tmp_path: Path, clock, caplog) -> None:  # noqa: ANN001
+    root = tmp_path / "store"
+    _store(root, clock)
+    local = LocalStore(root)
+    expected, _ = build_segment(local, _job(root, "A", 0), 1000)
+    pool = ProcessBuilds(2)
+    try:
+        pool.build(local, _job(root, "A", 0), 1000)  # workers up
+        for pid in list(pool._pool._processes):
+            os.kill(pid, signal.SIGKILL)
+        built, stop = pool.build(local, _job(root, "A", 0), 1000)
+        assert stop is None and built is not None and expected is not None
+        assert built.segment == expected.segment and built.commitlog == expected.commitlog
+        assert "building in the dispatcher process from now on" in caplog.text
+        built, _ = pool.build(local, _job(root, "A", 0), 1000)  # and stays so
+        assert built is not None and built.commitlog == expected.commitlog
+    finally:
+        pool.close()
