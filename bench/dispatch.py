@@ -179,6 +179,8 @@ def phase_dispatch(args: argparse.Namespace) -> dict:
     rec = _counting_recorder()
     d = _dispatcher(args, args.url, args.endpoint, recorder=rec)
     d.start()
+    if d.archiver.builds is not None:
+        d.archiver.builds.warm()  # worker start-up is not part of the round
     with AnonPeak() as anon:
         started = time.perf_counter()
         cpu = time.process_time()
