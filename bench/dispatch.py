@@ -103,8 +103,10 @@ def maxrss_mib() -> float:
 
 def build_workers() -> list[int]:
     """Pids of the segment-build worker processes of this process, if any."""
-    from dispatcher import buildpool
-
+    try:
+        from dispatcher import buildpool
+    except ImportError:  # a tree without build workers (comparing with an older commit)
+        return []
     pool = buildpool._SHARED
     return list(pool._pool._processes) if pool is not None and pool._pool._processes else []
 
@@ -179,7 +181,7 @@ def phase_dispatch(args: argparse.Namespace) -> dict:
     rec = _counting_recorder()
     d = _dispatcher(args, args.url, args.endpoint, recorder=rec)
     d.start()
-    if d.archiver.builds is not None:
+    if getattr(d.archiver, "builds", None) is not None:
         d.archiver.builds.warm()  # worker start-up is not part of the round
     with AnonPeak() as anon:
         started = time.perf_counter()
