@@ -83,15 +83,19 @@ class RecordTemplate:
         self._topic = bytes(probe[topic_at:len(probe) - 2])  # topic length + topic, before the props length
         self._fixed = len(probe) - 2  # all but the props length, with an empty body
 
-    def encode(self, queue_id: int, body: bytes, props: bytes, born_ms: int, store_ms: int) -> bytearray:
+    def size(self, body: bytes, props: bytes) -> int:
+        return self._fixed + 2 + len(body) + len(props)
+
+    def encode(self, queue_id: int, body: bytes, props: bytes, born_ms: int, store_ms: int, *,
+               queue_offset: int = 0, physical_offset: int = 0) -> bytes:
         if len(props) > MAX_PROPERTIES:
             raise ValueError(f"properties of {len(props)} bytes exceed {MAX_PROPERTIES}")
-        size = self._fixed + 2 + len(body) + len(props)
-        return bytearray(b"".join((
-            _HEAD.pack(size, self._magic, body_crc(body), queue_id, self._flag, 0, 0, self._sys_flag, born_ms),
+        return b"".join((
+            _HEAD.pack(self._fixed + 2 + len(body) + len(props), self._magic, body_crc(body), queue_id, self._flag,
+                       queue_offset, physical_offset, self._sys_flag, born_ms),
             self._born, _I64.pack(store_ms), self._store, _RECON_PREP_BODYLEN.pack(self._reconsume, 0, len(body)),
             body, self._topic, _I16.pack(len(props)), props,
-        )))
+        ))
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,11 +292,9 @@ class StoreWriter:
         tags = cq_tags_code if cq_tags_code is not None else tags_code(msg.properties.get("TAGS"))
         return self.append_encoded(msg.topic, msg.queue_id, bytearray(encode_record(msg)), tags)
 
-    def append_encoded(self, topic: str, queue_id: int, data: bytearray, tags: int) -> Appended:
-        """Append a record encoded by ``encode_record`` for ``topic``/``queue_id``
-        (its two offsets are patched in here) and its ConsumeQueue entry."""
-        queue_offset = self.next_queue_offset(topic, queue_id)
-        size = len(data)
+    def _reserve(self, size: int) -> tuple[int, int]:
+        """(file start, offset in it) where a record of ``size`` bytes goes:
+        at ``position``, or at the next file after the end-of-file filler."""
         file_start = self.position - self.position % self.commitlog_file_size
         rel = self.position - file_start
         if size > self.commitlog_file_size - BLANK_LENGTH:
@@ -303,6 +305,14 @@ class StoreWriter:
             self._close_fd(("cl", file_start))
             self.position = file_start + self.commitlog_file_size
             file_start, rel = self.position, 0
+        return file_start, rel
+
+    def append_encoded(self, topic: str, queue_id: int, data: bytearray, tags: int) -> Appended:
+        """Append a record encoded by ``encode_record`` for ``topic``/``queue_id``
+        (its two offsets are patched in here) and its ConsumeQueue entry."""
+        queue_offset = self.next_queue_offset(topic, queue_id)
+        size = len(data)
+        file_start, rel = self._reserve(size)
         physical = self.position
         _OFFSETS.pack_into(data, _OFFSETS_AT, queue_offset, physical)
         self._write_cl(file_start, rel, data)
@@ -462,10 +472,28 @@ def produce_messages(
     retry = topic.startswith("%RETRY%") or topic.startswith("%DLQ%")
     tail = encode_properties({"RECONSUME_TIME": "0"}) if retry else b""
     code = tags_code(tags)
-    for i in range(messages):
-        ts = start_ms + i * interval_ms if start_ms is not None else int(time.time() * 1000)
-        uid = rng.getrandbits(128)
-        body = rng.randbytes(body_size)
-        props = b"".join((b"KEYS\x01key-%d\x02" % i if keys else b"", tags_part,
-                          b"UNIQ_KEY\x01%032X\x02" % uid, tail))
-        writer.append_encoded(topic, i % queues, template.encode(i % queues, body, props, ts, ts), code)
+    # every queue that gets a message registered in the order appends would
+    # register them; queue offsets kept here, handed back at the end
+    offsets = [writer.next_queue_offset(topic, q) for q in range(queues)]
+    for q in range(min(queues, messages)):
+        writer._register_topic(topic, q)
+    keys_fmt = b"KEYS\x01key-%d\x02" if keys else b""
+    try:
+        for i in range(messages):
+            q = i % queues
+            ts = start_ms + i * interval_ms if start_ms is not None else int(time.time() * 1000)
+            uid = rng.getrandbits(128)
+            body = rng.randbytes(body_size)
+            props = b"".join((keys_fmt % i if keys else b"", tags_part, b"UNIQ_KEY\x01%032X\x02" % uid, tail))
+            size = template.size(body, props)
+            file_start, rel = writer._reserve(size)
+            physical = writer.position
+            offset = offsets[q]
+            writer._write_cl(file_start, rel, template.encode(q, body, props, ts, ts, queue_offset=offset,
+                                                              physical_offset=physical))
+            writer.position = physical + size
+            writer._write_cq(topic, q, offset * CQ_ENTRY_SIZE, CQ_ENTRY.pack(physical, size, code))
+            offsets[q] = offset + 1
+    finally:
+        for q in range(queues):
+            writer._next_queue_offset[(topic, q)] = offsets[q]
