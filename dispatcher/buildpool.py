@@ -60,38 +60,45 @@ def build_segment(local: LocalStore, job: BuildJob, now_ms: int) -> tuple[BuiltS
 
 
 def _build(local: LocalStore, job: BuildJob, now_ms: int, *, want_spans: bool
-           ) -> tuple[BuiltSegment | None, Exception | None, list[tuple[int, int]]]:
+           ) -> tuple[BuiltSegment | None, Exception | None, tuple[np.ndarray, np.ndarray]]:
     builder = SegmentBuilder(job.prefix, job.start, job.cl_start, key_index=job.key_index)
     stop: Exception | None = None
-    spans: list[tuple[int, int]] = []  # [physical start, physical end) of the records taken, merged
+    los: list[np.ndarray] = []  # physical [start, end) of the records taken, per batch
+    his: list[np.ndarray] = []
     try:
         for batch in local.iter_batches(job.topic, job.queue_id, job.start, max_bytes=job.segment_bytes):
             before = builder.count
             try:
                 builder.add(batch)
             finally:
-                if want_spans and builder.count > before:
-                    _add_spans(spans, batch.view, batch.positions[:builder.count - before],
-                               batch.sizes[:builder.count - before])
+                taken = builder.count - before
+                if want_spans and taken:
+                    lo, hi = _physical(batch.view, batch.positions[:taken], batch.sizes[:taken])
+                    los.append(lo)
+                    his.append(hi)
     except (CorruptRecordError, ExpiredLocallyError) as exc:
         stop = exc
     built = builder.build(now_ms) if builder.count else None
-    return built, stop, spans
+    return built, stop, _merged(los, his)
 
 
-def _add_spans(spans: list[tuple[int, int]], view: memoryview, positions: np.ndarray, sizes: np.ndarray) -> None:
+def _physical(view: memoryview, positions: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     # the first record's physical offset names the file: positions are relative to it
-    base = int.from_bytes(view[int(positions[0]) + _PHYS_AT:int(positions[0]) + _PHYS_AT + 8], "big") - int(
-        positions[0])
-    starts, ends = positions + base, positions + sizes + base
-    if len(starts) > 1:
-        cut = np.flatnonzero(starts[1:] != ends[:-1]) + 1
-        starts, ends = starts[np.concatenate(([0], cut))], ends[np.concatenate((cut - 1, [len(ends) - 1]))]
-    for lo, hi in zip(starts.tolist(), ends.tolist()):
-        if spans and spans[-1][1] == lo:
-            spans[-1] = (spans[-1][0], hi)
-        else:
-            spans.append((lo, hi))
+    first = int(positions[0])
+    base = int.from_bytes(view[first + _PHYS_AT:first + _PHYS_AT + 8], "big") - first
+    return positions + base, positions + sizes + base
+
+
+def _merged(los: list[np.ndarray], his: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The spans, adjacent ones merged (a queue alone in its CommitLog is one span)."""
+    if not los:
+        empty = np.zeros(0, np.int64)
+        return empty, empty
+    lo, hi = np.concatenate(los), np.concatenate(his)
+    if len(lo) > 1:
+        cut = np.flatnonzero(lo[1:] != hi[:-1]) + 1
+        lo, hi = lo[np.concatenate(([0], cut))], hi[np.concatenate((cut - 1, [len(hi) - 1]))]
+    return lo, hi
 
 
 # --- worker side ------------------------------------------------------------------
@@ -200,10 +207,11 @@ class ProcessBuilds:
             fut.result()
 
     @staticmethod
-    def _join(local: LocalStore, job: BuildJob, built: BuiltSegment, spans: list[tuple[int, int]]) -> bytes:
+    def _join(local: LocalStore, job: BuildJob, built: BuiltSegment, spans: tuple[np.ndarray, np.ndarray]
+              ) -> bytes:
         """The segment's CommitLog bytes from the local store, checked against
         the CRC of the bytes the worker read."""
-        data = local.commitlog_join(spans)
+        data = local.commitlog_join(*spans)
         seg = built.segment
         if len(data) != seg.cl_end - seg.cl_start or crc32(data) != seg.commitlog_crc:
             raise WorkerError(f"{job.topic}/{job.queue_id} from offset {job.start}: the CommitLog bytes read "

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 
 from tiered.batch import RecordBatch
 from tiered.codec import (
@@ -231,22 +232,30 @@ class LocalStore:
             for start in list(files._maps):
                 files.release(start)
 
-    def commitlog_join(self, spans: list[tuple[int, int]]) -> bytes:
-        """CommitLog bytes [lo, hi) of each span (each within one file, written
-        already), joined in one copy; the pages read are given back after.
-        Raises FileNotFoundError when a file is gone or shorter."""
+    def commitlog_join(self, los: np.ndarray, his: np.ndarray) -> bytes:
+        """CommitLog bytes [los[i], his[i]) of each span (each within one file,
+        in order, written already) joined in one copy; the pages read are
+        given back after. Raises FileNotFoundError when a file is gone or
+        shorter. Array work per file, not per span: the spans of a queue
+        interleaved with others are one per record."""
         parts: list[memoryview] = []
         touched: list[tuple[int, int, int]] = []
-        for lo, hi in spans:
-            located = self._commitlog_span(lo, hi)
+        i, n = 0, len(los)
+        while i < n:
+            lo = int(los[i])
+            located = self._commitlog_span(lo, int(his[i]))
             if located is None:
                 self.commitlog.refresh()  # a file started since the last look
-                located = self._commitlog_span(lo, hi)
+                located = self._commitlog_span(lo, int(his[i]))
                 if located is None:
-                    raise FileNotFoundError(f"CommitLog bytes [{lo}, {hi}) are not on disk")
+                    raise FileNotFoundError(f"CommitLog bytes [{lo}, {int(his[i])}) are not on disk")
             start, view = located
-            parts.append(view[lo - start:hi - start])
-            touched.append((start, lo - start, hi - start))
+            # the spans inside this file's mapping
+            j = i + int(np.searchsorted(his[i:], start + len(view), side="right"))
+            rel_lo, rel_hi = (los[i:j] - start).tolist(), (his[i:j] - start).tolist()
+            parts.extend(map(view.__getitem__, map(slice, rel_lo, rel_hi)))
+            touched.append((start, rel_lo[0], rel_hi[-1]))
+            i = j
         try:
             return b"".join(parts)
         finally:

@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dispatchkit import BROKER, CLUSTER, assert_exact, new_dispatcher, new_writer, produce, read_manifest
@@ -92,8 +93,8 @@ def test_bytes_that_changed_since_the_worker_read_them_are_refused(tmp_path: Pat
     built, stop = build_segment(local, _job(root, "B", 0), 1000)
     assert built is not None and stop is None
     lying = replace(built, segment=replace(built.segment, commitlog_crc=built.segment.commitlog_crc ^ 1))
-    spans = [(r.record.physical_offset, r.record.physical_offset + r.record.size)
-             for r in local.iter_queue("B", 0, 0)]
+    records = [r.record for r in local.iter_queue("B", 0, 0)]
+    spans = (np.array([r.physical_offset for r in records]), np.array([r.physical_offset + r.size for r in records]))
     assert ProcessBuilds._join(local, _job(root, "B", 0), built, spans) == built.commitlog
     with pytest.raises(WorkerError, match="B/0 from offset 0: the CommitLog bytes read again differ"):
         ProcessBuilds._join(local, _job(root, "B", 0), lying, spans)
