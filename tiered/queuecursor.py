@@ -41,7 +41,8 @@ NO_LIMIT = 1 << 62  # compared with int64 arrays: must fit one
 _RELEASE_EVERY = 32 << 20
 # at most so many ConsumeQueue entries are checked at once (bounds the arrays)
 _RUN = 8192
-_FAULT_AROUND = 64 << 10  # Linux's fault_around_bytes default
+# a run's pages are mapped at once when its records fill at least 1/_DENSE of them
+_DENSE = 4
 _I32 = struct.Struct(">i")
 _unpack = CQ_ENTRY.unpack_from
 
@@ -185,19 +186,20 @@ class QueueCursor:
         k = int(np.argmin(ok)) if not ok.all() else len(ok)
         if not k:
             return None
-        self._populate(k, int(pos[0]), int(pos[k - 1] + size[k - 1]))
+        self._populate(int(size[:k].sum()), int(pos[0]), int(pos[k - 1] + size[k - 1]))
         return check_run(self.cl_view, self.cl_start, run[:k], topic=self.topic_raw, queue_id=self.queue_id,
                          first_offset=self.offset, source=self.cl_source, verify_crc=self.verify_crc)
 
-    def _populate(self, count: int, lo: int, run_end: int) -> None:
-        """Map a run's pages in one call when its records are close enough
-        that page faults would map them all anyway (the kernel maps 64 KiB
-        around a fault); a queue sparse among many others' would map pages
-        it never reads."""
+    def _populate(self, nbytes: int, lo: int, run_end: int) -> None:
+        """Map a run's pages in one call when its records (``nbytes`` of them)
+        fill at least a quarter of the range: page faults would map it all
+        anyway. A queue interleaved with many others' would map pages it
+        never reads, once per queue read: there faults are cheaper (measured
+        with 16 queues: 20 % less CPU for the whole read)."""
         if run_end <= self.cl_populated:
             return
         lo = max(self.cl_populated, lo)
-        if count * _FAULT_AROUND >= run_end - lo:
+        if nbytes * _DENSE >= run_end - lo:
             self.store.commitlog.populate(self.cl_start, lo, run_end)
         self.cl_populated = run_end
 
