@@ -26,6 +26,7 @@ queues out of the verdict.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from queue import SimpleQueue
 
 from dispatcher.archiver import ArchiveOptions, QueueArchiver, QueueResult
+from dispatcher.buildpool import shared_builds
 from dispatcher.filters import TopicFilter
 from tiered.clock import Clock, SystemClock
 from tiered.coldtier import ColdTier
@@ -63,6 +65,14 @@ class DispatchOptions:
     lease_check_s: float = 5.0
     # recorded per topic in the catalog, for a cleaner without the store
     retention: RetentionSettings = field(default_factory=RetentionSettings)
+    # Worker processes building segments (dispatcher.buildpool); None: one
+    # per core, at most ``parallelism``; 0 or 1: built in this process.
+    build_processes: int | None = None
+
+    def resolved_build_processes(self) -> int:
+        if self.build_processes is not None:
+            return self.build_processes
+        return min(self.parallelism, os.cpu_count() or 1)
 
 
 @dataclass
@@ -125,9 +135,11 @@ class Dispatcher:
         self.options = options or DispatchOptions()
         self.recorder = recorder or NullRecorder()
         self.clock = clock or SystemClock()
+        processes = self.options.resolved_build_processes()
         self.archiver = QueueArchiver(
             local, cold, self.options.archive, self.recorder, self.clock,
             before_write=self._before_write, on_bytes=on_bytes,
+            builds=shared_builds(processes) if processes > 1 else None,
         )
         self._failures: dict[tuple[str, int], tuple[int, float]] = {}
         # queues failing now, with whether that fails the round (not a data stop)
@@ -221,7 +233,7 @@ class Dispatcher:
         queues = [k for k in self.eligible_queues() if self._failures.get(k, (0, 0.0))[1] <= now]
         result.queues = len(queues)
         # Idle queues are settled here, without a thread hop, a lock or a request.
-        busy = [k for k in queues if not self.archiver.idle(*k)]
+        busy = [k for k in queues if not self._idle(k)]
         outcomes: dict[tuple[str, int], QueueResult] = {}
         try:
             if busy:
@@ -240,6 +252,20 @@ class Dispatcher:
                 result.errors["_catalog.json"] = f"{type(exc).__name__}: {exc}"
                 result.failed = True
         return result
+
+    def _idle(self, key: tuple[str, int]) -> bool:
+        try:
+            return self.archiver.idle(*key)
+        finally:
+            self.local.release_queue(*key)  # RSS stays flat over thousands of queues
+
+    def _step(self, topic: str, queue_id: int, deadline: float) -> QueueResult:
+        """One turn of one queue (a segment); its mapped ConsumeQueue pages
+        are given back after."""
+        try:
+            return self.archiver.run(topic, queue_id, deadline, max_steps=1)
+        finally:
+            self.local.release_queue(topic, queue_id)
 
     def _record_retention(self) -> None:
         """Each archived topic's retention as the broker and the config say, for
@@ -273,7 +299,7 @@ class Dispatcher:
             line = deque(queues)
             while line:
                 key = line.popleft()
-                if merge(self.archiver.run(key[0], key[1], deadline, max_steps=1)):
+                if merge(self._step(key[0], key[1], deadline)):
                     line.append(key)
             return
         # At most `parallelism` queues are in flight; the line holds the rest,
@@ -288,7 +314,7 @@ class Dispatcher:
                 nonlocal inflight
                 while fenced is None and line and inflight < self.options.parallelism:
                     topic, qid = line.popleft()
-                    pool.submit(self.archiver.run, topic, qid, deadline, max_steps=1).add_done_callback(done.put)
+                    pool.submit(self._step, topic, qid, deadline).add_done_callback(done.put)
                     inflight += 1
 
             fill()

@@ -134,7 +134,14 @@ class Host:
         return ":" in self.ip
 
     def packed(self) -> bytes:
-        return ipaddress.ip_address(self.ip).packed + self.port.to_bytes(4, "big", signed=True)
+        # every record carries two hosts and they repeat: parse each once
+        packed = _PACKED_CACHE.get(self)
+        if packed is None:
+            packed = ipaddress.ip_address(self.ip).packed + self.port.to_bytes(4, "big", signed=True)
+            if len(_PACKED_CACHE) >= _HOST_CACHE_MAX:
+                _PACKED_CACHE.clear()
+            _PACKED_CACHE[self] = packed
+        return packed
 
     def __str__(self) -> str:
         return f"[{self.ip}]:{self.port}" if self.is_v6 else f"{self.ip}:{self.port}"
@@ -156,6 +163,7 @@ def _host(ip_bytes: bytes, port: int) -> Host:
 # Hosts repeat (a few producers, one broker): decode each packed form once.
 _HOST_CACHE: dict[bytes, Host] = {}
 _HOST_CACHE_MAX = 4096
+_PACKED_CACHE: dict[Host, bytes] = {}  # and encode each host once
 
 
 def _host_of(packed: bytes) -> Host:

@@ -161,6 +161,8 @@ class DispatchSettings(_Section):
     round_budget: Duration = 15.0
     quarantine_corrupt: bool = False
     key_index: bool = True
+    # worker processes that build segments; null: one per core, at most parallelism
+    build_processes: int | None = Field(default=None, ge=0, le=256)
     retry: RetrySettings = RetrySettings()
 
     @field_validator("start_position")

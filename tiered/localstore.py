@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from tiered.batch import CQ_DTYPE, RecordBatch, check_run
+from tiered.batch import RecordBatch
 from tiered.codec import (
     CQ_ENTRY,
     CQ_ENTRY_SIZE,
@@ -42,23 +42,16 @@ from tiered.codec import (
     Peek,
     Record,
     cq_written_entries,
-    decode_and_check,
     decode_record,
     peek,
 )
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, NotWrittenYetError
 from tiered.consumeroffsets import ConsumerOffsets, read_consumer_offsets
 from tiered.jsonfile import read_json
+from tiered.queuecursor import EMPTY as _EMPTY
+from tiered.queuecursor import QueueCursor
 
-_EMPTY = memoryview(b"")
-_NO_LIMIT = 1 << 62  # compared with int64 arrays: must fit one
-# iter_queue gives back the CommitLog pages behind it every so many bytes
-_RELEASE_EVERY = 32 << 20
-# at most so many ConsumeQueue entries are checked at once (bounds the arrays)
-_RUN = 8192
-_FAULT_AROUND = 64 << 10  # Linux's fault_around_bytes default
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14; the name is Python >= 3.13
-_I32 = struct.Struct(">i")
 _CHECKPOINT_CONFIRM = struct.Struct(">q")
 _CHECKPOINT_CONFIRM_AT = 32
 
@@ -225,6 +218,60 @@ class LocalStore:
         self.commitlog.refresh()
         for files in self._queues.values():
             files.refresh()
+
+    def refresh_queue(self, topic: str, queue_id: int) -> None:
+        """``refresh`` for the CommitLog and one queue only."""
+        self.commitlog.refresh()
+        self._queue(topic, queue_id).refresh()
+
+    def release_queue(self, topic: str, queue_id: int) -> None:
+        """Give back this process's mapped pages of a queue's ConsumeQueue
+        files (they stay in the page cache). A round over many queues touches
+        a few pages of each; kept, they add up to hundreds of MiB."""
+        files = self._queues.get((topic, queue_id))
+        if files is not None:
+            for start in list(files._maps):
+                files.release(start)
+
+    def commitlog_join(self, los: np.ndarray, his: np.ndarray) -> bytes:
+        """CommitLog bytes [los[i], his[i]) of each span (each within one file,
+        in order, written already) joined in one copy; the pages read are
+        given back after. Raises FileNotFoundError when a file is gone or
+        shorter. Array work per file, not per span: the spans of a queue
+        interleaved with others are one per record."""
+        parts: list[memoryview] = []
+        touched: list[tuple[int, int, int]] = []
+        i, n = 0, len(los)
+        while i < n:
+            lo = int(los[i])
+            located = self._commitlog_span(lo, int(his[i]))
+            if located is None:
+                self.commitlog.refresh()  # a file started since the last look
+                located = self._commitlog_span(lo, int(his[i]))
+                if located is None:
+                    raise FileNotFoundError(f"CommitLog bytes [{lo}, {int(his[i])}) are not on disk")
+            start, view = located
+            # the spans inside this file's mapping
+            j = i + int(np.searchsorted(his[i:], start + len(view), side="right"))
+            rel_lo, rel_hi = (los[i:j] - start).tolist(), (his[i:j] - start).tolist()
+            parts.extend(map(view.__getitem__, map(slice, rel_lo, rel_hi)))
+            touched.append((start, rel_lo[0], rel_hi[-1]))
+            i = j
+        try:
+            return b"".join(parts)
+        finally:
+            for start, lo, hi in touched:
+                self.commitlog.release(start, lo, hi)
+
+    def _commitlog_span(self, lo: int, hi: int) -> tuple[int, memoryview] | None:
+        start = self.commitlog.locate(lo)
+        if start is None:
+            return None
+        try:
+            view = self.commitlog.view(start, hi - start)
+        except FileNotFoundError:
+            return None
+        return (start, view) if hi - start <= len(view) else None
 
     def _queue(self, topic: str, queue_id: int) -> _QueueFiles:
         files = self._queues.get((topic, queue_id))
@@ -472,177 +519,11 @@ class LocalStore:
         Runs of ordinary records go through ``batch.check_run`` at once;
         the first record it does not accept, the chunk's last entry (maybe
         still being written) and every file or window change go through
-        the record-by-record path below, which decides tails, races and
-        errors.
+        the record-by-record path, which decides tails, races and errors
+        (``tiered.queuecursor``: the pass as an object with named steps).
         """
-        files = self._queue(topic, queue_id)
-        topic_raw = topic.encode("utf-8")
-        confirmed = self.confirmed_offset()
-        phys_limit = confirmed if confirmed is not None else _NO_LIMIT
-        remaining = max_count if max_count is not None else _NO_LIMIT
-        budget = max_bytes if max_bytes is not None else _NO_LIMIT
-        if remaining <= 0:
-            return
-        offset = from_offset
-        total = 0
-        unpack = CQ_ENTRY.unpack_from
-        size_at = _I32.unpack_from
-        # the CommitLog file in use, as a window: cl_limit stops short of the
-        # file's end at the next point where pages behind are given back
-        cl_start, cl_view, cl_limit, cl_source = 0, _EMPTY, 0, ""
-        cl_released = 0  # pages of the current file below this were given back
-        cl_populated = 0  # and the pages up to here were mapped at once
-        cq_start = -1
-        commitlog = self.commitlog
-        try:
-            while True:
-                byte = offset * CQ_ENTRY_SIZE
-                start = files.locate(byte)
-                if start is None:
-                    files.refresh()
-                    start = files.locate(byte)
-                    if start is None:
-                        if not files.starts:
-                            return  # no ConsumeQueue file (yet): nothing written
-                        raise self._expired(topic, queue_id, offset)
-                rel = byte - start
-                if start != cq_start:
-                    if cq_start >= 0:
-                        files.release(cq_start)  # done with the previous ConsumeQueue file
-                    cq_start = start
-                try:
-                    view = files.view(start, rel + CQ_ENTRY_SIZE)  # remapped if it grew
-                except FileNotFoundError:
-                    files.refresh()
-                    raise self._expired(topic, queue_id, offset) from None
-                slot = files.entries_per_file(start, view) * CQ_ENTRY_SIZE
-                if rel >= slot:
-                    # past this file: the next one may not exist yet
-                    files.refresh()
-                    nxt = files.locate(byte)
-                    if nxt == start or nxt is None:
-                        return
-                    continue
-                end = min(len(view), slot)
-                if rel + CQ_ENTRY_SIZE > end:
-                    return  # the file is shorter than its slot: this entry is not written yet
-                # The written part of this chunk ends at the first entry of size 0
-                # (entries are written in order): found by bisection.
-                first = rel // CQ_ENTRY_SIZE
-                lo, hi = first, min(end, rel + remaining * CQ_ENTRY_SIZE) // CQ_ENTRY_SIZE
-                if size_at(view, hi * CQ_ENTRY_SIZE - 12)[0] == 0:
-                    while lo < hi:
-                        mid = (lo + hi) // 2
-                        if size_at(view, mid * CQ_ENTRY_SIZE + 8)[0] != 0:
-                            lo = mid + 1
-                        else:
-                            hi = mid
-                if hi == first:
-                    return  # nothing written past this offset yet
-                # An entry is not written atomically: the last one of the chunk may
-                # be the tail the broker is completing. It is read again after its
-                # record checked out, so a torn tags code is never yielded; a torn
-                # offset or size fails the record check and is read again too.
-                entries = np.frombuffer(view, CQ_DTYPE, count=hi - first, offset=rel)
-                n_entries = hi - first
-                last = offset + n_entries - 1  # queue offset of the chunk's last entry
-                base = offset - first  # entry index -> queue offset
-                i = 0
-                while i < n_entries:
-                    # Fast path: the ordinary entries up to the chunk's last whose
-                    # records lie in the current window, checked at once.
-                    j = min(n_entries - 1, i + _RUN)
-                    if j > i and cl_view is not _EMPTY:
-                        run = entries[i:j]
-                        phys_a = run["phys"].astype(np.int64)
-                        size_a = run["size"].astype(np.int64)
-                        pos_a = phys_a - cl_start
-                        ok = ((size_a > 0) & (size_a != CQ_FILLER_SIZE) & (pos_a >= 0)
-                              & (pos_a + size_a <= cl_limit) & (phys_a + size_a <= phys_limit)
-                              & (total + np.cumsum(size_a) <= budget))
-                        k = int(np.argmin(ok)) if not ok.all() else len(ok)
-                        run_end = int(pos_a[k - 1] + size_a[k - 1]) if k else 0
-                        if run_end > cl_populated:
-                            # Map the run's pages in one call when its records are
-                            # close enough that page faults would map them all anyway
-                            # (the kernel maps 64 KiB around a fault); a queue sparse
-                            # among many others' would map pages it never reads.
-                            lo = max(cl_populated, int(pos_a[0]))
-                            if k * _FAULT_AROUND >= run_end - lo:
-                                commitlog.populate(cl_start, lo, run_end)
-                            cl_populated = run_end
-                        batch = check_run(cl_view, cl_start, run[:k], topic=topic_raw, queue_id=queue_id,
-                                          first_offset=offset, source=cl_source,
-                                          verify_crc=verify_crc) if k else None
-                        if batch is not None:
-                            yield batch
-                            total += batch.nbytes
-                            offset += batch.count
-                            i += batch.count
-                            continue
-                    # One entry, record by record.
-                    entry = unpack(view, (offset - base) * CQ_ENTRY_SIZE)
-                    phys, size, tags = entry
-                    if size <= 0 or size == CQ_FILLER_SIZE or phys < 0:
-                        if size == 0:
-                            return
-                        if size == CQ_FILLER_SIZE:
-                            raise self._expired(topic, queue_id, offset)
-                        raise CorruptRecordError(
-                            str(files.path(start)), (offset - base) * CQ_ENTRY_SIZE,
-                            f"ConsumeQueue entry ({phys}, {size}, {tags}) is impossible",
-                        )
-                    if phys + size > phys_limit:
-                        return
-                    if total and total + size > budget:
-                        return
-                    try:
-                        pos = phys - cl_start
-                        if pos < 0 or pos + size > cl_limit:
-                            if 0 <= pos and pos + size <= len(cl_view):
-                                # a release point in the same file: give back what is behind
-                                commitlog.release(cl_start, cl_released, pos)
-                            else:
-                                try:
-                                    window = self._commitlog_window(phys, size)
-                                except FileNotFoundError:
-                                    raise self._expired(topic, queue_id, offset) from None
-                                if window is None:
-                                    if offset != last:
-                                        raise self._missing(phys, offset)
-                                    return  # the tail: not (completely) written yet
-                                if cl_view is not _EMPTY and window[0] != cl_start:
-                                    commitlog.release(cl_start, cl_released)  # done with that file
-                                cl_start, cl_view, cl_source = window
-                                pos = phys - cl_start
-                            cl_released = cl_populated = pos
-                            cl_limit = min(len(cl_view), pos + _RELEASE_EVERY)
-                        rec = decode_and_check(cl_view, pos, cl_source, topic_raw, queue_id, offset, phys, size,
-                                               verify_crc)
-                    except NotWrittenYetError:
-                        if offset != last:
-                            raise self._missing(phys, offset) from None
-                        return  # the tail: not (completely) written yet
-                    except CorruptRecordError:
-                        if unpack(view, (offset - base) * CQ_ENTRY_SIZE) != entry:
-                            return  # the entry changed under us: it was being written
-                        raise
-                    if offset == last and unpack(view, (offset - base) * CQ_ENTRY_SIZE) != entry:
-                        return  # still being written: next round
-                    yield RecordBatch.of_record(offset, tags, rec, cl_view)
-                    total += size
-                    offset += 1
-                    i += 1
-                # the chunk never holds more than ``remaining`` entries
-                remaining -= n_entries
-                if remaining == 0:
-                    return
-        finally:
-            # give back what this iteration touched; views stay valid
-            if cl_view is not _EMPTY:
-                commitlog.release(cl_start, cl_released, cl_limit)
-            if cq_start >= 0:
-                files.release(cq_start)
+        return QueueCursor(self, topic, queue_id, from_offset, max_count=max_count, max_bytes=max_bytes,
+                           verify_crc=verify_crc).batches()
 
     def _missing(self, phys: int, offset: int) -> CorruptRecordError:
         """A record that is not on disk while a later ConsumeQueue entry is:

@@ -344,7 +344,13 @@ class FileStore(ObjectStore):
         top = base / prefix if prefix else base
         start = top if top.is_dir() else top.parent
         out: list[ObjectInfo] = []
-        for dirpath, _dirs, files in os.walk(start):
+        for dirpath, dirs, files in os.walk(start):
+            # only directories that can hold keys with the prefix: listing one
+            # queue must not walk its 999 siblings
+            rel = os.path.relpath(dirpath, base)
+            rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+            dirs[:] = [d for d in dirs if (rel + d + "/").startswith(prefix) or prefix.startswith(rel + d + "/")
+                       or (rel + d).startswith(prefix)]
             for name in files:
                 if name.startswith("."):
                     continue  # temp files of writes in flight

@@ -312,7 +312,7 @@ def test_batches_and_record_by_record_agree_on_corrupt_files(template: Path, mut
                                                              start: int) -> None:
     # the same reader with its fast path turned off is the reference: runs
     # checked at once must yield the same records and stop with the same error
-    import tiered.localstore as localstore
+    import tiered.queuecursor as queuecursor
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "store"
@@ -321,6 +321,6 @@ def test_batches_and_record_by_record_agree_on_corrupt_files(template: Path, mut
             _mutate(root, mutation, rnd)
         for topic, qid in (("T", 0), ("T", 1), ("F", 0)):
             fast = _outcome(root, topic, qid, start)
-            with mock.patch.object(localstore, "check_run", lambda *a, **kw: None):
+            with mock.patch.object(queuecursor, "check_run", lambda *a, **kw: None):
                 slow = _outcome(root, topic, qid, start)
             assert fast == slow

@@ -598,7 +598,7 @@ def _mapped_rss_kib(path_prefix: str) -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs /proc/self/smaps")
 def test_resident_pages_are_given_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tiered.localstore as localstore
+    import tiered.queuecursor as queuecursor
 
     with StoreWriter(tmp_path, commitlog_file_size=8 << 20, cq_entries_per_file=1000) as w:
         appended = [w.put("T", 0, bytes([i % 256]) * 3000) for i in range(1000)]
@@ -609,7 +609,7 @@ def test_resident_pages_are_given_back(tmp_path: Path, monkeypatch: pytest.Monke
         assert _mapped_rss_kib(prefix) > 1024  # 1.5 MB read so far, all resident (below the default window)
         rest = list(it)
         assert _mapped_rss_kib(prefix) < 64  # given back when the iteration ended
-    monkeypatch.setattr(localstore, "_RELEASE_EVERY", 64 * 1024)
+    monkeypatch.setattr(queuecursor, "_RELEASE_EVERY", 64 * 1024)
     with LocalStore(tmp_path) as store:
         it = store.iter_queue("T", 0, 0)
         halfway = [next(it) for _ in range(500)]

@@ -13,7 +13,7 @@ from tiered.cli.output import dumps, error, note, out, table
 from tiered.codec import Host
 from tiered.errors import CorruptRecordError, ExpiredLocallyError
 from tiered.localstore import LocalStore
-from tiered.storewriter import DEFAULT_COMMITLOG_FILE_SIZE, DEFAULT_CQ_ENTRIES, StoreWriter
+from tiered.storewriter import DEFAULT_COMMITLOG_FILE_SIZE, DEFAULT_CQ_ENTRIES, StoreWriter, produce_messages
 from tiered.timeparse import format_time_ms, parse_time_ms
 
 StoreOpt = Annotated[Path, typer.Option("--store", help="Broker store directory.")]
@@ -43,17 +43,21 @@ def produce(
         fail(str(exc), 2)
     store_host = Host("::1", 10911) if ipv6 else Host("127.0.0.1", 10911)
     born_host = Host("::1", 50000) if ipv6 else Host("127.0.0.1", 50000)
-    rng = __import__("random").Random(seed)
     with StoreWriter(store, commitlog_file_size=commitlog_file_size, cq_entries_per_file=cq_entries,
-                     store_host=store_host) as writer:
-        for i in range(messages):
-            ts = start_ms + i * interval_ms if start_ms is not None else None
-            uid = uuid.UUID(int=rng.getrandbits(128)).hex.upper()
-            writer.put(
-                topic, i % queues, rng.randbytes(body_size),
-                tags=tags, keys=[f"key-{i}"] if keys else None, unique_key=uid,
-                store_timestamp=ts, born_timestamp=ts, born_host=born_host, delay_level=delay_level,
-            )
+                     store_host=store_host, buffer_bytes=8 << 20) as writer:
+        if delay_level is None:
+            produce_messages(writer, topic, queues=queues, messages=messages, body_size=body_size, keys=keys,
+                             tags=tags, seed=seed, start_ms=start_ms, interval_ms=interval_ms, born_host=born_host)
+        else:  # parked in SCHEDULE_TOPIC_XXXX with the delay properties: the general path
+            rng = __import__("random").Random(seed)
+            for i in range(messages):
+                ts = start_ms + i * interval_ms if start_ms is not None else None
+                uid = uuid.UUID(int=rng.getrandbits(128)).hex.upper()
+                writer.put(
+                    topic, i % queues, rng.randbytes(body_size),
+                    tags=tags, keys=[f"key-{i}"] if keys else None, unique_key=uid,
+                    store_timestamp=ts, born_timestamp=ts, born_host=born_host, delay_level=delay_level,
+                )
     note(f"appended {messages} messages to {topic} in {store}")
 
 

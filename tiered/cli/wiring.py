@@ -162,7 +162,7 @@ def make_dispatcher(
                                segment_bytes=d.segment_bytes, start_position=d.start_position,
                                quarantine_corrupt=d.quarantine_corrupt, key_index=d.key_index),
         parallelism=d.parallelism, round_budget_s=d.round_budget, failure_backoff_s=d.interval,
-        retention=settings.retention,
+        retention=settings.retention, build_processes=d.build_processes,
     )
     return Dispatcher(local, cold, lease=lease_manager or lease(settings, store, clock),
                       topic_filter=topic_filter(settings),
