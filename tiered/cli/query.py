@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import sys
 from datetime import date, datetime
 from typing import Annotated, Any, Optional
@@ -20,6 +21,7 @@ from tiered.cli.app import app, err_console, fail
 from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, settings_from
 from tiered.cli.wiring import object_store, s3_options
 from tiered.codec import Record
+from tiered.compression import BodyDecompressError, codec_name, decompress
 from tiered.config import Settings
 from tiered.errors import TieredError
 from tiered.reader import ColdReader, QueueRef, ReadStatus
@@ -46,10 +48,28 @@ def _reader(settings: Settings, *, skip_corrupt: bool = False) -> ColdReader:
     return ColdReader(object_store(settings), cluster=cluster, broker=broker, skip_corrupt=skip_corrupt)
 
 
-def _record_json(rec: Record, with_body: bool) -> str:
+RawOpt = Annotated[bool, typer.Option("--raw-body", help="With --body: the bytes as stored, not decompressed.")]
+
+
+def _shown_body(rec: Record, raw: bool) -> tuple[bytes, dict[str, str]]:
+    """(body, notes): the body as a consumer receives it (producer compression
+    undone) unless ``raw``; notes name the codec, or the error of a body that
+    does not decompress (then the stored bytes are shown)."""
+    stored = rec.body_bytes()
+    codec = codec_name(rec.sys_flag)
+    if raw or codec is None:
+        return stored, {}
+    try:
+        return decompress(stored, rec.sys_flag), {"body_compression": codec}
+    except BodyDecompressError as exc:
+        return stored, {"body_compression": codec, "body_error": str(exc)}
+
+
+def _record_json(rec: Record, with_body: bool, raw: bool = False) -> str:
     d = rec.to_dict()
     if with_body:
-        body = rec.body_bytes()
+        body, notes = _shown_body(rec, raw)
+        d.update(notes)
         try:
             d["body"] = body.decode("utf-8")
             d["body_encoding"] = "utf-8"
@@ -59,14 +79,18 @@ def _record_json(rec: Record, with_body: bool) -> str:
     return json.dumps(d, ensure_ascii=False)
 
 
-def _record_line(ref: QueueRef, rec: Record, with_body: bool, *, show_broker: bool) -> str:
+def _record_line(ref: QueueRef, rec: Record, with_body: bool, *, show_broker: bool, raw: bool = False) -> str:
     d = rec.to_dict()
     where = f"{ref.cluster}/{ref.broker} " if show_broker else ""
     line = (f"{where}{ref.topic}/{ref.queue_id}@{rec.queue_offset}  {format_time_ms(d['store_timestamp'])}  "
             f"tags={d['tags'] or '-'}  keys={','.join(d['keys']) or '-'}  uniq={d['unique_key'] or '-'}  "
             f"{d['body_length']} bytes")
     if with_body:
-        body = rec.body_bytes()
+        body, notes = _shown_body(rec, raw)
+        if "body_error" in notes:
+            line += f"  [{notes['body_error']}; stored bytes follow]"
+        elif notes:
+            line += f"  [{notes['body_compression']}]"
         try:
             line += "  " + body.decode("utf-8")
         except UnicodeDecodeError:
@@ -99,6 +123,7 @@ def cat(
     count: Annotated[Optional[int], typer.Option("--count", min=0, help="At most this many records (default: to the end).")] = None,
     as_json: JsonOpt = False,
     body: BodyOpt = False,
+    raw_body: RawOpt = False,
     skip_corrupt: SkipOpt = False,
     config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
 ) -> None:
@@ -114,7 +139,8 @@ def cat(
             err_console.print(f"[yellow]offsets below {m.first_offset} are no longer archived; "
                               f"starting there[/yellow]")
         for rec in reader.iter_queue(ref, offset, count):
-            _emit(_record_json(rec, body) if as_json else _record_line(ref, rec, body, show_broker=False))
+            _emit(_record_json(rec, body, raw_body) if as_json
+                  else _record_line(ref, rec, body, show_broker=False, raw=raw_body))
     except TieredError as exc:
         fail(str(exc), 1)
     _report_skipped(reader)
@@ -127,6 +153,7 @@ def find(
     topic: Annotated[Optional[str], typer.Option("--topic", help="Topic (required with --time).")] = None,
     as_json: JsonOpt = False,
     body: BodyOpt = False,
+    raw_body: RawOpt = False,
     skip_corrupt: SkipOpt = False,
     config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
 ) -> None:
@@ -143,7 +170,8 @@ def find(
         if key is not None:
             for ref, rec in reader.find_key(key, topics=(lambda t: t == topic) if topic else None):
                 found += 1
-                _emit(_record_json(rec, body) if as_json else _record_line(ref, rec, body, show_broker=many))
+                _emit(_record_json(rec, body, raw_body) if as_json
+                      else _record_line(ref, rec, body, show_broker=many, raw=raw_body))
         else:
             try:
                 ts = parse_time_ms(time or "")
@@ -161,7 +189,8 @@ def find(
                     continue
                 found += 1
                 rec = res.records[0]
-                _emit(_record_json(rec, body) if as_json else _record_line(ref, rec, body, show_broker=many))
+                _emit(_record_json(rec, body, raw_body) if as_json
+                      else _record_line(ref, rec, body, show_broker=many, raw=raw_body))
     except TieredError as exc:
         fail(str(exc), 1)
     _report_skipped(reader)
@@ -217,6 +246,24 @@ def spark_session(master: str) -> tuple[Any, bool]:
     return spark, True
 
 
+# "tiered.errors.CorruptRecordError: ..." inside a Python worker's traceback that
+# Spark wraps (PYTHON_DATA_SOURCE_ERROR, PythonException): the real cause.
+_CAUSE = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*(?:Error|Exception)): (.+)$")
+_WRAPPERS = ("PySpark", "Py4J", "Python", "Spark", "Analysis", "Captured", "Java")
+
+
+def spark_error_summary(exc: BaseException) -> str:
+    """One line for a failed Spark query: the analysis error as Spark states it
+    (without its query context), or the storage/data error a Python worker
+    raised, not the wrappers around it."""
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+    causes = [m for m in map(_CAUSE.match, lines) if m and not m.group(1).startswith(_WRAPPERS)]
+    if causes:
+        return f"{causes[-1].group(1)}: {causes[-1].group(2).strip()}"
+    first = lines[0].strip() if lines else type(exc).__name__
+    return f"{type(exc).__name__}: {first}"
+
+
 def _json_value(v: Any) -> Any:
     if isinstance(v, (bytes, bytearray)):
         return base64.b64encode(bytes(v)).decode("ascii")
@@ -252,9 +299,7 @@ def sql(
             else:
                 result.show(limit or max(1, result.count()), truncate=40)
         except Exception as exc:  # noqa: BLE001 - the CLI's edge: one line, not a JVM stack
-            name = type(exc).__name__
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else name
-            fail(f"{name}: {message}", 1)
+            fail(spark_error_summary(exc), 1)
     finally:
         if created:
             spark.stop()
