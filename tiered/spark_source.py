@@ -313,7 +313,7 @@ class RocketMQReader(DataSourceReader):
             archive = Archive(store, cluster=next(iter(clusters)) if clusters and len(clusters) == 1 else None,
                               broker=next(iter(brokers)) if brokers and len(brokers) == 1 else None,
                               skip_corrupt=skip)
-        if not archive.brokers():
+        if not archive.brokers:
             raise NoArchiveError(f"no archive at {self.config.url}"
                                  + (f" for cluster {sorted(clusters)}" if clusters else "")
                                  + (f" broker {sorted(brokers)}" if brokers else "")
