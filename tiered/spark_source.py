@@ -370,6 +370,9 @@ class RocketMQDataSource(DataSource):
         return NAME
 
     def schema(self) -> Any:
+        # Spark asks for the schema at load(): options are checked there, so a
+        # misspelt or ill-typed option fails the load, not a later action
+        SourceConfig.from_options(self.options)
         return spark_schema()
 
     def reader(self, schema: Any) -> DataSourceReader:

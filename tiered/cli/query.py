@@ -290,8 +290,8 @@ def sql(
     try:
         from tiered.spark_source import load
 
-        load(spark, settings.cold_url, **opts).createOrReplaceTempView("messages")
         try:
+            load(spark, settings.cold_url, **opts).createOrReplaceTempView("messages")
             result = spark.sql(query)
             if as_json:
                 for row in result.toLocalIterator():
