@@ -439,7 +439,7 @@ class BatchDecoder:
         flat = items.flatten()
         kv = pc.split_pattern(flat, "\x01", max_splits=1)
         whole = pc.equal(pc.list_value_length(kv), 2)
-        if not pc.all(whole).as_py():
+        if len(whole) and not pc.all(whole).as_py():  # all() of nothing is null, not true
             parents = pc.list_parent_indices(items)
             bad_rows = pc.unique(pc.filter(parents, pc.invert(whole)))
             mask = pc.is_in(_arange(0, len(raw)), value_set=bad_rows.cast(pa.int64()))
