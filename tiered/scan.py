@@ -34,7 +34,8 @@ from tiered.codec import CQ_ENTRY_SIZE
 from tiered.columnar import BatchDecoder, Where, check_entries, parse_entries
 from tiered.errors import CorruptRecordError, StorageError
 from tiered.manifest import Manifest, Segment
-from tiered.reader import Archive, QueueRef, ReadStats, first_at_or_after, get_range, probe_store_ms
+from tiered.keyindex import bloom_may_contain, lookup
+from tiered.reader import Archive, QueueRef, ReadStats, first_at_or_after, get_object, get_range, probe_store_ms
 from tiered.spark_schema import TIMESTAMP
 from tiered.storage import ObjectStore
 
@@ -174,10 +175,34 @@ class Plan:
     segments_kept: int = 0
 
 
-def plan(archive: Archive, spec: ScanSpec, *, max_slice_bytes: int = DEFAULT_SLICE_BYTES) -> Plan:
-    """The slices a scan reads, pruned by catalog and manifests (no data read)."""
+def plan(archive: Archive, spec: ScanSpec, *, max_slice_bytes: int = DEFAULT_SLICE_BYTES,
+         key: str | None = None) -> Plan:
+    """The slices a scan reads, pruned by catalog and manifests (no data read).
+    With ``key`` (a KEYS entry or a UNIQ_KEY), only the records the segments'
+    bloom filters and key indexes point at (index hash collisions included:
+    the reader drops them); a segment without an index is read whole."""
+    out = Plan([])
     if spec.nothing:
-        return Plan([])
+        return out
+    q_lo = spec.queue_offset.lo if spec.queue_offset.lo is not None else 0
+    q_hi = spec.queue_offset.hi + 1 if spec.queue_offset.hi is not None else 1 << 62
+    for ref, seg in _kept_segments(archive, spec, out):
+        if key is None:
+            out.slices.extend(segment_slices(ref, seg, q_lo, q_hi, max_slice_bytes))
+            continue
+        if seg.bloom and not bloom_may_contain(seg.bloom, key):
+            continue
+        offsets = _indexed_offsets(archive.store, seg, key)
+        if offsets is None:
+            out.slices.extend(segment_slices(ref, seg, q_lo, q_hi, max_slice_bytes))
+            continue
+        for off in offsets:
+            if q_lo <= off < q_hi:
+                out.slices.extend(segment_slices(ref, seg, off, off + 1, max_slice_bytes))
+    return out
+
+
+def _kept_segments(archive: Archive, spec: ScanSpec, out: Plan) -> Iterator[tuple[QueueRef, Segment]]:
     refs = []
     broker_ok = lambda c, b: ((spec.clusters is None or c in spec.clusters)  # noqa: E731
                               and (spec.brokers is None or b in spec.brokers))
@@ -195,20 +220,28 @@ def plan(archive: Archive, spec: ScanSpec, *, max_slice_bytes: int = DEFAULT_SLI
                 continue
         refs.append(ref)
     manifests = archive.manifests(refs)
-    out = Plan([], queues=len(manifests))
-    q_lo = spec.queue_offset.lo if spec.queue_offset.lo is not None else 0
-    q_hi = spec.queue_offset.hi + 1 if spec.queue_offset.hi is not None else 1 << 62
+    out.queues = len(manifests)
     for ref in refs:
         m = manifests.get(ref)
         if m is None:
             continue
         out.segments += len(m.segments)
         for seg in m.segments:
-            if not spec.segment_ok(seg):
-                continue
-            out.segments_kept += 1
-            out.slices.extend(segment_slices(ref, seg, q_lo, q_hi, max_slice_bytes))
-    return out
+            if spec.segment_ok(seg):
+                out.segments_kept += 1
+                yield ref, seg
+
+
+def _indexed_offsets(store: ObjectStore, seg: Segment, key: str) -> list[int] | None:
+    """Queue offsets the segment's key index lists for ``key``; None when the
+    segment has no usable index (then it is read whole)."""
+    if not seg.index_key:
+        return None
+    try:
+        return sorted(set(lookup(get_object(store, seg.index_key, None), key, seg.index_key)))
+    except (CorruptRecordError, StorageError) as exc:
+        log.warning("key index unusable, reading the whole segment instead: %s", exc)
+        return None
 
 
 def manifest_slices(ref: QueueRef, m: Manifest, q_from: int, q_to: int, max_bytes: int) -> list[Slice]:

@@ -44,6 +44,9 @@ Options (case-insensitive):
                               larger segments are split
 ``openCostInBytes``           cost of one more segment in a partition when
                               packing small segments together (default 4 MiB)
+``key``                       only records whose KEYS hold it or whose
+                              UNIQ_KEY is it: the segments' bloom filters and
+                              key indexes pick the records to read
 ``decompress``                ``false``: ``body`` holds the bytes as stored
                               (default: bodies a producer compressed, sys_flag
                               bit 0, are decompressed as consumers see them)
@@ -84,6 +87,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from tiered.columnar import BatchDecoder, QueueInfo
@@ -103,7 +108,7 @@ DEFAULT_OPEN_COST = 4 << 20
 OPTIONS = ("path", "endpoint", "endpoint_url", "region", "access_key_id", "secret_access_key", "session_token",
            "addressing", "checksum_mode", "cluster", "broker", "topics", "queues", "startTime", "endTime",
            "skipCorrupt", "verifyCrc", "narrowTime", "maxPartitionBytes", "openCostInBytes", "statsPath",
-           "decompress")
+           "decompress", "key")
 _KNOWN = {o.lower() for o in OPTIONS} | {"paths"}
 
 
@@ -150,6 +155,7 @@ class SourceConfig:
     narrow_time: bool = True
     decompress: bool = True
     stats_path: str | None = None
+    key: str | None = None
 
     @classmethod
     def from_options(cls, options: Any) -> SourceConfig:
@@ -218,7 +224,8 @@ class SourceConfig:
         return cls(url=url, s3=s3, spec=spec, option_store_us=bounds,
                    skip_corrupt=_flag(opts, "skipCorrupt", False), verify_crc=_flag(opts, "verifyCrc", True),
                    max_partition_bytes=max_bytes, open_cost=open_cost, narrow_time=_flag(opts, "narrowTime", True),
-                   decompress=_flag(opts, "decompress", True), stats_path=opts.get("statspath"))
+                   decompress=_flag(opts, "decompress", True), stats_path=opts.get("statspath"),
+                   key=opts.get("key") or None)
 
     def __repr__(self) -> str:  # the S3Options repr hides secrets; keep it that way
         return f"SourceConfig(url={self.url!r}, spec={self.spec!r})"
@@ -318,7 +325,7 @@ class RocketMQReader(DataSourceReader):
                                  + (f" for cluster {sorted(clusters)}" if clusters else "")
                                  + (f" broker {sorted(brokers)}" if brokers else "")
                                  + ": no <cluster>/<broker>/ prefixes under it")
-        p = plan(archive, spec, max_slice_bytes=self.config.max_partition_bytes)
+        p = plan(archive, spec, max_slice_bytes=self.config.max_partition_bytes, key=self.config.key)
         groups = pack(p.slices, self.config.max_partition_bytes, self.config.open_cost)
         return [SlicesPartition(i, g) for i, g in enumerate(groups)], p
 
@@ -336,13 +343,23 @@ class RocketMQReader(DataSourceReader):
         stats = ReadStats()
         result = SliceResult()
         started = time.perf_counter()
+        columns = self.columns
+        if cfg.key is not None:  # the key filter needs both key columns
+            columns += tuple(c for c in ("keys", "unique_key") if c not in columns)
         for sl in partition.slices:
-            decoder = BatchDecoder(QueueInfo(sl.cluster, sl.broker, sl.topic, sl.queue_id), self.columns,
+            decoder = BatchDecoder(QueueInfo(sl.cluster, sl.broker, sl.topic, sl.queue_id), columns,
                                    verify_crc=cfg.verify_crc, skip_corrupt=cfg.skip_corrupt,
                                    decompress=cfg.decompress)
-            yield from read_slice(store, sl, decoder, store_us=cfg.spec.store_us if cfg.narrow_time else Bounds(),
-                                  exact_store_us=cfg.option_store_us, stats=stats, result=result,
-                                  narrow=cfg.narrow_time)
+            batches = read_slice(store, sl, decoder, store_us=cfg.spec.store_us if cfg.narrow_time else Bounds(),
+                                 exact_store_us=cfg.option_store_us, stats=stats, result=result,
+                                 narrow=cfg.narrow_time)
+            if cfg.key is None:
+                yield from batches
+                continue
+            for batch in batches:
+                batch = batch.filter(key_mask(batch, cfg.key)).select(list(self.columns))
+                if batch.num_rows:
+                    yield batch
         if result.skipped:
             log.warning("rocketmq partition %d: skipped %d corrupt records: %s", partition.index, result.skipped,
                         "; ".join(result.problems[:3]))
@@ -351,6 +368,15 @@ class RocketMQReader(DataSourceReader):
                 "partition": partition.index, "slices": [str(s) for s in partition.slices],
                 "requests": stats.gets, "bytes": stats.bytes, "rows": result.rows, "skipped": result.skipped,
                 "problems": result.problems[:10], "seconds": round(time.perf_counter() - started, 4)})
+
+
+def key_mask(batch: pa.RecordBatch, key: str) -> pa.Array:
+    """Rows whose ``keys`` hold ``key`` or whose ``unique_key`` is ``key`` (the
+    key index may point at hash collisions: they stop here)."""
+    keys = batch.column("keys")
+    hit_rows = pc.filter(pc.list_parent_indices(keys), pc.equal(pc.list_flatten(keys), key))
+    in_keys = pc.is_in(pa.array(range(batch.num_rows), pa.int64()), value_set=hit_rows.cast(pa.int64()))
+    return pc.or_(in_keys, pc.fill_null(pc.equal(batch.column("unique_key"), key), False))
 
 
 def _write_stats(path: str, doc: dict[str, Any]) -> None:

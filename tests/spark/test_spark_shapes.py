@@ -4,6 +4,7 @@ from the local store. Plus the errors a user can act on."""
 
 from __future__ import annotations
 
+import glob
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,7 +14,7 @@ from typer.testing import CliRunner
 
 from readerkit import T0, local_rows
 from tiered.cli import app
-from tiered.spark_source import register
+from tiered.spark_source import load, register
 
 pytestmark = pytest.mark.spark
 
@@ -143,3 +144,16 @@ def test_options_are_checked_at_load(spark, archived, tmp_path: Path) -> None:
     missing = f"file://{tmp_path / 'nowhere'}"
     with pytest.raises(Exception, match=f"no archive at {missing}"):
         spark.read.format("rocketmq").load(missing).count()
+
+
+def test_key_option_reads_only_the_indexed_records(spark, archived, tmp_path: Path) -> None:
+    url, rows = archived
+    stats = tmp_path / "stats"
+    for key in ("Orders-k77", "shared-3", "UNIQ%DLQ%billing00000005", "no-such-key"):
+        want = sorted((r["topic"], r["queue_id"], r["queue_offset"]) for r in rows
+                      if key in r["keys"] or r["unique_key"] == key)
+        df = load(spark, url, key=key, statsPath=str(stats / key))
+        got = sorted(tuple(r) for r in df.select("topic", "queue_id", "queue_offset").collect())
+        assert got == want
+    read = [json.loads(line) for f in glob.glob(str(stats / "Orders-k77" / "*.jsonl")) for line in open(f)]
+    assert sum(r["rows"] for r in read) == 1 and sum(r["bytes"] for r in read) < 2048  # one record, one entry
