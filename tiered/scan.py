@@ -332,11 +332,8 @@ def read_slice(store: ObjectStore, sl: Slice, decoder: BatchDecoder, *, store_us
     def fetch(a: int, b: int) -> tuple[int, bytes]:
         lo = offsets[a].as_py()
         hi = offsets[b - 1].as_py() + sizes[b - 1].as_py()
-        data = get_range(store, sl.commitlog_key, lo - sl.seg_cl_start, hi - sl.seg_cl_start, stats)
-        if len(data) != hi - lo:
-            raise CorruptRecordError(sl.commitlog_key, lo - sl.seg_cl_start + len(data),
-                                     "object ends before its manifest's range")
-        return lo, data
+        # a short object comes back short: the whole records in it are still read
+        return lo, get_range(store, sl.commitlog_key, lo - sl.seg_cl_start, hi - sl.seg_cl_start, stats)
 
     avg = max(1, (last_end - first) // m)
     step = max(1, min(CHUNK_ROWS, CHUNK_BYTES // avg))
@@ -347,7 +344,7 @@ def read_slice(store: ObjectStore, sl: Slice, decoder: BatchDecoder, *, store_us
     work = decoder
     if filter_rows and "store_timestamp" not in decoder.columns:
         work = BatchDecoder(decoder.queue, decoder.columns + ("store_timestamp",), verify_crc=decoder.verify_crc,
-                            skip_corrupt=decoder.skip_corrupt)
+                            skip_corrupt=decoder.skip_corrupt, decompress=decoder.decompress)
     try:
         # each piece of the CommitLog range is fetched while the one before is decoded
         with ThreadPoolExecutor(1, thread_name_prefix="tiered-fetch") as pool:
@@ -358,7 +355,10 @@ def read_slice(store: ObjectStore, sl: Slice, decoder: BatchDecoder, *, store_us
                 except (CorruptRecordError, StorageError) as exc:
                     _skip_slice(decoder, result, sl, m - a, exc)
                     return
-                if p + 1 < len(pieces):
+                short = _short_piece(sl, offsets, sizes, a, b, base, len(data))
+                if short is not None:
+                    b, cut = short
+                elif p + 1 < len(pieces):
                     pending = pool.submit(fetch, *pieces[p + 1])
                 buf = pa.py_buffer(data)
                 for k in range(a, b, step):
@@ -384,10 +384,25 @@ def read_slice(store: ObjectStore, sl: Slice, decoder: BatchDecoder, *, store_us
                     result.rows += batch.num_rows
                     if batch.num_rows:
                         yield batch
+                if short is not None:  # the object ends inside this piece: the rest is missing
+                    _skip_slice(decoder, result, sl, m - b, cut)
+                    return
     finally:
         if work is not decoder:
             decoder.skipped += work.skipped
             decoder.skipped_at.extend(work.skipped_at)
+
+
+def _short_piece(sl: Slice, offsets: pa.Array, sizes: pa.Array, a: int, b: int, base: int, got: int
+                 ) -> tuple[int, CorruptRecordError] | None:
+    """None when the piece [a, b) came back whole; else (end of the whole
+    records fetched, the error for the rest: object and offset where it ends)."""
+    ends = pc.subtract(pc.add(offsets.slice(a, b - a), sizes.slice(a, b - a).cast(pa.int64())), base)
+    whole = pc.sum(pc.less_equal(ends, got).cast(pa.int64())).as_py() or 0
+    if whole == b - a:
+        return None
+    return a + whole, CorruptRecordError(sl.commitlog_key, base - sl.seg_cl_start + got,
+                                         "object ends before its manifest's range")
 
 
 def _skip_slice(decoder: BatchDecoder, result: SliceResult, sl: Slice, count: int, exc: Exception) -> None:

@@ -2,14 +2,12 @@
 
 ::
 
-    from tiered.spark_source import load, register
-    register(spark)   # also turns on spark.sql.python.filterPushdown.enabled
-    df = (spark.read.format("rocketmq")
+    df = (spark.read.format("rocketmq")   # registered by pyspark_rocketmq, or register(spark)
           .option("endpoint", "http://minio:9000")          # S3-compatible endpoint
           .option("topics", "Orders,%DLQ%billing")
           .option("startTime", "2024-05-01T00:00:00Z")
           .load("s3://bucket/archive"))
-    df = load(spark, "s3://bucket/archive", endpoint="http://minio:9000")  # the same, guarded (below)
+    df = load(spark, "s3://bucket/archive", endpoint="http://minio:9000")  # registers, then loads
 
 The URL is a cold-tier root (``s3://bucket/prefix``, ``file:///path``).
 Every cluster and broker under it is read unless ``cluster`` / ``broker``
@@ -32,8 +30,11 @@ Options (case-insensitive):
 ``topics``, ``queues``        only these topics / queue ids (comma-separated)
 ``startTime``, ``endTime``    store time range [start, end): ISO 8601 or epoch
                               ms; rows outside are dropped
-``skipCorrupt``               ``true``: skip and count corrupt records or
-                              objects instead of failing the query
+``skipCorrupt``               ``true``: skip and count corrupt records (a body
+                              that does not decompress too) or unreadable
+                              objects instead of failing the query; each skip
+                              is logged with object and offset, and counted
+                              in ``statsPath``
 ``verifyCrc``                 ``false``: do not check body CRCs (faster)
 ``narrowTime``                ``false``: a store-time range prunes whole
                               segments only, never inside one (for archives
@@ -60,8 +61,8 @@ of the wrong type, and a URL with no archive under it.
 
 Pruning comes from the options (``cluster``, ``broker``, ``topics``,
 ``queues``, ``startTime``/``endTime``): the catalog and the manifests drop
-queues and segments before any data is read, and a time range narrows the
-read inside a segment. Filters in the query (``WHERE topic = ...``) are
+queues and segments before any data is read, a time range narrows the read
+inside a segment, and ``key`` reads only the records a key index lists. Filters in the query (``WHERE topic = ...``) are
 applied by Spark to the rows, exactly, but do not prune: Spark 4.1-4.3 keep
 the plan a Python source produces for pushed filters on the loaded relation,
 shared by every scan of it (both sides of a self-join, every subquery, CTE
