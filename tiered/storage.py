@@ -244,13 +244,6 @@ class ObjectStore:
     def _raw_list(self, prefix: str) -> list[ObjectInfo]:
         raise NotImplementedError
 
-    def _raw_list_dirs(self, prefix: str) -> list[str]:
-        base = Path(self.root) / prefix if prefix else Path(self.root)
-        try:
-            return sorted(e.name for e in os.scandir(base) if e.is_dir() and not e.name.startswith("."))
-        except FileNotFoundError:
-            return []
-
     def _raw_delete(self, keys: list[str]) -> None:
         raise NotImplementedError
 
@@ -377,6 +370,13 @@ class FileStore(ObjectStore):
                     out.append(ObjectInfo(full.relative_to(base).as_posix(), st.st_size,
                                           st.st_mtime_ns // 1_000_000))
         return out
+
+    def _raw_list_dirs(self, prefix: str) -> list[str]:
+        base = Path(self.root) / prefix if prefix else Path(self.root)
+        try:
+            return sorted(e.name for e in os.scandir(base) if e.is_dir() and not e.name.startswith("."))
+        except FileNotFoundError:
+            return []
 
     def _raw_delete(self, keys: list[str]) -> None:
         for key in keys:

@@ -39,3 +39,16 @@ def test_cut_object_loses_only_the_records_past_its_end(archived) -> None:
     with pytest.raises(CorruptRecordError) as info:
         read(False)
     assert (info.value.source, info.value.offset) == (seg.commitlog_key, cut)
+
+
+def test_list_dirs_is_one_delimiter_listing_on_every_store(archived) -> None:
+    from tiered.reader import list_dirs
+    from tiered.storage import ObjectStore
+
+    store = archived.store
+    assert store.list_dirs() == [CLUSTER] and list_dirs(store, CLUSTER) == [BROKER]
+    assert sorted(store.list_dirs(f"{CLUSTER}/{BROKER}"))[:2] == ["%DLQ%billing", "Orders"]
+    assert store.list_dirs("no/such/prefix") == []
+    # the generic fallback (stores without a delimiter listing) agrees
+    assert ObjectStore._raw_list_dirs(store, f"{CLUSTER}/{BROKER}") == store.list_dirs(f"{CLUSTER}/{BROKER}")
+    assert archived.counter.ops["list"] >= 4  # every listing went through the store's metered call
