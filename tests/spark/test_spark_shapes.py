@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from readerkit import T0, local_rows
+from readerkit import BROKER, CLUSTER, T0, local_rows
+from tiered.reader import Archive, QueueRef
+from tiered.storage import open_store
 from tiered.cli import app
 from tiered.spark_source import load, register
 
@@ -128,6 +130,16 @@ def test_sql_command_is_exact_and_names_the_cause(spark, archived, build, tmp_pa
     bad = sql(missing, "SELECT count(*) FROM messages")
     assert bad.exit_code == 1 and len(bad.stderr.strip().splitlines()) <= 2
     assert f"NoArchiveError: no archive at {missing}" in " ".join(bad.stderr.split())
+    store = open_store(url)
+    seg = Archive(store).manifest(QueueRef(CLUSTER, BROKER, ORDERS, 1)).segments[1]
+    data = bytearray(store.get(seg.commitlog_key))
+    pos = int.from_bytes(store.get(seg.consumequeue_key)[20:28], "big") - seg.cl_start  # its second record
+    data[pos + 100] ^= 0x55  # inside the body
+    store.put(seg.commitlog_key, bytes(data))
+    bad = sql(url, f"SELECT count(*) FROM messages WHERE topic = '{ORDERS}'")
+    assert bad.exit_code == 1 and len(bad.stderr.strip().splitlines()) <= 2
+    assert f"CorruptRecordError: {seg.commitlog_key} @ {pos}: queue offset {seg.q_start + 1}: body CRC mismatch" \
+        in " ".join(bad.stderr.split())
 
 
 def test_options_are_checked_at_load(spark, archived, tmp_path: Path) -> None:
