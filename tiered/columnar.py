@@ -367,6 +367,16 @@ class BatchDecoder:
             except _Bad as exc:
                 return self._handle_bad(records, qoffs, positions, where, exc.mask, exc.reasons)
 
+        out = self._fixed(records, n, a, b, queue_id, queue_offset, bodies, crc)
+        if props_map is not None:
+            out.update(self._derived(props_map, n))
+        return pa.RecordBatch.from_arrays([out[c] for c in self.columns], schema=self.schema), qoffs
+
+    def _fixed(self, records: pa.Array, n: int, a: int, b: int, queue_id: pa.Array, queue_offset: pa.Array,
+               bodies: pa.Array, crc: pa.Array) -> dict[str, pa.Array]:
+        """The requested columns read at fixed positions (``a``, ``b``: the extra
+        bytes of an IPv6 born / store host), plus the body and its CRC."""
+        q = self.queue
         out: dict[str, pa.Array] = {}
         cols = self.columns
         for name in cols:
@@ -400,9 +410,7 @@ class BatchDecoder:
                 out[name] = bodies.cast(pa.binary())
             elif name == "body_crc":
                 out[name] = crc
-        if props_map is not None:
-            out.update(self._derived(props_map, n))
-        return pa.RecordBatch.from_arrays([out[c] for c in cols], schema=self.schema), qoffs
+        return out
 
     @staticmethod
     def _crc_mismatch(bodies: pa.Array, crc: pa.Array) -> pa.Array | None:

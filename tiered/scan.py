@@ -371,16 +371,7 @@ def read_slice(store: ObjectStore, sl: Slice, decoder: BatchDecoder, *, store_us
                         result.problems.extend(work.skipped_at[-3:])
                         log.warning("skipped %d corrupt archived records of %s", work.skipped - before, sl)
                     if filter_rows and batch.num_rows:
-                        ts = batch.column("store_timestamp")
-                        mask = None
-                        if lo_ts is not None:
-                            mask = pc.greater_equal(ts, lo_ts)
-                        if hi_ts is not None:
-                            upper = pc.less_equal(ts, hi_ts)
-                            mask = upper if mask is None else pc.and_(mask, upper)
-                        batch = batch.filter(mask)
-                        if work is not decoder:
-                            batch = batch.select(list(decoder.columns))
+                        batch = _in_time(batch, lo_ts, hi_ts).select(list(decoder.columns))
                     result.rows += batch.num_rows
                     if batch.num_rows:
                         yield batch
@@ -391,6 +382,16 @@ def read_slice(store: ObjectStore, sl: Slice, decoder: BatchDecoder, *, store_us
         if work is not decoder:
             decoder.skipped += work.skipped
             decoder.skipped_at.extend(work.skipped_at)
+
+
+def _in_time(batch: pa.RecordBatch, lo_ts: pa.Scalar | None, hi_ts: pa.Scalar | None) -> pa.RecordBatch:
+    """The rows whose store time is in [lo_ts, hi_ts] (either end optional)."""
+    ts = batch.column("store_timestamp")
+    mask = pc.greater_equal(ts, lo_ts) if lo_ts is not None else None
+    if hi_ts is not None:
+        upper = pc.less_equal(ts, hi_ts)
+        mask = upper if mask is None else pc.and_(mask, upper)
+    return batch.filter(mask) if mask is not None else batch
 
 
 def _short_piece(sl: Slice, offsets: pa.Array, sizes: pa.Array, a: int, b: int, base: int, got: int
