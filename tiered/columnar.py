@@ -41,6 +41,7 @@ from tiered.codec import (
     MIN_RECORD_SIZE,
     _host_of,
 )
+from tiered.compression import COMPRESSED_FLAG, BodyDecompressError, decompress
 from tiered.errors import CorruptRecordError
 from tiered.spark_schema import ARROW_TYPES, COLUMN_NAMES, TIMESTAMP, arrow_schema
 
@@ -203,8 +204,9 @@ class BatchDecoder:
     """Decodes runs of one queue's records into RecordBatches of ``columns``."""
 
     def __init__(self, queue: QueueInfo, columns: tuple[str, ...] = COLUMN_NAMES, *, verify_crc: bool = True,
-                 skip_corrupt: bool = False) -> None:
+                 skip_corrupt: bool = False, decompress: bool = True) -> None:
         self.queue = queue
+        self.decompress = decompress  # undo producer compression in ``body`` (tiered.compression)
         self.columns = tuple(columns)
         self.schema = arrow_schema(self.columns)
         self.verify_crc = verify_crc
@@ -351,6 +353,11 @@ class BatchDecoder:
             bad = pc.or_(bad, mask)
         if pc.any(bad).as_py():
             return self._handle_bad(records, qoffs, positions, where, bad, checks)
+        if self.decompress and "body" in self.columns:
+            try:
+                bodies = _decompressed(bodies, _be_int(records, 36, 4, pa.int32()))
+            except _Bad as exc:
+                return self._handle_bad(records, qoffs, positions, where, exc.mask, exc.reasons)
 
         props_map = None
         if self._need_props:
@@ -360,6 +367,16 @@ class BatchDecoder:
             except _Bad as exc:
                 return self._handle_bad(records, qoffs, positions, where, exc.mask, exc.reasons)
 
+        out = self._fixed(records, n, a, b, queue_id, queue_offset, bodies, crc)
+        if props_map is not None:
+            out.update(self._derived(props_map, n))
+        return pa.RecordBatch.from_arrays([out[c] for c in self.columns], schema=self.schema), qoffs
+
+    def _fixed(self, records: pa.Array, n: int, a: int, b: int, queue_id: pa.Array, queue_offset: pa.Array,
+               bodies: pa.Array, crc: pa.Array) -> dict[str, pa.Array]:
+        """The requested columns read at fixed positions (``a``, ``b``: the extra
+        bytes of an IPv6 born / store host), plus the body and its CRC."""
+        q = self.queue
         out: dict[str, pa.Array] = {}
         cols = self.columns
         for name in cols:
@@ -393,9 +410,7 @@ class BatchDecoder:
                 out[name] = bodies.cast(pa.binary())
             elif name == "body_crc":
                 out[name] = crc
-        if props_map is not None:
-            out.update(self._derived(props_map, n))
-        return pa.RecordBatch.from_arrays([out[c] for c in cols], schema=self.schema), qoffs
+        return out
 
     @staticmethod
     def _crc_mismatch(bodies: pa.Array, crc: pa.Array) -> pa.Array | None:
@@ -432,7 +447,7 @@ class BatchDecoder:
         flat = items.flatten()
         kv = pc.split_pattern(flat, "\x01", max_splits=1)
         whole = pc.equal(pc.list_value_length(kv), 2)
-        if not pc.all(whole).as_py():
+        if len(whole) and not pc.all(whole).as_py():  # all() of nothing is null, not true
             parents = pc.list_parent_indices(items)
             bad_rows = pc.unique(pc.filter(parents, pc.invert(whole)))
             mask = pc.is_in(_arange(0, len(raw)), value_set=bad_rows.cast(pa.int64()))
@@ -467,6 +482,29 @@ class BatchDecoder:
             out["real_topic"] = pc.coalesce(*[prop(p) for p in REAL_TOPIC_PROPS],
                                             pa.scalar(self.queue.topic, pa.string()))
         return out
+
+
+def _decompressed(bodies: pa.Array, sys_flag: pa.Array) -> pa.Array:
+    """Bodies as consumers see them: the compressed ones (sys flag bit 0)
+    decompressed (one Python call per compressed body: the codec does the work).
+    A body that does not decompress marks its row bad."""
+    flagged = pc.not_equal(pc.bit_wise_and(sys_flag, COMPRESSED_FLAG), 0)
+    if not pc.any(flagged).as_py():
+        return bodies
+    values = bodies.to_pylist()
+    flags = sys_flag.to_pylist()
+    failed: list[bool] = [False] * len(values)
+    reason = ""
+    for i in pc.indices_nonzero(flagged).to_pylist():
+        try:
+            values[i] = decompress(values[i], flags[i])
+        except BodyDecompressError as exc:
+            failed[i] = True
+            reason = reason or str(exc)
+    if any(failed):
+        mask = pa.array(failed)
+        raise _Bad(mask, [(mask, reason)])
+    return pa.array(values, pa.large_binary())
 
 
 def _int_or_none(value: str | None) -> int | None:

@@ -29,13 +29,11 @@ object is unusable, the rest of its range) is skipped and counted in
 from __future__ import annotations
 
 import logging
-import os
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import Any
 
 from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, MAGIC_V1, MAGIC_V2, MIN_RECORD_SIZE, Record, \
@@ -44,7 +42,7 @@ from tiered.coldtier import ColdTier
 from tiered.errors import CorruptRecordError, ObjectNotFoundError, StorageError, TieredError
 from tiered.keyindex import bloom_may_contain, lookup
 from tiered.manifest import CATALOG, LEASE, MANIFEST, Catalog, Gap, Manifest, Segment, queue_prefix, topic_of_dir
-from tiered.storage import FileStore, ObjectStore, S3Store
+from tiered.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -105,32 +103,9 @@ def get_object(store: ObjectStore, key: str, stats: ReadStats | None) -> bytes:
 
 
 def list_dirs(store: ObjectStore, prefix: str = "") -> list[str]:
-    """Names of the "directories" right under ``prefix`` (one delimiter
-    listing, never a recursive one)."""
-    prefix = prefix.strip("/")
-    if isinstance(store, FileStore):
-        def scan() -> list[str]:
-            base = Path(store.root) / prefix if prefix else Path(store.root)
-            try:
-                return sorted(e.name for e in os.scandir(base) if e.is_dir() and not e.name.startswith("."))
-            except FileNotFoundError:
-                return []
-        return store._call("list", prefix or "/", scan)
-    if isinstance(store, S3Store):
-        full = store._full(prefix + "/" if prefix else "")
-
-        def scan_s3() -> list[str]:
-            names: list[str] = []
-            paginator = store.client.get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=store.bucket, Prefix=full, Delimiter="/"):
-                for p in page.get("CommonPrefixes", []):
-                    names.append(p["Prefix"][len(full):].rstrip("/"))
-            return sorted(names)
-        return store._call("list", prefix or "/", scan_s3)
-    # any other store: derive from a full listing (slow, but correct)
-    plen = len(prefix) + 1 if prefix else 0
-    return sorted({o.key[plen:].split("/", 1)[0] for o in store.list_keys(prefix + "/" if prefix else "")
-                   if "/" in o.key[plen:]})
+    """Names of the "directories" right under ``prefix`` (``ObjectStore.list_dirs``:
+    one delimiter listing, never a recursive one)."""
+    return store.list_dirs(prefix)
 
 
 def discover(store: ObjectStore, cluster: str | None = None, broker: str | None = None) -> list[tuple[str, str]]:

@@ -35,7 +35,8 @@ from tiered.codec import CQ_ENTRY_SIZE
 from tiered.columnar import BatchDecoder, Where, check_entries, parse_entries
 from tiered.errors import CorruptRecordError, StorageError
 from tiered.manifest import Manifest, Segment
-from tiered.reader import Archive, QueueRef, ReadStats, first_at_or_after, get_range, probe_store_ms
+from tiered.keyindex import bloom_may_contain, lookup
+from tiered.reader import Archive, QueueRef, ReadStats, first_at_or_after, get_object, get_range, probe_store_ms
 from tiered.spark_schema import TIMESTAMP
 from tiered.storage import ObjectStore
 
@@ -176,10 +177,34 @@ class Plan:
     segments_kept: int = 0
 
 
-def plan(archive: Archive, spec: ScanSpec, *, max_slice_bytes: int = DEFAULT_SLICE_BYTES) -> Plan:
-    """The slices a scan reads, pruned by catalog and manifests (no data read)."""
+def plan(archive: Archive, spec: ScanSpec, *, max_slice_bytes: int = DEFAULT_SLICE_BYTES,
+         key: str | None = None) -> Plan:
+    """The slices a scan reads, pruned by catalog and manifests (no data read).
+    With ``key`` (a KEYS entry or a UNIQ_KEY), only the records the segments'
+    bloom filters and key indexes point at (index hash collisions included:
+    the reader drops them); a segment without an index is read whole."""
+    out = Plan([])
     if spec.nothing:
-        return Plan([])
+        return out
+    q_lo = spec.queue_offset.lo if spec.queue_offset.lo is not None else 0
+    q_hi = spec.queue_offset.hi + 1 if spec.queue_offset.hi is not None else 1 << 62
+    for ref, seg in _kept_segments(archive, spec, out):
+        if key is None:
+            out.slices.extend(segment_slices(ref, seg, q_lo, q_hi, max_slice_bytes))
+            continue
+        if seg.bloom and not bloom_may_contain(seg.bloom, key):
+            continue
+        offsets = _indexed_offsets(archive.store, seg, key)
+        if offsets is None:
+            out.slices.extend(segment_slices(ref, seg, q_lo, q_hi, max_slice_bytes))
+            continue
+        for off in offsets:
+            if q_lo <= off < q_hi:
+                out.slices.extend(segment_slices(ref, seg, off, off + 1, max_slice_bytes))
+    return out
+
+
+def _kept_segments(archive: Archive, spec: ScanSpec, out: Plan) -> Iterator[tuple[QueueRef, Segment]]:
     refs = []
     broker_ok = lambda c, b: ((spec.clusters is None or c in spec.clusters)  # noqa: E731
                               and (spec.brokers is None or b in spec.brokers))
@@ -197,20 +222,28 @@ def plan(archive: Archive, spec: ScanSpec, *, max_slice_bytes: int = DEFAULT_SLI
                 continue
         refs.append(ref)
     manifests = archive.manifests(refs)
-    out = Plan([], queues=len(manifests))
-    q_lo = spec.queue_offset.lo if spec.queue_offset.lo is not None else 0
-    q_hi = spec.queue_offset.hi + 1 if spec.queue_offset.hi is not None else 1 << 62
+    out.queues = len(manifests)
     for ref in refs:
         m = manifests.get(ref)
         if m is None:
             continue
         out.segments += len(m.segments)
         for seg in m.segments:
-            if not spec.segment_ok(seg):
-                continue
-            out.segments_kept += 1
-            out.slices.extend(segment_slices(ref, seg, q_lo, q_hi, max_slice_bytes))
-    return out
+            if spec.segment_ok(seg):
+                out.segments_kept += 1
+                yield ref, seg
+
+
+def _indexed_offsets(store: ObjectStore, seg: Segment, key: str) -> list[int] | None:
+    """Queue offsets the segment's key index lists for ``key``; None when the
+    segment has no usable index (then it is read whole)."""
+    if not seg.index_key:
+        return None
+    try:
+        return sorted(set(lookup(get_object(store, seg.index_key, None), key, seg.index_key)))
+    except (CorruptRecordError, StorageError) as exc:
+        log.warning("key index unusable, reading the whole segment instead: %s", exc)
+        return None
 
 
 def manifest_slices(ref: QueueRef, m: Manifest, q_from: int, q_to: int, max_bytes: int) -> list[Slice]:
@@ -301,11 +334,8 @@ def read_slice(store: ObjectStore, sl: Slice, decoder: BatchDecoder, *, store_us
     def fetch(a: int, b: int) -> tuple[int, bytes]:
         lo = offsets[a].as_py()
         hi = offsets[b - 1].as_py() + sizes[b - 1].as_py()
-        data = get_range(store, sl.commitlog_key, lo - sl.seg_cl_start, hi - sl.seg_cl_start, stats)
-        if len(data) != hi - lo:
-            raise CorruptRecordError(sl.commitlog_key, lo - sl.seg_cl_start + len(data),
-                                     "object ends before its manifest's range")
-        return lo, data
+        # a short object comes back short: the whole records in it are still read
+        return lo, get_range(store, sl.commitlog_key, lo - sl.seg_cl_start, hi - sl.seg_cl_start, stats)
 
     avg = max(1, (last_end - first) // m)
     step = max(1, min(CHUNK_ROWS, CHUNK_BYTES // avg))
@@ -316,7 +346,7 @@ def read_slice(store: ObjectStore, sl: Slice, decoder: BatchDecoder, *, store_us
     work = decoder
     if filter_rows and "store_timestamp" not in decoder.columns:
         work = BatchDecoder(decoder.queue, decoder.columns + ("store_timestamp",), verify_crc=decoder.verify_crc,
-                            skip_corrupt=decoder.skip_corrupt)
+                            skip_corrupt=decoder.skip_corrupt, decompress=decoder.decompress)
     try:
         # each piece of the CommitLog range is fetched while the one before is decoded
         with ThreadPoolExecutor(1, thread_name_prefix="tiered-fetch") as pool:
@@ -327,7 +357,10 @@ def read_slice(store: ObjectStore, sl: Slice, decoder: BatchDecoder, *, store_us
                 except (CorruptRecordError, StorageError) as exc:
                     _skip_slice(decoder, result, sl, m - a, exc)
                     return
-                if p + 1 < len(pieces):
+                short = _short_piece(sl, offsets, sizes, a, b, base, len(data))
+                if short is not None:
+                    b, cut = short
+                elif p + 1 < len(pieces):
                     pending = pool.submit(fetch, *pieces[p + 1])
                 buf = pa.py_buffer(data)
                 for k in range(a, b, step):
@@ -340,23 +373,39 @@ def read_slice(store: ObjectStore, sl: Slice, decoder: BatchDecoder, *, store_us
                         result.problems.extend(work.skipped_at[-3:])
                         log.warning("skipped %d corrupt archived records of %s", work.skipped - before, sl)
                     if filter_rows and batch.num_rows:
-                        ts = batch.column("store_timestamp")
-                        mask = None
-                        if lo_ts is not None:
-                            mask = pc.greater_equal(ts, lo_ts)
-                        if hi_ts is not None:
-                            upper = pc.less_equal(ts, hi_ts)
-                            mask = upper if mask is None else pc.and_(mask, upper)
-                        batch = batch.filter(mask)
-                        if work is not decoder:
-                            batch = batch.select(list(decoder.columns))
+                        batch = _in_time(batch, lo_ts, hi_ts).select(list(decoder.columns))
                     result.rows += batch.num_rows
                     if batch.num_rows:
                         yield batch
+                if short is not None:  # the object ends inside this piece: the rest is missing
+                    _skip_slice(decoder, result, sl, m - b, cut)
+                    return
     finally:
         if work is not decoder:
             decoder.skipped += work.skipped
             decoder.skipped_at.extend(work.skipped_at)
+
+
+def _in_time(batch: pa.RecordBatch, lo_ts: pa.Scalar | None, hi_ts: pa.Scalar | None) -> pa.RecordBatch:
+    """The rows whose store time is in [lo_ts, hi_ts] (either end optional)."""
+    ts = batch.column("store_timestamp")
+    mask = pc.greater_equal(ts, lo_ts) if lo_ts is not None else None
+    if hi_ts is not None:
+        upper = pc.less_equal(ts, hi_ts)
+        mask = upper if mask is None else pc.and_(mask, upper)
+    return batch.filter(mask) if mask is not None else batch
+
+
+def _short_piece(sl: Slice, offsets: pa.Array, sizes: pa.Array, a: int, b: int, base: int, got: int
+                 ) -> tuple[int, CorruptRecordError] | None:
+    """None when the piece [a, b) came back whole; else (end of the whole
+    records fetched, the error for the rest: object and offset where it ends)."""
+    ends = pc.subtract(pc.add(offsets.slice(a, b - a), sizes.slice(a, b - a).cast(pa.int64())), base)
+    whole = pc.sum(pc.less_equal(ends, got).cast(pa.int64())).as_py() or 0
+    if whole == b - a:
+        return None
+    return a + whole, CorruptRecordError(sl.commitlog_key, base - sl.seg_cl_start + got,
+                                         "object ends before its manifest's range")
 
 
 def _skip_slice(decoder: BatchDecoder, result: SliceResult, sl: Slice, count: int, exc: Exception) -> None:

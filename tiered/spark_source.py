@@ -2,14 +2,12 @@
 
 ::
 
-    from tiered.spark_source import load, register
-    register(spark)   # also turns on spark.sql.python.filterPushdown.enabled
-    df = (spark.read.format("rocketmq")
+    df = (spark.read.format("rocketmq")   # registered by pyspark_rocketmq, or register(spark)
           .option("endpoint", "http://minio:9000")          # S3-compatible endpoint
           .option("topics", "Orders,%DLQ%billing")
           .option("startTime", "2024-05-01T00:00:00Z")
           .load("s3://bucket/archive"))
-    df = load(spark, "s3://bucket/archive", endpoint="http://minio:9000")  # the same, guarded (below)
+    df = load(spark, "s3://bucket/archive", endpoint="http://minio:9000")  # registers, then loads
 
 The URL is a cold-tier root (``s3://bucket/prefix``, ``file:///path``).
 Every cluster and broker under it is read unless ``cluster`` / ``broker``
@@ -32,8 +30,11 @@ Options (case-insensitive):
 ``topics``, ``queues``        only these topics / queue ids (comma-separated)
 ``startTime``, ``endTime``    store time range [start, end): ISO 8601 or epoch
                               ms; rows outside are dropped
-``skipCorrupt``               ``true``: skip and count corrupt records or
-                              objects instead of failing the query
+``skipCorrupt``               ``true``: skip and count corrupt records (a body
+                              that does not decompress too) or unreadable
+                              objects instead of failing the query; each skip
+                              is logged with object and offset, and counted
+                              in ``statsPath``
 ``verifyCrc``                 ``false``: do not check body CRCs (faster)
 ``narrowTime``                ``false``: a store-time range prunes whole
                               segments only, never inside one (for archives
@@ -44,26 +45,32 @@ Options (case-insensitive):
                               larger segments are split
 ``openCostInBytes``           cost of one more segment in a partition when
                               packing small segments together (default 4 MiB)
-``filterPushdown``            ``false``: for sessions that cannot enable
-                              ``spark.sql.python.filterPushdown.enabled``
+``key``                       only records whose KEYS hold it or whose
+                              UNIQ_KEY is it: the segments' bloom filters and
+                              key indexes pick the records to read
+``decompress``                ``false``: ``body`` holds the bytes as stored
+                              (default: bodies a producer compressed, sys_flag
+                              bit 0, are decompressed as consumers see them)
 ``statsPath``                 a directory on the executors: each partition
                               appends a JSON line with its object-store
                               requests, bytes, rows and skipped records
 ============================  ===============================================
 
-Filters on ``cluster``, ``broker``, ``topic``, ``queue_id`` (=, IN, topic
-LIKE 'prefix%') select queues exactly; filters on ``queue_offset``,
-``store_timestamp`` and ``born_timestamp`` (=, <, <=, >, >=) prune segments
-through the catalog and the manifests before any data is read, and a
-store-time range narrows the read inside a segment. Spark still applies
-the range filters to the rows.
+An unknown option is an error listing the valid ones; so is an option value
+of the wrong type, and a URL with no archive under it.
 
-Spark 4.1-4.3 share the plan that filter pushdown produced among all scans of
-one loaded DataFrame, so a DataFrame queried again without a pushable filter
-would read the previous query's pruned partitions. ``load()`` adds an always
-true, always pushed filter (``queue_offset >= 0``) so that every query plans
-its own; ``tiered sql`` uses it. A self-join of one DataFrame with different
-filters needs two loads on these versions.
+Pruning comes from the options (``cluster``, ``broker``, ``topics``,
+``queues``, ``startTime``/``endTime``): the catalog and the manifests drop
+queues and segments before any data is read, a time range narrows the read
+inside a segment, and ``key`` reads only the records a key index lists. Filters in the query (``WHERE topic = ...``) are
+applied by Spark to the rows, exactly, but do not prune: Spark 4.1-4.3 keep
+the plan a Python source produces for pushed filters on the loaded relation,
+shared by every scan of it (both sides of a self-join, every subquery, CTE
+reference and thread), so a plan pruned for one scan's filters would be read
+by another. Every scan of one loaded DataFrame therefore plans the same
+thing, from its options alone, and every query shape is exact. To read less,
+load with options (one ``load()`` per selection is cheap: planning reads the
+catalog and the manifests only).
 
 The data source, its reader and its partitions pickle to plain data (URL,
 options, segment descriptors); the object store is built inside ``read()``
@@ -77,25 +84,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from datetime import date, datetime, timedelta, timezone
-from typing import Any, cast
+from typing import Any
 
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceReader,
-    EqualNullSafe,
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
-    InputPartition,
-    LessThan,
-    LessThanOrEqual,
-    StringStartsWith,
-)
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from tiered.columnar import BatchDecoder, QueueInfo
 from tiered.config import parse_size
@@ -108,15 +103,23 @@ from tiered.timeparse import parse_time_ms
 log = logging.getLogger(__name__)
 
 NAME = "rocketmq"
-PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 DEFAULT_OPEN_COST = 4 << 20
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_US = timedelta(microseconds=1)
+# Every option the source takes (lower case: Spark's options are case-insensitive),
+# with the spelling the docs use; ``s3fs.NAME`` options are passed through.
+OPTIONS = ("path", "endpoint", "endpoint_url", "region", "access_key_id", "secret_access_key", "session_token",
+           "addressing", "checksum_mode", "cluster", "broker", "topics", "queues", "startTime", "endTime",
+           "skipCorrupt", "verifyCrc", "narrowTime", "maxPartitionBytes", "openCostInBytes", "statsPath",
+           "decompress", "key")
+_KNOWN = {o.lower() for o in OPTIONS} | {"paths"}
 
 
 class OptionError(ValueError):
     """A data source option that cannot be used (names the option, never its value
     when it is a secret)."""
+
+
+class NoArchiveError(ValueError):
+    """The URL has no archive under it (no cluster/broker prefixes)."""
 
 
 def _flag(options: dict[str, str], name: str, default: bool) -> bool:
@@ -150,13 +153,18 @@ class SourceConfig:
     verify_crc: bool = True
     max_partition_bytes: int = DEFAULT_SLICE_BYTES
     open_cost: int = DEFAULT_OPEN_COST
-    pushdown: bool = True
     narrow_time: bool = True
+    decompress: bool = True
     stats_path: str | None = None
+    key: str | None = None
 
     @classmethod
     def from_options(cls, options: Any) -> SourceConfig:
         opts = {str(k).lower(): v for k, v in dict(options).items()}
+        unknown = sorted(k for k in opts if k not in _KNOWN and not k.startswith("s3fs."))
+        if unknown:
+            raise OptionError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                              f"the rocketmq source takes: {', '.join(o for o in OPTIONS if o != 'path')}, s3fs.NAME")
         url = opts.get("path")
         if not url and opts.get("paths"):
             paths = json.loads(opts["paths"])
@@ -176,9 +184,12 @@ class SourceConfig:
         addressing = opts.get("addressing", "auto")
         if addressing not in ("auto", "path", "virtual"):
             raise OptionError("option addressing: auto, path or virtual")
+        checksum_mode = opts.get("checksum_mode", "when_supported")
+        if checksum_mode not in ("when_supported", "when_required"):
+            raise OptionError("option checksum_mode: when_supported or when_required")
         s3 = S3Options(
             endpoint_url=opts.get("endpoint") or opts.get("endpoint_url"), region=opts.get("region"),
-            addressing=addressing, checksum_mode=opts.get("checksum_mode", "when_supported"),
+            addressing=addressing, checksum_mode=checksum_mode,
             access_key_id=opts.get("access_key_id"), secret_access_key=opts.get("secret_access_key"),
             session_token=opts.get("session_token"), extra=tuple(sorted(extra)),
         )
@@ -202,15 +213,20 @@ class SourceConfig:
         except ValueError as exc:
             raise OptionError(f"option startTime/endTime: {exc}") from None
         spec = replace(spec, store_us=bounds)
-        try:
-            max_bytes = parse_size(opts.get("maxpartitionbytes", DEFAULT_SLICE_BYTES))
-            open_cost = parse_size(opts.get("opencostinbytes", DEFAULT_OPEN_COST))
-        except ValueError as exc:
-            raise OptionError(f"option maxPartitionBytes/openCostInBytes: {exc}") from None
+        sizes = {}
+        for name, default in (("maxPartitionBytes", DEFAULT_SLICE_BYTES), ("openCostInBytes", DEFAULT_OPEN_COST)):
+            try:
+                sizes[name] = parse_size(opts.get(name.lower(), default))
+            except (TypeError, ValueError) as exc:
+                raise OptionError(f"option {name}: a size such as 64MiB ({exc})") from None
+        max_bytes, open_cost = sizes["maxPartitionBytes"], sizes["openCostInBytes"]
+        if max_bytes <= 0:
+            raise OptionError("option maxPartitionBytes: must be positive")
         return cls(url=url, s3=s3, spec=spec, option_store_us=bounds,
                    skip_corrupt=_flag(opts, "skipCorrupt", False), verify_crc=_flag(opts, "verifyCrc", True),
-                   max_partition_bytes=max_bytes, open_cost=open_cost, pushdown=_flag(opts, "filterPushdown", True),
-                   narrow_time=_flag(opts, "narrowTime", True), stats_path=opts.get("statspath"))
+                   max_partition_bytes=max_bytes, open_cost=open_cost, narrow_time=_flag(opts, "narrowTime", True),
+                   decompress=_flag(opts, "decompress", True), stats_path=opts.get("statspath"),
+                   key=opts.get("key") or None)
 
     def __repr__(self) -> str:  # the S3Options repr hides secrets; keep it that way
         return f"SourceConfig(url={self.url!r}, spec={self.spec!r})"
@@ -265,70 +281,6 @@ def pack(slices: list[Slice], max_bytes: int, open_cost: int) -> list[list[Slice
     return groups
 
 
-# --- filters ------------------------------------------------------------------------
-
-
-def _micros(value: Any) -> int | None:
-    if isinstance(value, datetime):
-        dt = value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
-        return (dt - _EPOCH) // _US
-    if isinstance(value, date):
-        return (datetime(value.year, value.month, value.day, tzinfo=timezone.utc) - _EPOCH) // _US
-    return None
-
-
-_SETS = {"cluster": "clusters", "broker": "brokers", "topic": "topics", "queue_id": "queue_ids"}
-_RANGES = {"queue_offset": "queue_offset", "store_timestamp": "store_us", "born_timestamp": "born_us"}
-
-
-def apply_filter(spec: ScanSpec, f: Filter) -> tuple[ScanSpec, bool] | None:
-    """(narrowed spec, exact) when ``f`` can prune; None when it cannot.
-    ``exact``: the plan alone guarantees the filter (Spark need not apply it)."""
-    attr = getattr(f, "attribute", None)
-    if not attr or len(attr) != 1:
-        return None
-    col = attr[0]
-    value: Any = getattr(f, "value", None)
-    if col in _SETS:
-        want_int = col == "queue_id"
-
-        def ok(v: Any) -> bool:
-            return (isinstance(v, int) and not isinstance(v, bool)) if want_int else isinstance(v, str)
-
-        if isinstance(f, (EqualTo, EqualNullSafe)) and ok(value):
-            return spec.with_set(_SETS[col], frozenset([value])), True
-        if isinstance(f, In) and all(ok(v) or v is None for v in value):
-            return spec.with_set(_SETS[col], frozenset(v for v in value if v is not None)), True
-        if col == "topic" and isinstance(f, StringStartsWith) and isinstance(value, str):
-            prefixes = (value,) if spec.topic_prefixes is None else tuple(
-                max(p, value, key=len) for p in spec.topic_prefixes if p.startswith(value) or value.startswith(p))
-            return replace(spec, topic_prefixes=prefixes), True
-        return None
-    if col in _RANGES:
-        if col == "queue_offset":
-            v = value if isinstance(value, int) and not isinstance(value, bool) else None
-        else:
-            v = _micros(value)
-        if v is None:
-            return None
-        bounds: Bounds = getattr(spec, _RANGES[col])
-        if isinstance(f, (EqualTo, EqualNullSafe)):
-            bounds = bounds.and_(v, v)
-        elif isinstance(f, GreaterThan):
-            bounds = bounds.and_(lo=v + 1)
-        elif isinstance(f, GreaterThanOrEqual):
-            bounds = bounds.and_(lo=v)
-        elif isinstance(f, LessThan):
-            bounds = bounds.and_(hi=v - 1)
-        elif isinstance(f, LessThanOrEqual):
-            bounds = bounds.and_(hi=v)
-        else:
-            return None
-        changes: dict[str, Any] = {_RANGES[col]: bounds}
-        return replace(spec, **changes), False
-    return None
-
-
 # --- the reader ---------------------------------------------------------------------
 
 
@@ -349,26 +301,18 @@ def _columns(schema: Any) -> tuple[str, ...]:
 
 
 class RocketMQReader(DataSourceReader):
+    """Plans from the options alone (see the module docstring: a plan that
+    depended on one scan's filters would be read by other scans of the same
+    relation) and holds no state a scan could leave behind: each ``plan()``
+    builds its own ``Archive`` (catalog and manifest caches)."""
+
     def __init__(self, config: SourceConfig, columns: tuple[str, ...]) -> None:
         self.config = config
         self.columns = columns
-        self.spec = config.spec
-        self.pushed: list[str] = []
-
-    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:  # noqa: N802 - Spark's name
-        for f in filters:
-            applied = apply_filter(self.spec, f)
-            if applied is None:
-                yield f
-                continue
-            self.spec, exact = applied
-            self.pushed.append(type(f).__name__ + str(getattr(f, "attribute", "")))
-            if not exact:
-                yield f  # pruning only: Spark still checks the rows
 
     def plan(self) -> tuple[list[SlicesPartition], Any]:
         store = store_for(self.config.url, self.config.s3)
-        spec = self.spec
+        spec = self.config.spec
         clusters, brokers = spec.clusters, spec.brokers
         skip = self.config.skip_corrupt
         if clusters is not None and brokers is not None and len(clusters) == 1 and len(brokers) == 1:
@@ -377,7 +321,12 @@ class RocketMQReader(DataSourceReader):
             archive = Archive(store, cluster=next(iter(clusters)) if clusters and len(clusters) == 1 else None,
                               broker=next(iter(brokers)) if brokers and len(brokers) == 1 else None,
                               skip_corrupt=skip)
-        p = plan(archive, spec, max_slice_bytes=self.config.max_partition_bytes)
+        if not archive.brokers:
+            raise NoArchiveError(f"no archive at {self.config.url}"
+                                 + (f" for cluster {sorted(clusters)}" if clusters else "")
+                                 + (f" broker {sorted(brokers)}" if brokers else "")
+                                 + ": no <cluster>/<broker>/ prefixes under it")
+        p = plan(archive, spec, max_slice_bytes=self.config.max_partition_bytes, key=self.config.key)
         groups = pack(p.slices, self.config.max_partition_bytes, self.config.open_cost)
         return [SlicesPartition(i, g) for i, g in enumerate(groups)], p
 
@@ -395,12 +344,23 @@ class RocketMQReader(DataSourceReader):
         stats = ReadStats()
         result = SliceResult()
         started = time.perf_counter()
+        columns = self.columns
+        if cfg.key is not None:  # the key filter needs both key columns
+            columns += tuple(c for c in ("keys", "unique_key") if c not in columns)
         for sl in partition.slices:
-            decoder = BatchDecoder(QueueInfo(sl.cluster, sl.broker, sl.topic, sl.queue_id), self.columns,
-                                   verify_crc=cfg.verify_crc, skip_corrupt=cfg.skip_corrupt)
-            yield from read_slice(store, sl, decoder, store_us=self.spec.store_us if cfg.narrow_time else Bounds(),
-                                  exact_store_us=cfg.option_store_us, stats=stats, result=result,
-                                  narrow=cfg.narrow_time)
+            decoder = BatchDecoder(QueueInfo(sl.cluster, sl.broker, sl.topic, sl.queue_id), columns,
+                                   verify_crc=cfg.verify_crc, skip_corrupt=cfg.skip_corrupt,
+                                   decompress=cfg.decompress)
+            batches = read_slice(store, sl, decoder, store_us=cfg.spec.store_us if cfg.narrow_time else Bounds(),
+                                 exact_store_us=cfg.option_store_us, stats=stats, result=result,
+                                 narrow=cfg.narrow_time)
+            if cfg.key is None:
+                yield from batches
+                continue
+            for batch in batches:
+                batch = batch.filter(key_mask(batch, cfg.key)).select(list(self.columns))
+                if batch.num_rows:
+                    yield batch
         if result.skipped:
             log.warning("rocketmq partition %d: skipped %d corrupt records: %s", partition.index, result.skipped,
                         "; ".join(result.problems[:3]))
@@ -411,18 +371,13 @@ class RocketMQReader(DataSourceReader):
                 "problems": result.problems[:10], "seconds": round(time.perf_counter() - started, 4)})
 
 
-class _NoPushdownReader(DataSourceReader):
-    """The same reader without ``pushFilters``, for sessions where filter
-    pushdown is disabled (Spark refuses readers that implement it then)."""
-
-    def __init__(self, config: SourceConfig, columns: tuple[str, ...]) -> None:
-        self._inner = RocketMQReader(config, columns)
-
-    def partitions(self) -> list[InputPartition]:
-        return self._inner.partitions()
-
-    def read(self, partition: InputPartition) -> Iterator[Any]:
-        return self._inner.read(partition)
+def key_mask(batch: pa.RecordBatch, key: str) -> pa.Array:
+    """Rows whose ``keys`` hold ``key`` or whose ``unique_key`` is ``key`` (the
+    key index may point at hash collisions: they stop here)."""
+    keys = batch.column("keys")
+    hit_rows = pc.filter(pc.list_parent_indices(keys), pc.equal(pc.list_flatten(keys), key))
+    in_keys = pc.is_in(pa.array(range(batch.num_rows), pa.int64()), value_set=hit_rows.cast(pa.int64()))
+    return pc.or_(in_keys, pc.fill_null(pc.equal(batch.column("unique_key"), key), False))
 
 
 def _write_stats(path: str, doc: dict[str, Any]) -> None:
@@ -442,56 +397,33 @@ class RocketMQDataSource(DataSource):
         return NAME
 
     def schema(self) -> Any:
+        # Spark asks for the schema at load(): options are checked there, so a
+        # misspelt or ill-typed option fails the load, not a later action
+        SourceConfig.from_options(self.options)
         return spark_schema()
 
     def reader(self, schema: Any) -> DataSourceReader:
-        config = SourceConfig.from_options(self.options)
-        columns = _columns(schema)
-        if config.pushdown:
-            return RocketMQReader(config, columns)
-        return _NoPushdownReader(config, columns)
+        return RocketMQReader(SourceConfig.from_options(self.options), _columns(schema))
 
 
 def register(spark: Any) -> None:
-    """Register the ``rocketmq`` format on a session and enable Python filter
-    pushdown (unless the session set it explicitly)."""
-    if spark.conf.get(PUSHDOWN_CONF, None) in (None, ""):
-        spark.conf.set(PUSHDOWN_CONF, "true")
-    elif str(spark.conf.get(PUSHDOWN_CONF)).lower() != "true":
-        log.warning("%s is false: use .option('filterPushdown', 'false') with the rocketmq source", PUSHDOWN_CONF)
+    """Register the ``rocketmq`` format on a session."""
     spark.dataSource.register(RocketMQDataSource)
 
 
-# Spark 4.1-4.3 keep the read plan (partitions and read function) that filter
-# pushdown produced on the relation, shared by every later scan of the same
-# loaded DataFrame: a later query with no pushable filter, or the other side of
-# a self-join, silently reads the partitions planned for another query's
-# filters (fixed upstream by scoping the plan to the scan). A filter that is
-# true for every row and always pushable makes every query plan afresh.
-GUARD = "queue_offset >= 0"
-
-
 def load(spark: Any, url: str, **options: str) -> Any:
-    """``spark.read.format("rocketmq").options(**options).load(url)``, registered
-    and guarded so every query on the DataFrame (or a view of it) plans its own
-    pruning. Prefer it to a bare ``load()`` whenever a DataFrame is queried more
-    than once. Two scans of one DataFrame in the same query (a self-join with
-    different filters) still share one plan on these Spark versions: load the
-    DataFrame twice for that."""
+    """``spark.read.format("rocketmq").options(**options).load(url)``, registered."""
     register(spark)
-    return spark.read.format(NAME).options(**options).load(url).where(GUARD)
+    return spark.read.format(NAME).options(**options).load(url)
 
 
-def plan_partitions(options: dict[str, str], filters: Sequence[Filter] = (), schema: Any = None
-                    ) -> tuple[list[SlicesPartition], Any, list[Filter]]:
-    """Plan a scan as Spark would, without Spark: (partitions, plan, filters
-    left for Spark). For tests and tools that check pruning."""
-    source = RocketMQDataSource(options)
-    reader = source.reader(schema or spark_schema())
-    inner = reader._inner if isinstance(reader, _NoPushdownReader) else reader
-    left = list(inner.pushFilters(list(filters))) if isinstance(reader, RocketMQReader) else list(filters)
-    parts, p = cast(RocketMQReader, inner).plan()
-    return parts, p, left
+def plan_partitions(options: dict[str, str], schema: Any = None) -> tuple[list[SlicesPartition], Any]:
+    """Plan a scan as Spark would, without Spark: (partitions, plan). For
+    tests and tools that check pruning."""
+    reader = RocketMQDataSource(options).reader(schema or spark_schema())
+    assert isinstance(reader, RocketMQReader)
+    return reader.plan()
 
 
-__all__ = ["NAME", "RocketMQDataSource", "SourceConfig", "arrow_schema", "load", "plan_partitions", "register"]
+__all__ = ["NAME", "NoArchiveError", "OptionError", "RocketMQDataSource", "SourceConfig", "arrow_schema", "load",
+           "plan_partitions", "register"]

@@ -210,6 +210,18 @@ class ObjectStore:
         """Every object under ``prefix`` (recursive), fresh (no listing cache)."""
         return self._call("list", prefix, lambda: self._raw_list(prefix))
 
+    def list_dirs(self, prefix: str = "") -> list[str]:
+        """Sorted names of the "directories" right under ``prefix`` (one
+        delimiter listing where the store has one, never a recursive one)."""
+        prefix = prefix.strip("/")
+        return self._call("list", prefix or "/", lambda: self._raw_list_dirs(prefix))
+
+    def _raw_list_dirs(self, prefix: str) -> list[str]:
+        # any store: derived from a full listing (slow, but correct)
+        plen = len(prefix) + 1 if prefix else 0
+        return sorted({o.key[plen:].split("/", 1)[0] for o in self._raw_list(prefix + "/" if prefix else "")
+                       if "/" in o.key[plen:]})
+
     def delete_many(self, keys: Iterable[str]) -> int:
         """Delete keys in batches of up to 1000; missing keys count as deleted.
         Returns the number of requests made."""
@@ -383,6 +395,13 @@ class FileStore(ObjectStore):
                     out.append(ObjectInfo(full.relative_to(base).as_posix(), st.st_size,
                                           st.st_mtime_ns // 1_000_000))
         return out
+
+    def _raw_list_dirs(self, prefix: str) -> list[str]:
+        base = Path(self.root) / prefix if prefix else Path(self.root)
+        try:
+            return sorted(e.name for e in os.scandir(base) if e.is_dir() and not e.name.startswith("."))
+        except FileNotFoundError:
+            return []
 
     def _raw_delete(self, keys: list[str]) -> None:
         for key in keys:
@@ -595,6 +614,14 @@ class S3Store(ObjectStore):
                 out.append(ObjectInfo(obj["Key"][strip:], obj["Size"],
                                       int(obj["LastModified"].timestamp() * 1000), (obj.get("ETag") or "").strip('"') or None))
         return out
+
+    def _raw_list_dirs(self, prefix: str) -> list[str]:
+        full = self._full(prefix + "/" if prefix else "")
+        names: list[str] = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full,
+                                                                          Delimiter="/"):
+            names.extend(p["Prefix"][len(full):].rstrip("/") for p in page.get("CommonPrefixes", []))
+        return sorted(names)
 
     def _raw_delete(self, keys: list[str]) -> None:
         resp = self.client.delete_objects(

@@ -10,7 +10,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, LessThan
 
 from readerkit import BROKER, CLUSTER, T0
 from tiered.reader import ColdReader, QueueRef
@@ -97,7 +96,7 @@ def test_results_equal_the_local_store(spark, build, cold_url: str, moto_endpoin
         assert "s3cr3t-never-shown" not in plan and "AKIA-SPARK-TEST" not in plan
 
 
-def test_pushdown_prunes_segments_before_reading(spark, build, tmp_path: Path, moto_endpoint: str) -> None:
+def test_options_prune_segments_before_reading(spark, build, tmp_path: Path, moto_endpoint: str) -> None:
     url = f"file://{tmp_path / 'cold'}"
     store, local, _ = build(url)
     reader = ColdReader(store)
@@ -107,33 +106,32 @@ def test_pushdown_prunes_segments_before_reading(spark, build, tmp_path: Path, m
     dlq = segments[QueueRef(CLUSTER, BROKER, "%DLQ%billing", 0)]
     one_each = {"openCostInBytes": "1MiB", "maxPartitionBytes": "1MiB"}  # one partition per segment
 
-    # a topic filter: planning keeps that topic's segments only, and Spark reads only those
-    parts, plan, left = plan_partitions({"path": url, **one_each}, [EqualTo(("topic",), "%DLQ%billing")])
-    assert left == []  # exact: Spark need not filter again
+    # a topics option: planning keeps that topic's segments only, and Spark reads only those
+    parts, plan = plan_partitions({"path": url, "topics": "%DLQ%billing", **one_each})
     assert plan.segments_kept == len(dlq) < total and len(parts) == len(dlq)
     stats = tmp_path / "stats-topic"
-    df = read(spark, url, moto_endpoint, statsPath=str(stats), **one_each).where("topic = '%DLQ%billing'")
+    df = read(spark, url, moto_endpoint, statsPath=str(stats), topics="%DLQ%billing", **one_each)
     assert df.rdd.getNumPartitions() == len(dlq)
     assert df.count() == 40
     read_slices = [s for r in stats_of(stats) for s in r["slices"]]
     assert len(read_slices) == len(dlq) and all("/%DLQ%billing/" in s for s in read_slices)
 
-    # one hour of Orders (4 hours of data): only the segments overlapping it are read
+    # one hour of Orders (4 hours of data): only the segments overlapping it are read, and inside
+    # them only about that hour
     lo, hi = T0 + 60 * MIN, T0 + 120 * MIN
-    ts = lambda ms: utc(ms)  # noqa: E731
-    filters = [GreaterThanOrEqual(("store_timestamp",), ts(lo)), LessThan(("store_timestamp",), ts(hi))]
-    parts, plan, left = plan_partitions({"path": url, **one_each}, filters)
+    window = {"startTime": str(lo), "endTime": str(hi)}
+    parts, plan = plan_partitions({"path": url, **window, **one_each})
     overlapping = [s for ss in segments.values() for s in ss if s.max_store_ms >= lo and s.min_store_ms < hi]
     assert plan.segments_kept == len(overlapping) < total / 2
-    assert len(left) == 2  # range filters are pruning only: Spark still checks the rows
     stats = tmp_path / "stats-hour"
-    df = read(spark, url, moto_endpoint, statsPath=str(stats), **one_each).where(
-        f"store_timestamp >= timestamp_millis({lo}) AND store_timestamp < timestamp_millis({hi})")
+    df = read(spark, url, moto_endpoint, statsPath=str(stats), **window, **one_each)
     assert df.count() == 60
     got = stats_of(stats)
     assert sum(len(r["slices"]) for r in got) == len(overlapping)
     archived_bytes = sum(s.nbytes + 20 * s.messages for ss in segments.values() for s in ss)
     assert sum(r["bytes"] for r in got) < 0.4 * archived_bytes
+    assert df.selectExpr("min(store_timestamp)", "max(store_timestamp)").collect()[0] == (
+        utc(lo).replace(tzinfo=None), utc(hi - MIN).replace(tzinfo=None))
 
     # a column subset given as the schema decodes only those columns
     sub = spark.read.format("rocketmq").schema("topic string, queue_offset bigint, keys array<string>").load(url)

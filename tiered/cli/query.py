@@ -11,6 +11,7 @@ import base64
 import importlib
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -29,6 +30,7 @@ from tiered.cli.output import dumps, note, out, print_json, progress, progress_e
 from tiered.config import parse_duration
 from tiered.cli.wiring import object_store, s3_options
 from tiered.codec import Record
+from tiered.compression import BodyDecompressError, codec_name, decompress
 from tiered.config import Settings
 from tiered.errors import TieredError
 from tiered.reader import ColdReader, QueueRef, ReadStatus
@@ -55,10 +57,28 @@ def _reader(settings: Settings, *, skip_corrupt: bool = False) -> ColdReader:
     return ColdReader(object_store(settings), cluster=cluster, broker=broker, skip_corrupt=skip_corrupt)
 
 
-def _record_json(rec: Record, with_body: bool) -> str:
+RawOpt = Annotated[bool, typer.Option("--raw-body", help="With --body: the bytes as stored, not decompressed.")]
+
+
+def _shown_body(rec: Record, raw: bool) -> tuple[bytes, dict[str, str]]:
+    """(body, notes): the body as a consumer receives it (producer compression
+    undone) unless ``raw``; notes name the codec, or the error of a body that
+    does not decompress (then the stored bytes are shown)."""
+    stored = rec.body_bytes()
+    codec = codec_name(rec.sys_flag)
+    if raw or codec is None:
+        return stored, {}
+    try:
+        return decompress(stored, rec.sys_flag), {"body_compression": codec}
+    except BodyDecompressError as exc:
+        return stored, {"body_compression": codec, "body_error": str(exc)}
+
+
+def _record_json(rec: Record, with_body: bool, raw: bool = False) -> str:
     d = rec.to_dict()
     if with_body:
-        body = rec.body_bytes()
+        body, notes = _shown_body(rec, raw)
+        d.update(notes)
         try:
             d["body"] = body.decode("utf-8")
             d["body_encoding"] = "utf-8"
@@ -68,14 +88,18 @@ def _record_json(rec: Record, with_body: bool) -> str:
     return dumps(d)
 
 
-def _record_line(ref: QueueRef, rec: Record, with_body: bool, *, show_broker: bool) -> str:
+def _record_line(ref: QueueRef, rec: Record, with_body: bool, *, show_broker: bool, raw: bool = False) -> str:
     d = rec.to_dict()
     where = f"{ref.cluster}/{ref.broker} " if show_broker else ""
     line = (f"{where}{ref.topic}/{ref.queue_id}@{rec.queue_offset}  {format_time_ms(d['store_timestamp'])}  "
             f"tags={d['tags'] or '-'}  keys={','.join(d['keys']) or '-'}  uniq={d['unique_key'] or '-'}  "
             f"{d['body_length']} bytes")
     if with_body:
-        body = rec.body_bytes()
+        body, notes = _shown_body(rec, raw)
+        if "body_error" in notes:
+            line += f"  [{notes['body_error']}; stored bytes follow]"
+        elif notes:
+            line += f"  [{notes['body_compression']}]"
         try:
             line += "  " + body.decode("utf-8")
         except UnicodeDecodeError:
@@ -112,6 +136,7 @@ def cat(
     interval: Annotated[str, typer.Option("--interval", help="With --follow: how often to look for new records.")] = "2s",
     as_json: JsonOpt = False,
     body: BodyOpt = False,
+    raw_body: RawOpt = False,
     skip_corrupt: SkipOpt = False,
     config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
     group: Annotated[Optional[str], typer.Option("--group", help="From this consumer group's committed offsets (needs the store): archive first, then local.")] = None,
@@ -124,8 +149,9 @@ def cat(
 
         cat_group_command(settings_from(config, cold_url=cold, cluster=cluster, broker=broker, store=store),
                           _reader, group=group, topic=topic, queue=queue, count=limit, skip_corrupt=skip_corrupt,
-                          emit=lambda ref, rec, _src: out(_record_json(rec, body) if as_json
-                                                          else _record_line(ref, rec, body, show_broker=False)))
+                          emit=lambda ref, rec, _src: out(
+                              _record_json(rec, body, raw_body) if as_json
+                              else _record_line(ref, rec, body, show_broker=False, raw=raw_body)))
         return
     if queue is None:
         fail("--queue is required (or --group)", 2)
@@ -151,7 +177,8 @@ def cat(
         records = (follow(reader, ref, win.start, sleep=lambda: time.sleep(poll_s)) if follow_ else
                    reader.iter_queue(ref, win.start, None if win.end is None else win.end - win.start))
         for rec in records:
-            out(_record_json(rec, body) if as_json else _record_line(ref, rec, body, show_broker=False))
+            out(_record_json(rec, body, raw_body) if as_json
+                else _record_line(ref, rec, body, show_broker=False, raw=raw_body))
     except TieredError as exc:
         fail_with(exc, 1)
     _report_skipped(reader)
@@ -165,6 +192,7 @@ def find(
     topic: Annotated[Optional[str], typer.Option("--topic", help="Only this topic (required with --time).")] = None,
     as_json: JsonOpt = False,
     body: BodyOpt = False,
+    raw_body: RawOpt = False,
     skip_corrupt: SkipOpt = False,
     config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
 ) -> None:
@@ -184,9 +212,10 @@ def find(
                     find_msg_id(reader, msg_id or "", topics=only))
             for ref, rec in hits:
                 found += 1
-                out(_record_json(rec, body) if as_json else _record_line(ref, rec, body, show_broker=many))
+                out(_record_json(rec, body, raw_body) if as_json
+                    else _record_line(ref, rec, body, show_broker=many, raw=raw_body))
         else:
-            found = _find_time(reader, topic or "", _time_flag("--time", time_) or 0, as_json=as_json, body=body,
+            found = _find_time(reader, topic or "", _time_flag("--time", time_) or 0, as_json=as_json, body=body, raw_body=raw_body,
                                many=many)
     except TieredError as exc:
         fail_with(exc, 1)
@@ -195,7 +224,8 @@ def find(
         raise typer.Exit(1)
 
 
-def _find_time(reader: ColdReader, topic: str, ts: int, *, as_json: bool, body: bool, many: bool) -> int:
+def _find_time(reader: ColdReader, topic: str, ts: int, *, as_json: bool, body: bool, raw_body: bool,
+               many: bool) -> int:
     found = 0
     for ref in reader.archive.queues(lambda t: t == topic):
         off = reader.offset_for_time(ref, ts)
@@ -208,7 +238,8 @@ def _find_time(reader: ColdReader, topic: str, ts: int, *, as_json: bool, body: 
             continue
         found += 1
         rec = res.records[0]
-        out(_record_json(rec, body) if as_json else _record_line(ref, rec, body, show_broker=many))
+        out(_record_json(rec, body, raw_body) if as_json
+            else _record_line(ref, rec, body, show_broker=many, raw=raw_body))
     return found
 
 
@@ -319,6 +350,24 @@ def progress_executor(inner: Any, chunk: int) -> Any:
     return execute
 
 
+# "tiered.errors.CorruptRecordError: ..." inside a Python worker's traceback that
+# Spark wraps (PYTHON_DATA_SOURCE_ERROR, PythonException): the real cause.
+_CAUSE = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*(?:Error|Exception)): (.+)$")
+_WRAPPERS = ("PySpark", "Py4J", "Python", "Spark", "Analysis", "Captured", "Java")
+
+
+def spark_error_summary(exc: BaseException) -> str:
+    """One line for a failed Spark query: the analysis error as Spark states it
+    (without its query context), or the storage/data error a Python worker
+    raised, not the wrappers around it."""
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+    causes = [m for m in map(_CAUSE.match, lines) if m and not m.group(1).startswith(_WRAPPERS)]
+    if causes:
+        return f"{causes[-1].group(1)}: {causes[-1].group(2).strip()}"
+    first = lines[0].strip() if lines else type(exc).__name__
+    return f"{type(exc).__name__}: {first}"
+
+
 def _cell(v: Any) -> str:
     """A table cell of a Spark row: times in ISO 8601 UTC, bytes as base64, the rest as text."""
     if isinstance(v, (bytes, bytearray)):
@@ -347,11 +396,11 @@ def sql(
     try:
         from tiered.spark_source import load
 
-        load(spark, settings.cold_url, **opts).createOrReplaceTempView("messages")
         # PySpark logs a failed query's context as its own JSON line on stderr:
         # the command reports the error once, in its one line
         logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
         try:
+            load(spark, settings.cold_url, **opts).createOrReplaceTempView("messages")
             result = spark.sql(query)
             with spark_progress(spark):
                 if as_json:
@@ -366,10 +415,8 @@ def sql(
         except Exception as exc:  # noqa: BLE001 - the CLI's edge: one line, not a JVM stack
             from pyspark.errors import AnalysisException
 
-            name = type(exc).__name__
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else name
             # a query Spark cannot parse or resolve is the caller's usage error
-            fail(f"{name}: {message}", 2 if isinstance(exc, AnalysisException) else 1)
+            fail(spark_error_summary(exc), 2 if isinstance(exc, AnalysisException) else 1)
     finally:
         if created:
             spark.stop()
