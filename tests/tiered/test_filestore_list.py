@@ -22,4 +22,4 @@ def test_list_is_exactly_the_keys_with_the_prefix(tmp_path: Path, prefix: str) -
     store = FileStore(tmp_path)
     for key in KEYS:
         store.put(key, key.encode())
-    assert [o.key for o in store.list(prefix)] == sorted(k for k in KEYS if k.startswith(prefix))
+    assert [o.key for o in store.list_keys(prefix)] == sorted(k for k in KEYS if k.startswith(prefix))
