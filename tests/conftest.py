@@ -24,8 +24,9 @@ if _HELPERS not in sys.path:
 # Where the S3 tests run: the in-process moto server (default), a SeaweedFS
 # started here on loopback (TIERED_TEST_S3_SERVER=seaweedfs, as CI's second
 # pass does), or any endpoint (TIERED_TEST_S3_ENDPOINT + _ACCESS_KEY,
-# _SECRET_KEY, _REGION). Every test then gets a fresh bucket there, emptied
-# and removed afterwards.
+# _SECRET_KEY, _REGION). Every test starts with an empty bucket: its own on
+# moto and SeaweedFS, the session's (emptied after each test, removed at the
+# end) on an external endpoint.
 S3_ENDPOINT = os.environ.get("TIERED_TEST_S3_ENDPOINT") or None
 S3_SERVER = "external" if S3_ENDPOINT else os.environ.get("TIERED_TEST_S3_SERVER", "moto")
 if S3_SERVER not in ("moto", "seaweedfs", "external"):
@@ -111,27 +112,59 @@ def s3_server() -> str:
     return S3_SERVER
 
 
-@pytest.fixture
-def s3_bucket(moto_endpoint: str) -> Iterator[str]:
-    """A fresh, empty bucket (S3 naming rules: lower case, 3+ chars); on a
-    server other than the in-process moto, emptied and removed afterwards."""
+@pytest.fixture(scope="session")
+def _session_bucket(moto_endpoint: str) -> Iterator[str | None]:
+    """On an external endpoint, one bucket for the whole session (creating
+    buckets may be limited or slow there), removed at the end."""
+    if S3_SERVER != "external":
+        yield None
+        return
     import boto3
 
-    name = f"tiered-{_SESSION}-{uuid.uuid4().hex[:10]}"
     client = boto3.client("s3", endpoint_url=moto_endpoint)
-    client.create_bucket(Bucket=name)
+    name = f"tiered-test-{_SESSION}-{uuid.uuid4().hex[:8]}"
+    _create_bucket(client, name)
+    yield name
+    _remove_bucket(client, name, delete=True)
+
+
+@pytest.fixture
+def s3_bucket(moto_endpoint: str, _session_bucket: str | None) -> Iterator[str]:
+    """A fresh, empty bucket (S3 naming rules: lower case, 3+ chars). On
+    moto and SeaweedFS one per test (left to moto; SeaweedFS's removed
+    afterwards); on an external endpoint the session's bucket, emptied after
+    each test."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=moto_endpoint)
+    if _session_bucket is not None:
+        yield _session_bucket
+        _remove_bucket(client, _session_bucket, delete=False)
+        return
+    name = f"tiered-{_SESSION}-{uuid.uuid4().hex[:10]}"
+    _create_bucket(client, name)
     yield name
     if S3_SERVER != "moto":
-        _remove_bucket(client, name)
+        _remove_bucket(client, name, delete=True)
 
 
-def _remove_bucket(client, name: str) -> None:  # noqa: ANN001 - a boto3 client
+def _create_bucket(client, name: str) -> None:  # noqa: ANN001 - a boto3 client
+    region = client.meta.region_name
+    if S3_SERVER == "external" and region and region != "us-east-1":  # AWS wants the region said
+        client.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": region})
+    else:
+        client.create_bucket(Bucket=name)
+
+
+def _remove_bucket(client, name: str, *, delete: bool) -> None:  # noqa: ANN001 - a boto3 client
+    """Empty the bucket (every object), then delete it if ``delete``."""
     paginator = client.get_paginator("list_objects_v2")
     for page in paginator.paginate(Bucket=name):
         keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
         if keys:
             client.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
-    client.delete_bucket(Bucket=name)
+    if delete:
+        client.delete_bucket(Bucket=name)
 
 
 @pytest.fixture

@@ -10,6 +10,11 @@ turned off so every retry is seen and counted here.
 ``s3://`` through s3fs, with boto3 for what fsspec cannot do: conditional
 writes (``IfNoneMatch``/``IfMatch``), batched deletes, and single PUTs of a
 buffer without copying it (s3fs copies a body several times while sending).
+Before its first write to a bucket, ``S3Store`` runs the capability probe of
+``tiered.s3probe`` (the If-Match form the server takes, the upload checksum
+it verifies; a store ignoring conditional writes is refused). An answer that
+cannot be used (no ETag, garbage or truncated body, a checksum mismatch) is a
+``BadResponseError``: retried and counted like a 500.
 
 Keys are relative to the store's root URL and use ``/``.
 """
