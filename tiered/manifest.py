@@ -92,7 +92,7 @@ def check_version(doc: dict[str, Any], what: str) -> None:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Segment:
     """One sealed, immutable upload: records [q_start, q_end) at cold
     CommitLog bytes [cl_start, cl_end)."""
