@@ -39,6 +39,11 @@ class ArchiveOptions:
     start_position: str = "earliest"
     quarantine_corrupt: bool = False
     key_index: bool = True
+    # segment layout written (tiered/layout.py): 2 = one object per segment
+    # (the configured default, dispatch.layout); 1 = the three objects of
+    # format 1.x, for a fleet with older readers
+    layout: int = 1
+    compression: str = "none"  # "zstd": v2 objects compressed whole
 
 
 @dataclass
@@ -291,7 +296,8 @@ class QueueArchiver:
     ) -> tuple[BuiltSegment | None, Exception | None]:
         prefix = queue_prefix(self.cold.cluster, self.cold.broker, topic, queue_id)
         builder = SegmentBuilder(prefix, start, manifest.cl_next if manifest else 0,
-                                 key_index=self.options.key_index)
+                                 key_index=self.options.key_index, layout=self.options.layout,
+                                 compression=self.options.compression)
         stop: Exception | None = None
         try:
             for batch in self.local.iter_batches(topic, queue_id, start, max_bytes=self.options.segment_bytes):
@@ -310,12 +316,17 @@ class QueueArchiver:
         history = (manifest.history if manifest is not None and manifest.history
                    else self.cold.history_for(topic, queue_id, manifest.first_offset if manifest else seg.q_start))
         gaps = manifest.gaps_before(seg.q_start) if manifest is not None else ()
-        # The ConsumeQueue object last: its descriptor promises the others exist.
-        store.put(seg.commitlog_key, built.commitlog)
-        if built.index is not None and seg.index_key:
-            store.put(seg.index_key, built.index)
-        store.put(seg.consumequeue_key, segmeta.attach(built.consumequeue, self.cold.descriptor(
-            topic, queue_id, history, seg, gaps)))
+        desc = self.cold.descriptor(topic, queue_id, history, seg, gaps)
+        if seg.layout == 2:
+            # one PUT: records, entries, index and descriptor in one object
+            store.put(seg.keys()[0], segmeta.pack_v2(built.commitlog, built.consumequeue, built.index, desc,
+                                                     built.compression))
+        else:
+            # The ConsumeQueue object last: its descriptor promises the others exist.
+            store.put(seg.commitlog_key, built.commitlog)
+            if built.index is not None and seg.index_key:
+                store.put(seg.index_key, built.index)
+            store.put(seg.consumequeue_key, segmeta.attach(built.consumequeue, desc))
         base_next = manifest.next_offset if manifest else seg.q_start
 
         def change(current: Manifest | None) -> Manifest:

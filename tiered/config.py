@@ -105,7 +105,19 @@ class DispatchSettings(_Section):
     round_budget: Duration = 15.0
     quarantine_corrupt: bool = False
     key_index: bool = True
+    # Segment layout written: 2 (one object per segment) or 1 (three objects,
+    # readable by tiered before 2.0). Both are always read.
+    layout: Literal[1, 2] = 2
+    # "zstd" compresses each v2 segment object whole (layout 2 only)
+    compression: Literal["none", "zstd"] = "none"
     retry: RetrySettings = RetrySettings()
+
+    @field_validator("compression")
+    @classmethod
+    def _compression(cls, value: str, info: Any) -> str:
+        if value != "none" and info.data.get("layout") == 1:
+            raise ValueError("compression needs dispatch.layout 2")
+        return value
 
     @field_validator("start_position")
     @classmethod

@@ -16,6 +16,7 @@ from cleaner import CleanOptions, Cleaner
 from dispatchkit import cq_entries
 from cleaner.plan import parse_data_key
 from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
+from tiered import layout
 from tiered.clock import ManualClock
 from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE
 from tiered.coldtier import ColdTier
@@ -133,7 +134,7 @@ class StoreEvents:
 
 def read_segment(store: ObjectStore, seg: Any) -> list[tuple[int, bytes]]:
     """(queue offset, record bytes) of one segment, checked against its manifest entry."""
-    cl = store.get(seg.commitlog_key)
+    cl = layout.read_part(store, seg.commitlog_key)
     cq = cq_entries(store, seg)
     assert len(cl) == seg.nbytes and zlib.crc32(cl) == seg.commitlog_crc, seg.commitlog_key
     assert zlib.crc32(cq) == seg.consumequeue_crc, seg.consumequeue_key
