@@ -107,7 +107,7 @@ class DispatchSettings(_Section):
     key_index: bool = True
     # Segment layout written: 2 (one object per segment) or 1 (three objects,
     # readable by tiered before 2.0). Both are always read.
-    layout: Literal[1, 2] = 2
+    layout: int = Field(default=2, ge=1, le=2)
     # "zstd" compresses each v2 segment object whole (layout 2 only)
     compression: Literal["none", "zstd"] = "none"
     retry: RetrySettings = RetrySettings()

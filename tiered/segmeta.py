@@ -127,8 +127,9 @@ def parse(data: bytes | bytearray | memoryview, source: str) -> Descriptor | Non
         raise CorruptRecordError(source, start, f"descriptor {doc['descriptor']} names a layout "
                                                 f"{desc.segment.layout} segment")
     if start != descriptor_at(desc.segment):
-        raise CorruptRecordError(source, start, f"descriptor says its segment's parts end at "
-                                                f"{descriptor_at(desc.segment)}, the object at {start}")
+        raise CorruptRecordError(source, start, f"descriptor says {desc.segment.messages} entries ending at "
+                                                f"{descriptor_at(desc.segment)}, the object holds {start} bytes "
+                                                f"before it")
     return desc
 
 
