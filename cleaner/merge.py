@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cleaner.plan import MergeRun
 from tiered import layout, segmeta
@@ -152,5 +152,5 @@ def build_merged(
     desc = describe(seg)
     if seg.layout == 2:
         packed = segmeta.pack_v2(cl, bytes(cq), index, desc, compression)
-        return MergedSegment(run, seg, cl, packed, index, desc.history)
+        return MergedSegment(run, replace(seg, stored_bytes=len(packed)), cl, packed, index, desc.history)
     return MergedSegment(run, seg, cl, segmeta.attach(cq, desc), index, desc.history)

@@ -319,8 +319,9 @@ class QueueArchiver:
         desc = self.cold.descriptor(topic, queue_id, history, seg, gaps)
         if seg.layout == 2:
             # one PUT: records, entries, index and descriptor in one object
-            store.put(seg.keys()[0], segmeta.pack_v2(built.commitlog, built.consumequeue, built.index, desc,
-                                                     built.compression))
+            packed = segmeta.pack_v2(built.commitlog, built.consumequeue, built.index, desc, built.compression)
+            store.put(seg.keys()[0], packed)
+            seg = replace(seg, stored_bytes=len(packed))  # the manifest knows it, the descriptor cannot
         else:
             # The ConsumeQueue object last: its descriptor promises the others exist.
             store.put(seg.commitlog_key, built.commitlog)

@@ -115,7 +115,11 @@ class Segment:
     commitlog_crc: int
     consumequeue_crc: int
     created_ms: int
-    bloom: str | None = None  # base64 bloom filter of the segment's keys
+    bloom: str | None = None  # base64 bloom filter of the segment's keys (layout v1 only)
+    # bytes the segment's object takes in the bucket (layout v2; 0: not
+    # recorded): with zstd, nbytes / stored_bytes is the compression ratio.
+    # Known only once the object is packed, so its own descriptor holds 0.
+    stored_bytes: int = 0
 
     @property
     def messages(self) -> int:
@@ -202,6 +206,13 @@ class Manifest:
     @property
     def messages(self) -> int:
         return sum(s.messages for s in self.segments)
+
+    @property
+    def compression_ratio(self) -> float | None:
+        """Record bytes per stored byte over the segments that record their
+        stored size (layout v2); None when none does."""
+        stored = sum(s.stored_bytes for s in self.segments)
+        return sum(s.nbytes for s in self.segments if s.stored_bytes) / stored if stored else None
 
     @property
     def min_store_ms(self) -> int | None:

@@ -26,7 +26,7 @@ descriptor are uploads whose commit never happened.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tiered import layout, segmeta
 from tiered.codec import crc32
@@ -184,8 +184,11 @@ def plan_rebuild(topic: str, queue_id: int, found: list[Found], sizes: dict[str,
     problems += [f"{k}: lies before the archive's first segment and no descriptor names it"
                  for k in _loose(sizes, named, first)]
     gaps: tuple[Gap, ...] = tuple(g for d in chain for g in d.gaps_before)
+    # a v2 segment's stored size is the object's, which its own descriptor cannot hold
+    segments = tuple(replace(d.segment, stored_bytes=sizes.get(d.segment.keys()[0], 0)) if d.segment.layout == 2
+                     else d.segment for d in chain)
     manifest = Manifest(topic=topic, queue_id=queue_id, next_offset=last.q_end, cl_next=last.cl_end,
-                        segments=tuple(d.segment for d in chain), gaps=gaps, history=histories[0])
+                        segments=segments, gaps=gaps, history=histories[0])
     try:
         manifest.check()
     except ValueError as exc:

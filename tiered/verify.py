@@ -62,7 +62,8 @@ def verify_segment(cold: ColdTier, m: Manifest, seg: Segment, report: VerifyRepo
     if len(cl) != seg.nbytes or crc32(cl) != seg.commitlog_crc:
         report.problems.append(f"{where}: {seg.commitlog_key} size/checksum differs from the manifest")
         return
-    if desc is not None and replace(desc.segment, bloom=seg.bloom, created_ms=seg.created_ms) != seg:
+    if desc is not None and replace(desc.segment, bloom=seg.bloom, created_ms=seg.created_ms,
+                                    stored_bytes=seg.stored_bytes) != seg:
         # reported, and the records are still compared: they say what differs
         report.problems.append(f"{where}: {parts.carrier} descriptor differs from the manifest")
     if len(cq) != seg.messages * CQ_ENTRY_SIZE or crc32(cq) != seg.consumequeue_crc:

@@ -3,15 +3,18 @@ zstd, read by everything that read v1, and v1 archives still readable."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
+from typer.testing import CliRunner
 
 from dispatchkit import BROKER, CLUSTER, archived_records, assert_exact, new_dispatcher, new_writer, produce, \
     read_manifest
 from tiered import layout, segmeta
+from tiered.cli import app
 from tiered.coldtier import ColdTier
 from tiered.errors import CorruptRecordError
 from tiered.localstore import LocalStore
@@ -83,6 +86,14 @@ def test_zstd_objects_are_smaller_and_read_by_cat_find_and_time(tmp_path, clock,
     m = read_manifest(store, "Orders", 0)
     stored = sum(o.size for o in store.list(queue_prefix(CLUSTER, BROKER, "Orders", 0) + "/segment/"))
     assert stored * 4 < m.nbytes  # the records alone are m.nbytes
+    assert sum(s.stored_bytes for s in m.segments) == stored and m.compression_ratio == m.nbytes / stored
+    env = {"TIERED_STATE_DIR": str(tmp_path / "cli-state"), "TIERED_CLUSTER": CLUSTER, "TIERED_BROKER": BROKER,
+           "TIERED_LOG__LEVEL": "WARNING"}
+    res = CliRunner().invoke(app, ["status", "--store", str(tmp_path / "store"), "--cold", url, "--json"], env=env)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["compression_ratio"] == pytest.approx(m.nbytes / stored)
+    res = CliRunner().invoke(app, ["status", "--store", str(tmp_path / "store"), "--cold", url], env=env)
+    assert res.exit_code == 0 and "ratio" in res.stdout and f"{m.nbytes / stored:.2f}x" in res.stdout, res.output
     reader = ColdReader(store, cluster=CLUSTER, broker=BROKER)
     ref = reader.queue("Orders", 0)
     res = reader.read(ref, 37, max_count=2)

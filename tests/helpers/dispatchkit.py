@@ -196,7 +196,8 @@ def cq_entries(store: ObjectStore, seg: Segment) -> bytes:
     the descriptor trailing them describes exactly this segment."""
     parts = segmeta.read_parts(store, seg)  # v1: the ConsumeQueue object; v2: the segment object
     assert parts.descriptor is not None, f"{parts.carrier} has no descriptor"
-    assert replace(parts.descriptor.segment, bloom=seg.bloom, created_ms=seg.created_ms) == seg
+    assert replace(parts.descriptor.segment, bloom=seg.bloom, created_ms=seg.created_ms,
+                   stored_bytes=seg.stored_bytes) == seg
     assert len(parts.entries) == seg.messages * CQ_ENTRY_SIZE
     if seg.layout == 1:
         assert len(store.get(seg.consumequeue_key)) > seg.messages * CQ_ENTRY_SIZE  # the trailer is there

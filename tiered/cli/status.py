@@ -38,13 +38,14 @@ def status(
             raise typer.Exit(1)
         return
     table = Table("topic", "queue", "local", "archived", "lag", "oldest archived", "newest archived",
-                  "segments", "bytes", "gaps")
+                  "segments", "bytes", "gaps", "ratio")
     for r in rows:
         table.add_row(r.topic, str(r.queue_id), _r(r.local_min_offset, r.local_max_offset),
                       _r(r.archived_first_offset, r.archived_next_offset),
                       "-" if r.lag_messages is None else str(r.lag_messages),
                       format_time_ms(r.oldest_archived_ms), format_time_ms(r.newest_archived_ms),
-                      str(r.segments), str(r.nbytes), str(r.gaps))
+                      str(r.segments), str(r.nbytes), str(r.gaps),
+                      "-" if r.compression_ratio is None else f"{r.compression_ratio:.2f}x")
     Console(width=180).print(table)
     problems = [r for r in rows if r.problem]
     for r in problems:
