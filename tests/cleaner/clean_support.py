@@ -172,6 +172,8 @@ class Rig:
         key_index: bool = True,
         upload_bytes: int = 1 << 30,
         start_position: str = "earliest",
+        layout: int = 1,
+        compression: str = "none",
     ) -> None:
         self.root = root
         self.clock = clock or ManualClock()
@@ -186,6 +188,7 @@ class Rig:
         self.key_index = key_index
         self.upload_bytes = upload_bytes
         self.start_position = start_position
+        self.archive_layout = (layout, compression)
         self.produced: dict[tuple[str, int], dict[int, tuple[bytes, int]]] = {}
         self.physical: dict[tuple[str, int], dict[int, int]] = {}  # queue offset -> broker CommitLog offset
         self._build()
@@ -198,7 +201,9 @@ class Rig:
             self.local, self.cold, recorder=self.recorder, clock=self.clock,
             options=DispatchOptions(archive=ArchiveOptions(upload_bytes=self.upload_bytes, max_delay_ms=0,
                                                            key_index=self.key_index,
-                                                           start_position=self.start_position), parallelism=1),
+                                                           start_position=self.start_position,
+                                                           layout=self.archive_layout[0],
+                                                           compression=self.archive_layout[1]), parallelism=1),
         )
         self.cleaner = Cleaner(self.cold, local=self.local, retention=self.retention, options=self.options,
                                recorder=self.recorder, clock=self.clock)
