@@ -131,22 +131,30 @@ def build_merged(
         log.warning("merged records' store times differ from the manifest's; using the records'",
                     extra={"topic": topic, "queue": queue_id, "offset": first.q_start})
 
+    return _pack(run, prefix, cl, cq, keys, want_index, (min_store, max_store, min_born, max_born), now_ms, describe)
+
+
+def _pack(run: MergeRun, prefix: str, cl: bytearray, cq: bytearray, keys: list[tuple[int, list[str]]],
+          want_index: bool, times: tuple[int, int, int, int], now_ms: int,
+          describe: Callable[[Segment], Descriptor]) -> MergedSegment:
+    """The merged segment's objects and manifest entry, in the layout of the run's first segment."""
+    first, last = run.segments[0], run.segments[-1]
+    min_store, max_store, min_born, max_born = times
     index = build_index(first.q_start, keys) if keys or (want_index and first.layout == 2) else None
     bloom = build_bloom(k for _, ks in keys for k in ks)  # every record was read: fully indexed
+    # v2 in, v2 out, compressed as the run's first segment was; no bloom in the manifest
+    compression = "zstd" if layout.compressed(layout.object_of(first.commitlog_key)) else "none"
     if first.layout == 2:
-        # v2 in, v2 out, compressed as the run's first segment was; no bloom in the manifest
-        compression = "zstd" if layout.compressed(layout.object_of(first.commitlog_key)) else "none"
         obj = layout.segment_object_key(prefix, first.q_start, last.q_end, first.cl_start, last.cl_end,
                                         compression=compression)
-        cl_key, cq_key = layout.section_key(obj, 0, len(cl)), layout.section_key(obj, len(cl), len(cq))
-        ix_key = layout.section_key(obj, len(cl) + len(cq), len(index)) if index is not None else ""
+        keys3 = layout.section_keys(obj, len(cl), len(cq), len(index) if index is not None else None)
         bloom = None
     else:
-        cl_key, cq_key, ix_key = segment_keys(prefix, first.cl_start, last.cl_end, first.q_start, last.q_end)
+        keys3 = segment_keys(prefix, first.cl_start, last.cl_end, first.q_start, last.q_end)
     seg = Segment(
         q_start=first.q_start, q_end=last.q_end, cl_start=first.cl_start, cl_end=last.cl_end,
         min_store_ms=min_store, max_store_ms=max_store, min_born_ms=min_born, max_born_ms=max_born,
-        commitlog_key=cl_key, consumequeue_key=cq_key, index_key=ix_key if index is not None else None,
+        commitlog_key=keys3[0], consumequeue_key=keys3[1], index_key=keys3[2] if index is not None else None,
         commitlog_crc=crc32(cl), consumequeue_crc=crc32(cq), created_ms=now_ms, bloom=bloom,
     )
     desc = describe(seg)

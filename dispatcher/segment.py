@@ -24,7 +24,7 @@ import numpy as np
 from tiered.batch import CQ_DTYPE, RecordBatch, gather
 from tiered.codec import crc32
 from tiered.errors import CorruptRecordError
-from tiered.layout import COMPRESSIONS, LAYOUT_V2, section_key, segment_object_key
+from tiered.layout import COMPRESSIONS, LAYOUT_V2, section_keys, segment_object_key
 from tiered.keyindex import EMPTY_BLOOM, bloom_of_hashes, hash_spans, index_of_hashes
 from tiered.manifest import Segment, segment_keys
 
@@ -208,8 +208,7 @@ class SegmentBuilder:
             bloom = None
             obj = segment_object_key(self.prefix, self.q_start, q_end, self.cl_start, cl_end,
                                             compression=self.compression)
-            cl_key, cq_key = section_key(obj, 0, len(cl)), section_key(obj, len(cl), len(cq))
-            ix_key = section_key(obj, len(cl) + len(cq), len(index)) if index is not None else ""
+            cl_key, cq_key, ix_key = section_keys(obj, len(cl), len(cq), len(index) if index is not None else None)
         else:
             cl_key, cq_key, ix_key = segment_keys(self.prefix, self.cl_start, cl_end, self.q_start, q_end)
         store, born = np.concatenate(self._store), np.concatenate(self._born)

@@ -54,6 +54,12 @@ def section_key(obj: str, at: int, length: int) -> str:
     return f"{obj}{_SECTION}{at}+{length}"
 
 
+def section_keys(obj: str, records: int, entries: int, index: int | None) -> tuple[str, str, str | None]:
+    """(commitlog, consumequeue, index) keys of a v2 segment whose parts have these lengths."""
+    ix = section_key(obj, records + entries, index) if index is not None else None
+    return section_key(obj, 0, records), section_key(obj, records, entries), ix
+
+
 def split(key: str) -> tuple[str, int, int | None]:
     """(object key, start of the part in the payload, its length or None for
     the whole object). Raises CorruptRecordError for a malformed section."""
