@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cleaner.plan import MergeRun
-from tiered import segmeta
+from tiered import layout, segmeta
 from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record
 from tiered.errors import CorruptRecordError, NotWrittenYetError
 from tiered.keyindex import build_bloom, build_index
@@ -40,11 +40,13 @@ class MergedSegment:
     run: MergeRun
     segment: Segment
     commitlog: bytes | bytearray
-    consumequeue: bytes | bytearray  # entries and descriptor
+    consumequeue: bytes | bytearray  # entries and descriptor (v1); the whole segment object (v2)
     index: bytes | None
     history: str
 
     def objects(self) -> list[tuple[str, bytes | bytearray]]:
+        if self.segment.layout == 2:
+            return [(self.segment.keys()[0], self.consumequeue)]
         out = [(self.segment.commitlog_key, self.commitlog)]
         if self.index is not None and self.segment.index_key:
             out.append((self.segment.index_key, self.index))
@@ -67,11 +69,12 @@ def build_merged(
     cl = bytearray()
     cq = bytearray()
     for seg in segs:
-        data = store.get(seg.commitlog_key)
+        parts = segmeta.read_parts(store, seg, with_index=False)  # either layout
+        data = parts.commitlog
         if len(data) != seg.nbytes or crc32(data) != seg.commitlog_crc:
             raise CorruptRecordError(seg.commitlog_key, 0, "length or CRC differs from the manifest")
         cl += data
-        entries = store.get(seg.consumequeue_key)[:seg.messages * CQ_ENTRY_SIZE]  # without the descriptor
+        entries = parts.entries[:seg.messages * CQ_ENTRY_SIZE]  # without the descriptor
         if len(entries) != seg.messages * CQ_ENTRY_SIZE or crc32(entries) != seg.consumequeue_crc:
             raise CorruptRecordError(seg.consumequeue_key, 0, "length or CRC differs from the manifest")
         cq += entries
@@ -128,14 +131,34 @@ def build_merged(
         log.warning("merged records' store times differ from the manifest's; using the records'",
                     extra={"topic": topic, "queue": queue_id, "offset": first.q_start})
 
-    cl_key, cq_key, ix_key = segment_keys(prefix, first.cl_start, last.cl_end, first.q_start, last.q_end)
-    index = build_index(first.q_start, keys) if keys else None
-    bloom = build_bloom(k for _, ks in keys for k in ks)  # every record was read: fully indexed
+    return _pack(run, prefix, cl, cq, keys, want_index, (min_store, max_store, min_born, max_born), now_ms, describe)
+
+
+def _pack(run: MergeRun, prefix: str, cl: bytearray, cq: bytearray, keys: list[tuple[int, list[str]]],
+          want_index: bool, times: tuple[int, int, int, int], now_ms: int,
+          describe: Callable[[Segment], Descriptor]) -> MergedSegment:
+    """The merged segment's objects and manifest entry, in the layout of the run's first segment."""
+    first, last = run.segments[0], run.segments[-1]
+    min_store, max_store, min_born, max_born = times
+    index = build_index(first.q_start, keys) if keys or (want_index and first.layout == 2) else None
+    bloom: str | None = build_bloom(k for _, ks in keys for k in ks)  # every record was read: fully indexed
+    # v2 in, v2 out, compressed as the run's first segment was; no bloom in the manifest
+    compression = "zstd" if layout.compressed(layout.object_of(first.commitlog_key)) else "none"
+    if first.layout == 2:
+        obj = layout.segment_object_key(prefix, first.q_start, last.q_end, first.cl_start, last.cl_end,
+                                        compression=compression)
+        keys3 = layout.section_keys(obj, len(cl), len(cq), len(index) if index is not None else None)
+        bloom = None
+    else:
+        keys3 = segment_keys(prefix, first.cl_start, last.cl_end, first.q_start, last.q_end)
     seg = Segment(
         q_start=first.q_start, q_end=last.q_end, cl_start=first.cl_start, cl_end=last.cl_end,
         min_store_ms=min_store, max_store_ms=max_store, min_born_ms=min_born, max_born_ms=max_born,
-        commitlog_key=cl_key, consumequeue_key=cq_key, index_key=ix_key if index is not None else None,
+        commitlog_key=keys3[0], consumequeue_key=keys3[1], index_key=keys3[2] if index is not None else None,
         commitlog_crc=crc32(cl), consumequeue_crc=crc32(cq), created_ms=now_ms, bloom=bloom,
     )
     desc = describe(seg)
+    if seg.layout == 2:
+        packed = segmeta.pack_v2(cl, bytes(cq), index, desc, compression)
+        return MergedSegment(run, replace(seg, stored_bytes=len(packed)), cl, packed, index, desc.history)
     return MergedSegment(run, seg, cl, segmeta.attach(cq, desc), index, desc.history)

@@ -56,7 +56,7 @@ MIN_PLAUSIBLE_MS = 1_262_304_000_000
 # Java's Long.MAX_VALUE: the "no data yet" sentinel of RocketMQ's tiered store.
 LONG_MAX = (1 << 63) - 1
 
-DATA_DIRS = ("commitlog", "consumequeue", "index")
+DATA_DIRS = ("commitlog", "consumequeue", "index", "segment")  # segment/: layout v2
 
 
 class Verdict(str, Enum):
@@ -312,7 +312,7 @@ def make_plan(
 def parse_data_key(prefix: str, key: str) -> tuple[str, int, str] | None:
     """(topic, queue id, kind) of a data object under ``{prefix}/``, else None.
 
-    Only ``{prefix}/{topic}/{qid}/{commitlog|consumequeue|index}/{name}`` is a
+    Only ``{prefix}/{topic}/{qid}/{commitlog|consumequeue|index|segment}/{name}`` is a
     data object; manifests, the catalog, the lease and anything unknown are not
     and are never collected. (RocketMQ topic names cannot contain ``/``.)
     """

@@ -40,6 +40,11 @@ class ArchiveOptions:
     start_position: str = "earliest"
     quarantine_corrupt: bool = False
     key_index: bool = True
+    # segment layout written (tiered/layout.py): 2 = one object per segment
+    # (the configured default, dispatch.layout); 1 = the three objects of
+    # format 1.x, for a fleet with older readers
+    layout: int = 1
+    compression: str = "none"  # "zstd": v2 objects compressed whole
 
 
 @dataclass
@@ -312,7 +317,8 @@ class QueueArchiver:
     ) -> tuple[BuiltSegment | None, Exception | None]:
         job = BuildJob(prefix=queue_prefix(self.cold.cluster, self.cold.broker, topic, queue_id), topic=topic,
                        queue_id=queue_id, start=start, cl_start=manifest.cl_next if manifest else 0,
-                       segment_bytes=self.options.segment_bytes, key_index=self.options.key_index)
+                       segment_bytes=self.options.segment_bytes, key_index=self.options.key_index,
+                       layout=self.options.layout, compression=self.options.compression)
         if self.builds is not None:
             built, stop = self.builds.build(self.local, job, self.clock.now_ms())
         else:
@@ -329,12 +335,18 @@ class QueueArchiver:
         history = (manifest.history if manifest is not None and manifest.history
                    else self.cold.history_for(topic, queue_id, manifest.first_offset if manifest else seg.q_start))
         gaps = manifest.gaps_before(seg.q_start) if manifest is not None else ()
-        # The ConsumeQueue object last: its descriptor promises the others exist.
-        store.put(seg.commitlog_key, built.commitlog)
-        if built.index is not None and seg.index_key:
-            store.put(seg.index_key, built.index)
-        store.put(seg.consumequeue_key, segmeta.attach(built.consumequeue, self.cold.descriptor(
-            topic, queue_id, history, seg, gaps)))
+        desc = self.cold.descriptor(topic, queue_id, history, seg, gaps)
+        if seg.layout == 2:
+            # one PUT: records, entries, index and descriptor in one object
+            packed = segmeta.pack_v2(built.commitlog, built.consumequeue, built.index, desc, built.compression)
+            store.put(seg.keys()[0], packed)
+            seg = replace(seg, stored_bytes=len(packed))  # the manifest knows it, the descriptor cannot
+        else:
+            # The ConsumeQueue object last: its descriptor promises the others exist.
+            store.put(seg.commitlog_key, built.commitlog)
+            if built.index is not None and seg.index_key:
+                store.put(seg.index_key, built.index)
+            store.put(seg.consumequeue_key, segmeta.attach(built.consumequeue, desc))
         base_next = manifest.next_offset if manifest else seg.q_start
 
         def change(current: Manifest | None) -> Manifest:

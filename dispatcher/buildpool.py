@@ -50,6 +50,8 @@ class BuildJob:
     cl_start: int
     segment_bytes: int
     key_index: bool
+    layout: int = 1
+    compression: str = "none"
 
 
 def build_segment(local: LocalStore, job: BuildJob, now_ms: int) -> tuple[BuiltSegment | None, Exception | None]:
@@ -61,7 +63,8 @@ def build_segment(local: LocalStore, job: BuildJob, now_ms: int) -> tuple[BuiltS
 
 def _build(local: LocalStore, job: BuildJob, now_ms: int, *, want_spans: bool
            ) -> tuple[BuiltSegment | None, Exception | None, tuple[np.ndarray, np.ndarray]]:
-    builder = SegmentBuilder(job.prefix, job.start, job.cl_start, key_index=job.key_index)
+    builder = SegmentBuilder(job.prefix, job.start, job.cl_start, key_index=job.key_index, layout=job.layout,
+                             compression=job.compression)
     stop: Exception | None = None
     los: list[np.ndarray] = []  # physical [start, end) of the records taken, per batch
     his: list[np.ndarray] = []

@@ -7,6 +7,12 @@ offsets, so segments can later be merged by concatenation). The hot path
 of archiving: records come in batches (``LocalStore.iter_batches``) and
 everything per record is done on arrays, except copying the bytes, hashing
 keys and one CRC over each object.
+
+Layout v2 (the default, tiered/layout.py) puts the records, the entries and
+the key index in one object; the archiver adds the descriptor when it packs
+it (``segmeta.pack_v2``). Its bloom filter is not built: it stays out of the
+manifest so a commit does not grow with the archive's history, and a lookup
+reads the segment's index section instead.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import numpy as np
 from tiered.batch import CQ_DTYPE, RecordBatch, gather
 from tiered.codec import crc32
 from tiered.errors import CorruptRecordError
+from tiered.layout import COMPRESSIONS, LAYOUT_V2, section_keys, segment_object_key
 from tiered.keyindex import EMPTY_BLOOM, bloom_of_hashes, hash_spans, index_of_hashes
 from tiered.manifest import Segment, segment_keys
 
@@ -96,12 +103,13 @@ def batch_keys(
     return key_owner[nonempty], blob, key_at[nonempty], key_end[nonempty]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BuiltSegment:
     segment: Segment
     commitlog: bytes | bytearray
     consumequeue: bytes
     index: bytes | None
+    compression: str = "none"  # of the v2 object
 
 
 class SegmentBuilder:
@@ -114,11 +122,16 @@ class SegmentBuilder:
     copying it. Memory is the segment's bytes plus some 50 bytes per record.
     """
 
-    def __init__(self, prefix: str, q_start: int, cl_start: int, *, key_index: bool = True) -> None:
+    def __init__(self, prefix: str, q_start: int, cl_start: int, *, key_index: bool = True,
+                 layout: int = LAYOUT_V2, compression: str = "none") -> None:
+        if compression not in COMPRESSIONS or (compression != "none" and layout != 2):
+            raise ValueError(f"compression {compression!r} needs layout v2 and one of {COMPRESSIONS}")
         self.prefix = prefix
         self.q_start = q_start
         self.cl_start = cl_start
         self.key_index = key_index
+        self.layout = layout
+        self.compression = compression
         self._cl = bytearray()
         self._sizes: list[np.ndarray] = []
         self._tags: list[np.ndarray] = []
@@ -182,7 +195,6 @@ class SegmentBuilder:
         entries["size"] = sizes
         entries["tags"] = np.concatenate(self._tags)
         cq = entries.tobytes()
-        cl_key, cq_key, ix_key = segment_keys(self.prefix, self.cl_start, cl_end, self.q_start, q_end)
         index = bloom = None
         if self.key_index:
             bloom = EMPTY_BLOOM
@@ -190,6 +202,15 @@ class SegmentBuilder:
                 hashes = np.concatenate(self._key_hashes)
                 index = index_of_hashes(self.q_start, np.concatenate(self._key_offsets), hashes)
                 bloom = bloom_of_hashes(hashes)
+        if self.layout == LAYOUT_V2:
+            if self.key_index and index is None:  # no bloom in v2: an empty index says "no keys"
+                index = index_of_hashes(self.q_start, np.zeros(0, np.uint64), np.zeros(0, np.uint64))
+            bloom = None
+            obj = segment_object_key(self.prefix, self.q_start, q_end, self.cl_start, cl_end,
+                                            compression=self.compression)
+            cl_key, cq_key, ix_key = section_keys(obj, len(cl), len(cq), len(index) if index is not None else None)
+        else:
+            cl_key, cq_key, ix_key = segment_keys(self.prefix, self.cl_start, cl_end, self.q_start, q_end)
         store, born = np.concatenate(self._store), np.concatenate(self._born)
         # min and max, not first and last: a broker clock stepping back must not lie here
         seg = Segment(
@@ -199,4 +220,5 @@ class SegmentBuilder:
             commitlog_key=cl_key, consumequeue_key=cq_key, index_key=ix_key if index else None,
             commitlog_crc=crc32(cl), consumequeue_crc=crc32(cq), created_ms=now_ms, bloom=bloom,
         )
-        return BuiltSegment(seg, cl, cq, index)
+        return BuiltSegment(segment=seg, commitlog=cl, consumequeue=cq, index=index,
+                            compression=self.compression)

@@ -163,7 +163,19 @@ class DispatchSettings(_Section):
     key_index: bool = True
     # worker processes that build segments; null: one per core, at most parallelism
     build_processes: int | None = Field(default=None, ge=0, le=256)
+    # Segment layout written: 2 (one object per segment) or 1 (three objects,
+    # readable by tiered before 2.0). Both are always read.
+    layout: int = Field(default=2, ge=1, le=2)
+    # "zstd" compresses each v2 segment object whole (layout 2 only)
+    compression: Literal["none", "zstd"] = "none"
     retry: RetrySettings = RetrySettings()
+
+    @field_validator("compression")
+    @classmethod
+    def _compression(cls, value: str, info: Any) -> str:
+        if value != "none" and info.data.get("layout") == 1:
+            raise ValueError("compression needs dispatch.layout 2")
+        return value
 
     @field_validator("start_position")
     @classmethod

@@ -29,9 +29,13 @@ from typing import Any
 
 from tiered.errors import CorruptRecordError, FormatVersionError
 
-FORMAT_MAJOR = 1
+FORMAT_MAJOR = 2
 # 1.1: manifests carry a history id, ConsumeQueue objects a descriptor trailer
-FORMAT_VERSION = f"{FORMAT_MAJOR}.1"
+FORMAT_VERSION = "1.1"
+# 2.0: segments in layout v2 (one object each, tiered/layout.py). A manifest
+# is written as 2.0 only when it holds a v2 segment, so a 1.x reader refuses
+# it loudly instead of misreading a section key as an object.
+FORMAT_VERSION_V2 = "2.0"
 
 MANIFEST = "manifest.json"
 CATALOG = "_catalog.json"
@@ -92,7 +96,7 @@ def check_version(doc: dict[str, Any], what: str) -> None:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Segment:
     """One sealed, immutable upload: records [q_start, q_end) at cold
     CommitLog bytes [cl_start, cl_end)."""
@@ -111,7 +115,11 @@ class Segment:
     commitlog_crc: int
     consumequeue_crc: int
     created_ms: int
-    bloom: str | None = None  # base64 bloom filter of the segment's keys
+    bloom: str | None = None  # base64 bloom filter of the segment's keys (layout v1 only)
+    # bytes the segment's object takes in the bucket (layout v2; 0: not
+    # recorded): with zstd, nbytes / stored_bytes is the compression ratio.
+    # Known only once the object is packed, so its own descriptor holds 0.
+    stored_bytes: int = 0
 
     @property
     def messages(self) -> int:
@@ -122,7 +130,14 @@ class Segment:
         return self.cl_end - self.cl_start
 
     def keys(self) -> tuple[str, ...]:
-        return tuple(k for k in (self.commitlog_key, self.consumequeue_key, self.index_key) if k)
+        """The stored objects of the segment: three in layout v1, one in v2
+        (whose parts are sections of it, tiered/layout.py)."""
+        return tuple(dict.fromkeys(k.partition("#")[0] for k in (self.commitlog_key, self.consumequeue_key,
+                                                                 self.index_key) if k))
+
+    @property
+    def layout(self) -> int:
+        return 2 if "#" in self.consumequeue_key else 1
 
 
 _SEGMENT_FIELDS = tuple(f.name for f in fields(Segment))
@@ -193,6 +208,13 @@ class Manifest:
         return sum(s.messages for s in self.segments)
 
     @property
+    def compression_ratio(self) -> float | None:
+        """Record bytes per stored byte over the segments that record their
+        stored size (layout v2); None when none does."""
+        stored = sum(s.stored_bytes for s in self.segments)
+        return sum(s.nbytes for s in self.segments if s.stored_bytes) / stored if stored else None
+
+    @property
     def min_store_ms(self) -> int | None:
         return min((s.min_store_ms for s in self.segments), default=None)
 
@@ -255,7 +277,9 @@ class Manifest:
         return {
             "topic": self.topic, "queue_id": self.queue_id, "next_offset": self.next_offset,
             "cl_next": self.cl_next, "generation": self.generation, "writer": self.writer,
-            "updated_ms": self.updated_ms, "format_version": self.format_version, "history": self.history,
+            "updated_ms": self.updated_ms, "history": self.history,
+            "format_version": (FORMAT_VERSION_V2 if any(s.layout == 2 for s in self.segments)
+                               else self.format_version),
             "segments": [{f: getattr(s, f) for f in _SEGMENT_FIELDS} for s in self.segments],
             "gaps": [asdict(g) for g in self.gaps],
             "pending_deletes": [{"keys": list(p.keys), "after_ms": p.after_ms} for p in self.pending_deletes],

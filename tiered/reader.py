@@ -41,6 +41,7 @@ from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, MAGIC_V1, MAGI
 from tiered.coldtier import ColdTier
 from tiered.errors import CorruptRecordError, ObjectNotFoundError, StorageError, TieredError
 from tiered.keyindex import bloom_may_contain, lookup
+from tiered.layout import read_part, read_range
 from tiered.manifest import CATALOG, LEASE, MANIFEST, Catalog, Gap, Manifest, Segment, queue_prefix, topic_of_dir
 from tiered.storage import ObjectStore
 
@@ -86,14 +87,14 @@ class ReadStats:
 
 
 def get_range(store: ObjectStore, key: str, start: int, end: int, stats: ReadStats | None) -> bytes:
-    data = store.get_range(key, start, end) if end > start else b""
+    data = read_range(store, key, start, end)  # a v1 object or a v2 section alike
     if stats is not None and end > start:
         stats.add(key, len(data))
     return data
 
 
 def get_object(store: ObjectStore, key: str, stats: ReadStats | None) -> bytes:
-    data = store.get(key)
+    data = read_part(store, key)
     if stats is not None:
         stats.add(key, len(data))
     return data

@@ -26,9 +26,9 @@ descriptor are uploads whose commit never happened.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from tiered import segmeta
+from tiered import layout, segmeta
 from tiered.codec import crc32
 from tiered.errors import CorruptRecordError, TieredError
 from tiered.manifest import Gap, Manifest, Segment, topic_of_dir
@@ -79,13 +79,14 @@ class RebuildPlan:
 
 
 def scan_queue(store: ObjectStore, prefix: str, topic: str, queue_id: int) -> tuple[list[Found], dict[str, int]]:
-    """Every ConsumeQueue object of ``prefix`` with its descriptor checked
-    against its own entries, and the size of every object under ``prefix``."""
+    """Every descriptor carrier of ``prefix`` (v1 ConsumeQueue objects, v2
+    segment objects) with its descriptor checked against its own entries,
+    and the size of every object under ``prefix``."""
     sizes = {o.key: o.size for o in store.list_keys(prefix + "/")}
     found: list[Found] = []
-    for key in sorted(k for k in sizes if k.startswith(prefix + "/consumequeue/")):
+    for key in sorted(k for k in sizes if k.startswith((prefix + "/consumequeue/", prefix + "/segment/"))):
         try:
-            data = store.get(key)
+            data = layout.read_payload(store, key) if "/segment/" in key else store.get(key)
             desc = segmeta.parse(data, key)
         except CorruptRecordError as exc:
             found.append(Found(key=key, problem=str(exc)))
@@ -94,17 +95,22 @@ def scan_queue(store: ObjectStore, prefix: str, topic: str, queue_id: int) -> tu
             found.append(Found(key=key, problem=f"{key}: written before segment descriptors; cannot be adopted"))
             continue
         seg = desc.segment
-        if (desc.topic, desc.queue_id) != (topic, queue_id) or seg.consumequeue_key != key:
+        at = layout.split(seg.consumequeue_key)[1]
+        if (desc.topic, desc.queue_id) != (topic, queue_id) or layout.object_of(seg.consumequeue_key) != key:
             found.append(Found(key=key, problem=f"{key}: descriptor names {desc.topic}/{desc.queue_id} "
                                                 f"{seg.consumequeue_key}"))
-        elif crc32(memoryview(data)[:seg.messages * CQ_ENTRY_SIZE]) != seg.consumequeue_crc:
+        elif crc32(memoryview(data)[at:at + seg.messages * CQ_ENTRY_SIZE]) != seg.consumequeue_crc:
             found.append(Found(key=key, problem=f"{key}: entries do not match the descriptor's CRC"))
+        elif seg.layout == 2 and crc32(memoryview(data)[:seg.nbytes]) != seg.commitlog_crc:
+            found.append(Found(key=key, problem=f"{key}: records do not match the descriptor's CRC"))
         else:
             found.append(Found(key=key, descriptor=desc))
     return found, sizes
 
 
 def _complete(seg: Segment, sizes: dict[str, int]) -> str | None:
+    if seg.layout == 2:
+        return None  # one object: read whole and checked by scan_queue
     if sizes.get(seg.commitlog_key) != seg.nbytes:
         return f"{seg.commitlog_key}: missing or not {seg.nbytes} bytes"
     if seg.index_key and seg.index_key not in sizes:
@@ -165,7 +171,7 @@ def plan_rebuild(topic: str, queue_id: int, found: list[Found], sizes: dict[str,
         return RebuildPlan(topic=topic, queue_id=queue_id, manifest=None, problems=tuple(problems))
     chain = _chain(usable)
     first, last = chain[0].segment, chain[-1].segment
-    in_chain = {d.segment.consumequeue_key for d in chain}
+    in_chain = {d.segment.consumequeue_key for d in chain}  # unique per segment in both layouts
     superseded = []
     for d in usable:
         s = d.segment
@@ -173,7 +179,7 @@ def plan_rebuild(topic: str, queue_id: int, found: list[Found], sizes: dict[str,
             continue
         if first.q_start <= s.q_start and s.q_end <= last.q_end and first.cl_start <= s.cl_start \
                 and s.cl_end <= last.cl_end:
-            superseded.append(s.consumequeue_key)
+            superseded.append(layout.object_of(s.consumequeue_key))
         else:
             problems.append(f"{s.consumequeue_key}: segment [{s.q_start},{s.q_end}) does not continue "
                             f"the archive [{first.q_start},{last.q_end}) (a hole no recorded gap explains)")
@@ -181,8 +187,11 @@ def plan_rebuild(topic: str, queue_id: int, found: list[Found], sizes: dict[str,
     problems += [f"{k}: lies before the archive's first segment and no descriptor names it"
                  for k in _loose(sizes, named, first)]
     gaps: tuple[Gap, ...] = tuple(g for d in chain for g in d.gaps_before)
+    # a v2 segment's stored size is the object's, which its own descriptor cannot hold
+    segments = tuple(replace(d.segment, stored_bytes=sizes.get(d.segment.keys()[0], 0)) if d.segment.layout == 2
+                     else d.segment for d in chain)
     manifest = Manifest(topic=topic, queue_id=queue_id, next_offset=last.q_end, cl_next=last.cl_end,
-                        segments=tuple(d.segment for d in chain), gaps=gaps, history=histories[0])
+                        segments=segments, gaps=gaps, history=histories[0])
     try:
         manifest.check()
     except ValueError as exc:
@@ -234,5 +243,7 @@ def queues_in(keys: list[str], prefix: str) -> set[tuple[str, int]]:
         parts = key[len(prefix) + 1:].split("/") if key.startswith(prefix + "/") else []
         if len(parts) >= 3 and parts[1].isdigit() and parts[2] in ("commitlog", "consumequeue", "index",
                                                                     "manifest.json"):
+            out.add((topic_of_dir(parts[0]), int(parts[1])))
+        elif len(parts) >= 3 and parts[1].isdigit() and parts[2] == "segment":
             out.add((topic_of_dir(parts[0]), int(parts[1])))
     return out

@@ -146,8 +146,11 @@ class Slice:
 
     def segment(self) -> Segment:
         """The parts of the segment a read needs (a Segment for the probe helpers)."""
-        return Segment(self.seg_q_start, self.seg_q_end, self.seg_cl_start, self.seg_cl_end, self.min_store_ms,
-                       self.max_store_ms, 0, 0, self.commitlog_key, self.consumequeue_key, None, 0, 0, 0)
+        return Segment(q_start=self.seg_q_start, q_end=self.seg_q_end, cl_start=self.seg_cl_start,
+                       cl_end=self.seg_cl_end, min_store_ms=self.min_store_ms, max_store_ms=self.max_store_ms,
+                       min_born_ms=0, max_born_ms=0, commitlog_key=self.commitlog_key,
+                       consumequeue_key=self.consumequeue_key, index_key=None, commitlog_crc=0,
+                       consumequeue_crc=0, created_ms=0)
 
     def __str__(self) -> str:
         return f"{self.cluster}/{self.broker}/{self.topic}/{self.queue_id} [{self.q_start},{self.q_end})"

@@ -19,8 +19,11 @@ can prove the object belongs to the manifest's own history.
 ``gaps_before`` are the recorded gaps between the previous segment and this
 one, so a rebuilt manifest tells a recorded gap from a lost segment.
 
-A later layout will fold the key index into this same side object; the
-``descriptor`` number says which fields to expect.
+Layout v2 (tiered/layout.py) carries the same descriptor and footer at the
+end of its one segment object, after the records, the entries and the key
+index; its ``descriptor`` number is 2 (the segment's keys are sections of
+that object) and it starts where the index section ends. ``pack_v2`` builds
+that object.
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from tiered.codec import crc32
+from tiered import layout
 from tiered.errors import CorruptRecordError
 from tiered.manifest import Gap, Segment
 
-DESCRIPTOR_VERSION = 1
+DESCRIPTOR_VERSION = 2  # 1: v1 trailer on the ConsumeQueue object; 2: layout v2
 MAGIC = b"TRDSEG01"
 # descriptor length (u32), CRC32 of the descriptor (u32), magic (8 bytes)
 FOOTER = struct.Struct(">II8s")
@@ -56,7 +60,7 @@ class Descriptor:
 
     def to_bytes(self) -> bytes:
         doc = {
-            "descriptor": DESCRIPTOR_VERSION, "cluster": self.cluster, "broker": self.broker,
+            "descriptor": self.segment.layout, "cluster": self.cluster, "broker": self.broker,
             "topic": self.topic, "queue_id": self.queue_id, "history": self.history,
             "segment": {f: getattr(self.segment, f) for f in _SEGMENT_FIELDS},
             "gaps_before": [asdict(g) for g in self.gaps_before],
@@ -68,6 +72,25 @@ def attach(entries: bytes | bytearray, desc: Descriptor) -> bytes:
     """The ConsumeQueue object: entries, then the descriptor and its footer."""
     body = desc.to_bytes()
     return bytes(entries) + body + FOOTER.pack(len(body), crc32(body), MAGIC)
+
+
+def pack_v2(records: bytes | bytearray, entries: bytes, index: bytes | None, desc: Descriptor,
+            compression: str = "none") -> bytes:
+    """The one object of a layout v2 segment (tiered/layout.py)."""
+    seg = desc.segment
+    if len(records) != seg.nbytes or len(entries) != seg.messages * 20:
+        raise ValueError("records or entries do not match the segment")
+    body = desc.to_bytes()
+    payload = b"".join((records, entries, index or b"", body, FOOTER.pack(len(body), crc32(body), MAGIC)))
+    return layout.compress(payload) if compression == "zstd" else payload
+
+
+def descriptor_at(seg: Segment) -> int:
+    """Where a segment's descriptor starts in the object that carries it."""
+    if seg.layout == 1:
+        return seg.messages * 20
+    _, at, length = layout.split(seg.index_key or seg.consumequeue_key)
+    return at + (length or 0)
 
 
 def parse(data: bytes | bytearray | memoryview, source: str) -> Descriptor | None:
@@ -100,7 +123,44 @@ def parse(data: bytes | bytearray | memoryview, source: str) -> Descriptor | Non
         )
     except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
         raise CorruptRecordError(source, start, f"malformed descriptor: {type(exc).__name__}") from None
-    if start != desc.segment.messages * 20:
-        raise CorruptRecordError(source, start, f"descriptor says {desc.segment.messages} entries, "
-                                                f"the object holds {start} bytes of them")
+    if desc.segment.layout != int(doc["descriptor"]):
+        raise CorruptRecordError(source, start, f"descriptor {doc['descriptor']} names a layout "
+                                                f"{desc.segment.layout} segment")
+    if start != descriptor_at(desc.segment):
+        raise CorruptRecordError(source, start, f"descriptor says {desc.segment.messages} entries ending at "
+                                                f"{descriptor_at(desc.segment)}, the object holds {start} bytes "
+                                                f"before it")
     return desc
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SegmentParts:
+    """A whole segment as stored, read for checking (verify, merge)."""
+
+    carrier: str  # the object holding the descriptor: the ConsumeQueue object (v1), the segment object (v2)
+    commitlog: bytes
+    entries: bytes  # the cold ConsumeQueue entries, without the descriptor
+    index: bytes | None
+    descriptor: Descriptor | None  # None: a v1 object written before descriptors
+
+
+def read_parts(store: Any, seg: Segment, *, with_index: bool = True) -> SegmentParts:
+    """Every part of ``seg`` in either layout: three GETs in v1, one in v2.
+    Raises StorageError, or CorruptRecordError for a bad descriptor."""
+    carrier = layout.object_of(seg.consumequeue_key)
+    if seg.layout == 2:
+        payload = layout.read_payload(store, carrier)
+
+        def part(key: str) -> bytes:
+            _, at, length = layout.split(key)
+            return payload[at:at + (length or 0)]
+
+        return SegmentParts(carrier=carrier, commitlog=part(seg.commitlog_key), entries=part(seg.consumequeue_key),
+                            index=part(seg.index_key) if seg.index_key and with_index else None,
+                            descriptor=parse(payload, carrier))
+    cl = store.get(seg.commitlog_key)
+    cq = store.get(seg.consumequeue_key)
+    desc = parse(cq, carrier)
+    index = store.get(seg.index_key) if seg.index_key and with_index else None
+    return SegmentParts(carrier=carrier, commitlog=cl, entries=cq[:seg.messages * 20] if desc is not None else cq,
+                        index=index, descriptor=desc)

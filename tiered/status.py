@@ -26,6 +26,8 @@ class QueueStatus:
     nbytes: int
     gaps: int
     problem: str | None = None  # why the queue is not archiving (its manifest cannot be read...)
+    # record bytes per stored byte (layout v2 segments; > 1 with zstd); None: not recorded
+    compression_ratio: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,7 +76,7 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None,
             m.first_offset if m else None, m.next_offset if m else None, lag,
             m.min_store_ms if m else None, m.max_store_ms if m else None,
             len(m.segments) if m else 0, m.nbytes if m else 0, len(m.gaps) if m else 0,
-            problem=problem,
+            problem=problem, compression_ratio=m.compression_ratio if m else None,
         ))
     return rows
 

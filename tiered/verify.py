@@ -49,25 +49,23 @@ class VerifyReport:
 def verify_segment(cold: ColdTier, m: Manifest, seg: Segment, report: VerifyReport,
                    local: LocalStore | None) -> None:
     store = cold.store
-    try:
-        cl = store.get(seg.commitlog_key)
-        cq = store.get(seg.consumequeue_key)
-    except TieredError as exc:
-        report.problems.append(f"{m.topic}/{m.queue_id} segment {seg.q_start}-{seg.q_end}: {exc}")
-        return
     where = f"{m.topic}/{m.queue_id} [{seg.q_start},{seg.q_end})"
-    if len(cl) != seg.nbytes or crc32(cl) != seg.commitlog_crc:
-        report.problems.append(f"{where}: {seg.commitlog_key} size/checksum differs from the manifest")
-        return
     try:
-        desc = segmeta.parse(cq, seg.consumequeue_key)
+        parts = segmeta.read_parts(store, seg)  # either layout; a compressed v2 object is inflated
     except CorruptRecordError as exc:
         report.problems.append(f"{where}: {exc}")
         return
-    if desc is not None and replace(desc.segment, bloom=seg.bloom, created_ms=seg.created_ms) != seg:
+    except TieredError as exc:
+        report.problems.append(f"{m.topic}/{m.queue_id} segment {seg.q_start}-{seg.q_end}: {exc}")
+        return
+    cl, cq, desc = parts.commitlog, parts.entries, parts.descriptor
+    if len(cl) != seg.nbytes or crc32(cl) != seg.commitlog_crc:
+        report.problems.append(f"{where}: {seg.commitlog_key} size/checksum differs from the manifest")
+        return
+    if desc is not None and replace(desc.segment, bloom=seg.bloom, created_ms=seg.created_ms,
+                                    stored_bytes=seg.stored_bytes) != seg:
         # reported, and the records are still compared: they say what differs
-        report.problems.append(f"{where}: {seg.consumequeue_key} descriptor differs from the manifest")
-    cq = cq[:seg.messages * CQ_ENTRY_SIZE] if desc is not None else cq
+        report.problems.append(f"{where}: {parts.carrier} descriptor differs from the manifest")
     if len(cq) != seg.messages * CQ_ENTRY_SIZE or crc32(cq) != seg.consumequeue_crc:
         report.problems.append(f"{where}: {seg.consumequeue_key} size/checksum differs from the manifest")
         return
@@ -121,9 +119,9 @@ def verify_segment(cold: ColdTier, m: Manifest, seg: Segment, report: VerifyRepo
         report.problems.append(f"{where}: records end at cold CommitLog byte {expected_pos}, the segment at "
                                f"{seg.cl_end}")
         return
-    if seg.index_key:
+    if parts.index is not None and seg.index_key:
         try:
-            lookup(store.get(seg.index_key), "", seg.index_key)
+            lookup(parts.index, "", seg.index_key)
         except TieredError as exc:
             report.problems.append(f"{where}: key index: {exc}")
 

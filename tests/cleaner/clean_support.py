@@ -16,6 +16,7 @@ from cleaner import CleanOptions, Cleaner
 from dispatchkit import cq_entries
 from cleaner.plan import parse_data_key
 from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
+from tiered import layout
 from tiered.clock import ManualClock
 from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE
 from tiered.coldtier import ColdTier
@@ -133,7 +134,7 @@ class StoreEvents:
 
 def read_segment(store: ObjectStore, seg: Any) -> list[tuple[int, bytes]]:
     """(queue offset, record bytes) of one segment, checked against its manifest entry."""
-    cl = store.get(seg.commitlog_key)
+    cl = layout.read_part(store, seg.commitlog_key)
     cq = cq_entries(store, seg)
     assert len(cl) == seg.nbytes and zlib.crc32(cl) == seg.commitlog_crc, seg.commitlog_key
     assert zlib.crc32(cq) == seg.consumequeue_crc, seg.consumequeue_key
@@ -171,6 +172,8 @@ class Rig:
         key_index: bool = True,
         upload_bytes: int = 1 << 30,
         start_position: str = "earliest",
+        layout: int = 1,
+        compression: str = "none",
     ) -> None:
         self.root = root
         self.clock = clock or ManualClock()
@@ -185,6 +188,7 @@ class Rig:
         self.key_index = key_index
         self.upload_bytes = upload_bytes
         self.start_position = start_position
+        self.archive_layout = (layout, compression)
         self.produced: dict[tuple[str, int], dict[int, tuple[bytes, int]]] = {}
         self.physical: dict[tuple[str, int], dict[int, int]] = {}  # queue offset -> broker CommitLog offset
         self._build()
@@ -197,7 +201,9 @@ class Rig:
             self.local, self.cold, recorder=self.recorder, clock=self.clock,
             options=DispatchOptions(archive=ArchiveOptions(upload_bytes=self.upload_bytes, max_delay_ms=0,
                                                            key_index=self.key_index,
-                                                           start_position=self.start_position), parallelism=1),
+                                                           start_position=self.start_position,
+                                                           layout=self.archive_layout[0],
+                                                           compression=self.archive_layout[1]), parallelism=1),
         )
         self.cleaner = Cleaner(self.cold, local=self.local, retention=self.retention, options=self.options,
                                recorder=self.recorder, clock=self.clock)

@@ -48,7 +48,7 @@ def test_dry_run_then_clean(tmp_path: Path, cold_url: str, env: dict[str, str], 
     assert code == 0, out
     objects = open_store(cold_url, s3=S3Options(endpoint_url=moto_endpoint))
     before = sorted(o.key for o in objects.list_keys("C/b/"))
-    assert any("/Old/0/commitlog/" in k for k in before)
+    assert any("/Old/0/segment/" in k for k in before)
 
     code, out = invoke(env, "clean", "--cold", cold_url, "--store", str(store), "--once", "--dry-run")
     assert code == 0, out
@@ -63,9 +63,9 @@ def test_dry_run_then_clean(tmp_path: Path, cold_url: str, env: dict[str, str], 
     assert [(e["topic"], e["segments"], e["messages"]) for e in report["expired"]] == [("Old", 1, 3)]
     assert report["ok"] and report["delete_requests"] >= 1
     after = sorted(o.key for o in objects.list_keys("C/b/"))
-    assert not any("/Old/0/commitlog/" in k for k in after)
+    assert not any("/Old/0/segment/" in k for k in after)
     assert "C/b/Old/0/manifest.json" in after  # progress kept
-    assert any("/Kept/0/commitlog/" in k for k in after) and any("/New/0/commitlog/" in k for k in after)
+    assert any("/Kept/0/segment/" in k for k in after) and any("/New/0/segment/" in k for k in after)
 
     code, out = invoke(env, "clean", "--cold", cold_url, "--store", str(store), "--once")
     assert code == 0 and "expire 0 segments" in out
@@ -106,7 +106,7 @@ def test_without_store_a_topic_of_unknown_retention_is_kept(
     assert "would expire" not in out and "expire 0 segments" in out
     for topic in ("Old", "Kept", "New"):
         assert f"keep {topic}: retention unknown (no broker store given" in out
-    assert any("/Old/0/commitlog/" in o.key for o in objects.list_keys("C/b/"))
+    assert any("/Old/0/segment/" in o.key for o in objects.list_keys("C/b/"))
     # an operator's explicit setting makes it known
     code, out = invoke({**env, "TIERED_RETENTION__TOPICS": '{"Old": 24}'}, "clean", "--cold", cold_url, "--once")
     assert code == 0 and "expire Old/0" in out and "retention 24 h (config)" in out

@@ -78,7 +78,7 @@ def test_deletes_are_batched_1000_keys_per_request(tmp_path: Path) -> None:
         for i in range(200):
             cl, cq, ix = segment_keys(prefix, i, i + 1, i, i + 1)
             t = rig.clock.now_ms() - 2 * HOUR_MS
-            segs.append(Segment(i, i + 1, i, i + 1, t, t, t, t, cl, cq, ix, 0, 0, t))
+            segs.append(Segment(q_start=i, q_end=i + 1, cl_start=i, cl_end=i + 1, min_store_ms=t, max_store_ms=t, min_born_ms=t, max_born_ms=t, commitlog_key=cl, consumequeue_key=cq, index_key=ix, commitlog_crc=0, consumequeue_crc=0, created_ms=t))
         # the manifest first: objects without one would be (rightly) refused as unaccounted history
         rig.cold.commit("T", qid, lambda _m, s=tuple(segs), q=qid: Manifest("T", q, 200, 200, segments=s))
         for seg in segs:

@@ -36,7 +36,7 @@ def seg(q0: int, q1: int, *, cl0: int | None = None, nbytes: int = 100, lo: int 
     hi = NOW - 2 * HOUR if hi is None else hi
     lo = hi if lo is None else lo
     cl, cq, ix = segment_keys(f"{PREFIX}/{topic}/0", cl0, cl0 + nbytes, q0, q1)
-    return Segment(q0, q1, cl0, cl0 + nbytes, lo, hi, lo, hi, cl, cq, ix, 0, 0, NOW - 3 * HOUR)
+    return Segment(q_start=q0, q_end=q1, cl_start=cl0, cl_end=cl0 + nbytes, min_store_ms=lo, max_store_ms=hi, min_born_ms=lo, max_born_ms=hi, commitlog_key=cl, consumequeue_key=cq, index_key=ix, commitlog_crc=0, consumequeue_crc=0, created_ms=NOW - 3 * HOUR)
 
 
 def chain(*specs: dict, start: int = 0) -> tuple[Segment, ...]:
@@ -84,9 +84,9 @@ def test_sentinels_are_never_compared_as_times(lo: int, hi: int) -> None:
 
 
 def test_empty_segment_is_never_expired() -> None:
-    empty = Segment(0, 0, 0, 0, NOW - 9 * HOUR, NOW - 9 * HOUR, 0, 0, "a", "b", None, 0, 0, 0)
+    empty = Segment(q_start=0, q_end=0, cl_start=0, cl_end=0, min_store_ms=NOW - 9 * HOUR, max_store_ms=NOW - 9 * HOUR, min_born_ms=0, max_born_ms=0, commitlog_key="a", consumequeue_key="b", index_key=None, commitlog_crc=0, consumequeue_crc=0, created_ms=0)
     assert verdict(empty, NOW - HOUR, NOW, 0) is Verdict.EMPTY
-    no_bytes = Segment(0, 3, 0, 0, NOW - 9 * HOUR, NOW - 9 * HOUR, 0, 0, "a", "b", None, 0, 0, 0)
+    no_bytes = Segment(q_start=0, q_end=3, cl_start=0, cl_end=0, min_store_ms=NOW - 9 * HOUR, max_store_ms=NOW - 9 * HOUR, min_born_ms=0, max_born_ms=0, commitlog_key="a", consumequeue_key="b", index_key=None, commitlog_crc=0, consumequeue_crc=0, created_ms=0)
     assert verdict(no_bytes, NOW - HOUR, NOW, 0) is Verdict.EMPTY
 
 

@@ -115,9 +115,9 @@ def test_a_newer_major_format_is_refused_clearly(tmp_path, clock):
     d.run_round()
     key = f"{CLUSTER}/{BROKER}/Cache/0/manifest.json"
     doc = json.loads(store.get(key))
-    doc["format_version"] = "2.0"
+    doc["format_version"] = "3.0"
     store.put(key, json.dumps(doc).encode())
-    with pytest.raises(FormatVersionError, match="format version 2.0.*upgrade tiered"):
+    with pytest.raises(FormatVersionError, match="format version 3.0.*upgrade tiered"):
         Manifest.from_bytes(store.get(key), key)
     cat_key = f"{CLUSTER}/{BROKER}/{CATALOG}"
     cat = json.loads(store.get(cat_key))
@@ -130,7 +130,7 @@ def test_a_newer_major_format_is_refused_clearly(tmp_path, clock):
            "TIERED_LOG__LEVEL": "WARNING"}
     res = CliRunner().invoke(app, ["verify", "--store", str(tmp_path / "store"), "--cold",
                                    f"file://{tmp_path / 'cold'}"], env=env)
-    assert res.exit_code == 1 and "format version 2.0" in res.stdout and "upgrade tiered" in res.stdout
+    assert res.exit_code == 1 and "format version 3.0" in res.stdout and "upgrade tiered" in res.stdout
     res = CliRunner().invoke(app, ["dispatch", "--store", str(tmp_path / "store"), "--cold",
                                    f"file://{tmp_path / 'cold'}", "--once"], env=env)
     assert res.exit_code == 1 and "upgrade tiered" in res.output

@@ -27,6 +27,7 @@ from dispatchkit import (
     produce,
     read_manifest,
 )
+from tiered import layout
 from tiered.cli import app
 from tiered.coldtier import ColdTier
 from tiered.localstore import LocalStore
@@ -141,9 +142,10 @@ def test_cli_dispatch_once_then_verify(cold_url, open_cold, tmp_path, clock, mot
     store = open_cold(cold_url)
     m = read_manifest(store, "TopicA", 1)
     seg = m.segments[0]
-    data = bytearray(store.get(seg.commitlog_key))
-    data[-3] ^= 0xFF  # inside the properties of the last record: framing intact
-    store.put(seg.commitlog_key, bytes(data))
+    obj = layout.object_of(seg.commitlog_key)  # records first in either layout
+    data = bytearray(store.get(obj))
+    data[seg.nbytes - 3] ^= 0xFF  # inside the properties of the last record: framing intact
+    store.put(obj, bytes(data))
     res = runner.invoke(app, ["verify", "--store", store_dir, "--cold", cold_url], env=env)
     assert res.exit_code == 1
     assert "DIFFERS: TopicA/1" in res.output and "FAILED" in res.output
@@ -166,10 +168,11 @@ def test_cli_verify_reports_a_local_difference_and_orphans(tmp_path):
 
     m = read_manifest(store, "T", 0)
     seg = m.segments[0]
-    data = bytearray(store.get(seg.commitlog_key))
-    data[-3] ^= 0x01
-    store.put(seg.commitlog_key, bytes(data))
-    m2 = replace(m, segments=(replace(seg, commitlog_crc=zlib.crc32(data)),) + m.segments[1:])
+    obj = layout.object_of(seg.commitlog_key)
+    data = bytearray(store.get(obj))
+    data[seg.nbytes - 3] ^= 0x01
+    store.put(obj, bytes(data))
+    m2 = replace(m, segments=(replace(seg, commitlog_crc=zlib.crc32(data[:seg.nbytes])),) + m.segments[1:])
     store.put(f"{CLUSTER}/{BROKER}/T/0/manifest.json", m2.to_bytes())
     res = runner.invoke(app, ["verify", "--store", str(tmp_path / "store"), "--cold", cold_url], env=env)
     assert res.exit_code == 1, res.output

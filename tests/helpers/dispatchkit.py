@@ -17,7 +17,7 @@ from tiered.coldtier import ColdTier
 from tiered.errors import CorruptRecordError
 from tiered.lease import LeaseManager
 from tiered.localstore import LocalStore
-from tiered import segmeta
+from tiered import layout, segmeta
 from tiered.manifest import MANIFEST, Manifest, Segment, queue_prefix
 from tiered.recorder import NullRecorder
 from tiered.storage import ObjectStore
@@ -126,7 +126,7 @@ def archived_records(store: ObjectStore, topic: str, queue_id: int, cluster: str
         return []
     out: list[tuple[int, bytes]] = []
     for seg in m.segments:
-        cl = store.get(seg.commitlog_key)
+        cl = layout.read_part(store, seg.commitlog_key)  # a v1 object or a v2 section
         cq = cq_entries(store, seg)
         for i in range(seg.messages):
             off, size, _tags = CQ_ENTRY.unpack_from(cq, i * CQ_ENTRY_SIZE)
@@ -181,7 +181,7 @@ def new_dispatcher(store: ObjectStore, local: LocalStore, state_dir: Path, clock
                    topic_filter: TopicFilter | None = None, ttl_s: float = 120.0, force: bool = False,
                    **opts: Any) -> Dispatcher:
     archive_keys = {"upload_bytes", "max_delay_ms", "segment_bytes", "start_position", "quarantine_corrupt",
-                    "key_index"}
+                    "key_index", "layout", "compression"}
     archive = ArchiveOptions(**{k: v for k, v in opts.items() if k in archive_keys})
     rest = {k: v for k, v in opts.items() if k not in archive_keys}
     cold = ColdTier(store, CLUSTER, BROKER, state_dir=state_dir, writer=identity, clock=clock)
@@ -194,9 +194,11 @@ def new_dispatcher(store: ObjectStore, local: LocalStore, state_dir: Path, clock
 def cq_entries(store: ObjectStore, seg: Segment) -> bytes:
     """The entries of a segment's cold ConsumeQueue object, after checking that
     the descriptor trailing them describes exactly this segment."""
-    data = store.get(seg.consumequeue_key)
-    desc = segmeta.parse(data, seg.consumequeue_key)
-    assert desc is not None, f"{seg.consumequeue_key} has no descriptor"
-    assert replace(desc.segment, bloom=seg.bloom, created_ms=seg.created_ms) == seg
-    assert len(data) > seg.messages * CQ_ENTRY_SIZE
-    return data[:seg.messages * CQ_ENTRY_SIZE]
+    parts = segmeta.read_parts(store, seg)  # v1: the ConsumeQueue object; v2: the segment object
+    assert parts.descriptor is not None, f"{parts.carrier} has no descriptor"
+    assert replace(parts.descriptor.segment, bloom=seg.bloom, created_ms=seg.created_ms,
+                   stored_bytes=seg.stored_bytes) == seg
+    assert len(parts.entries) == seg.messages * CQ_ENTRY_SIZE
+    if seg.layout == 1:
+        assert len(store.get(seg.consumequeue_key)) > seg.messages * CQ_ENTRY_SIZE  # the trailer is there
+    return parts.entries

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from readerkit import CLUSTER, BROKER, T0, TopicSpec, archive, write_store
+from tiered import layout
 from tiered.coldtier import ColdTier
 from tiered.errors import CorruptRecordError
 from tiered.keyindex import bloom_may_contain
@@ -129,16 +130,17 @@ def test_segments_without_an_index_are_scanned(tmp_path, open_cold) -> None:
     found = [rec.queue_offset for _, rec in reader.find_key("Old-k42")]
     assert found == [42]
     assert local.max_offset("Old", 0) == 60
-    assert sum("/commitlog/" in k for k in reader.stats.keys) == len(m.segments)
+    assert sum(k in {s.commitlog_key for s in m.segments} for k in reader.stats.keys) == len(m.segments)
 
 
 def _corrupt_body_byte(store, seg: Segment) -> int:
     """Flip one body byte of the segment's second record; its position in the object."""
-    data = bytearray(store.get(seg.commitlog_key))
-    cq = store.get(seg.consumequeue_key)
+    obj = layout.object_of(seg.commitlog_key)  # records first in either layout
+    data = bytearray(store.get(obj))
+    cq = layout.read_part(store, seg.consumequeue_key)
     second = int.from_bytes(cq[20:28], "big") - seg.cl_start
     data[second + 100] ^= 0xFF
-    store.put(seg.commitlog_key, bytes(data))
+    store.put(obj, bytes(data))
     return second
 
 

@@ -19,7 +19,7 @@ H = "a" * 32
 
 def seg(q0: int, q1: int, cl0: int, cl1: int) -> Segment:
     cl, cq, ix = segment_keys(P, cl0, cl1, q0, q1)
-    return Segment(q0, q1, cl0, cl1, 1, 2, 1, 2, cl, cq, ix, 0, 0, 5)
+    return Segment(q_start=q0, q_end=q1, cl_start=cl0, cl_end=cl1, min_store_ms=1, max_store_ms=2, min_born_ms=1, max_born_ms=2, commitlog_key=cl, consumequeue_key=cq, index_key=ix, commitlog_crc=0, consumequeue_crc=0, created_ms=5)
 
 
 def desc(s: Segment, history: str = H, gaps: tuple[Gap, ...] = ()) -> Descriptor:

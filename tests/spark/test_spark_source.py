@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from readerkit import BROKER, CLUSTER, T0
+from tiered import layout
 from tiered.reader import ColdReader, QueueRef
 from tiered.spark_source import load, plan_partitions
 
@@ -142,11 +143,12 @@ def test_corrupt_object_is_named_or_skipped_and_counted(spark, build, tmp_path: 
     url = f"file://{tmp_path / 'cold'}"
     store, local, _ = build(url)
     seg = ColdReader(store).archive.manifest(QueueRef(CLUSTER, BROKER, "Orders", 1)).segments[2]
-    data = bytearray(store.get(seg.commitlog_key))
-    cq = store.get(seg.consumequeue_key)
+    obj = layout.object_of(seg.commitlog_key)  # records first in either layout
+    data = bytearray(store.get(obj))
+    cq = layout.read_part(store, seg.consumequeue_key)
     pos = int.from_bytes(cq[40:48], "big") - seg.cl_start  # the segment's third record
     data[pos + 120] ^= 0x55  # inside its body
-    store.put(seg.commitlog_key, bytes(data))
+    store.put(obj, bytes(data))
 
     with pytest.raises(Exception) as info:
         read(spark, url, moto_endpoint).count()

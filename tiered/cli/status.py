@@ -17,7 +17,7 @@ from tiered.status import queue_status
 from tiered.timeparse import format_time_ms
 
 COLUMNS = ("topic", "queue", "local", "archived", "lag", "oldest archived", "newest archived", "segments", "bytes",
-           "gaps")
+           "gaps", "ratio")
 
 
 def _r(lo: int | None, hi: int | None) -> str:
@@ -45,7 +45,8 @@ def status(
         table(COLUMNS, ((r.topic, r.queue_id, _r(r.local_min_offset, r.local_max_offset),
                          _r(r.archived_first_offset, r.archived_next_offset), r.lag_messages,
                          format_time_ms(r.oldest_archived_ms), format_time_ms(r.newest_archived_ms),
-                         r.segments, r.nbytes, r.gaps) for r in rows),
+                         r.segments, r.nbytes, r.gaps,
+                         "-" if r.compression_ratio is None else f"{r.compression_ratio:.2f}x") for r in rows),
               right=("queue", "lag", "segments", "bytes", "gaps"))
         for r in rows:
             if r.problem:

@@ -160,7 +160,8 @@ def make_dispatcher(
     options = DispatchOptions(
         archive=ArchiveOptions(upload_bytes=d.upload_bytes, max_delay_ms=int(d.max_delay * 1000),
                                segment_bytes=d.segment_bytes, start_position=d.start_position,
-                               quarantine_corrupt=d.quarantine_corrupt, key_index=d.key_index),
+                               quarantine_corrupt=d.quarantine_corrupt, key_index=d.key_index,
+                               layout=d.layout, compression=d.compression),
         parallelism=d.parallelism, round_budget_s=d.round_budget, failure_backoff_s=d.interval,
         retention=settings.retention, build_processes=d.build_processes,
     )

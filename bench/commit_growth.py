@@ -1,0 +1,80 @@
+"""Bytes written per commit as a queue's history grows, layout v1 against v2.
+
+    python bench/commit_growth.py                 # 300 segments per layout, file://
+    python bench/commit_growth.py --segments 1000
+
+Archives ``--segments`` one-message segments of one queue with the real
+dispatcher into a temporary file:// cold tier and records the size of every
+manifest write (the commit). Prints the commit size at segment 10 and at the
+last segment, their ratio, and the data bytes per segment, per layout.
+A commit that does not grow with history would print a ratio near 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter  # noqa: E402
+from tiered.clock import ManualClock  # noqa: E402
+from tiered.coldtier import ColdTier  # noqa: E402
+from tiered.localstore import LocalStore  # noqa: E402
+from tiered.manifest import MANIFEST  # noqa: E402
+from tiered.storage import FileStore  # noqa: E402
+from tiered.storewriter import StoreWriter  # noqa: E402
+
+
+def run(root: Path, segments: int, layout: int) -> tuple[list[int], int]:
+    clock = ManualClock()
+    with StoreWriter(root / "store") as w:
+        for i in range(segments):
+            w.put("Orders", 0, os.urandom(200), keys=[f"order-{i}"], unique_key=f"U{i:031d}",
+                  store_timestamp=clock.now_ms(), born_timestamp=clock.now_ms())
+    store = FileStore(str(root / "cold"))
+    commits: list[int] = []
+    data = [0]
+
+    def wrap(raw: Callable) -> Callable:  # noqa: ANN202
+        def call(key, body, *args):  # noqa: ANN001, ANN202
+            if key.endswith("/" + MANIFEST):
+                commits.append(len(body))
+            elif "/_" not in key:
+                data[0] += len(body)
+            return raw(key, body, *args)
+        return call
+
+    store._raw_put = wrap(store._raw_put)  # type: ignore[method-assign]
+    store._raw_put_if = wrap(store._raw_put_if)  # type: ignore[method-assign]
+    cold = ColdTier(store, "C", "b", state_dir=root / "state", writer="bench", clock=clock)
+    options = DispatchOptions(ArchiveOptions(upload_bytes=1, max_delay_ms=0, segment_bytes=1, layout=layout),
+                              parallelism=1, round_budget_s=float("inf"))
+    d = Dispatcher(LocalStore(root / "store"), cold, options=options, topic_filter=TopicFilter(), clock=clock)
+    while len(commits) < segments:
+        result = d.run_round()
+        if not result.ok or result.segments == 0:
+            raise SystemExit(f"dispatch stopped after {len(commits)} commits: {result.errors}")
+    return commits, data[0] // segments
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--segments", type=int, default=300)
+    args = ap.parse_args()
+    print(f"cores: {os.cpu_count()}; {args.segments} one-message segments of one queue, file://")
+    for layout in (1, 2):
+        with tempfile.TemporaryDirectory() as tmp:
+            commits, per_segment = run(Path(tmp), args.segments, layout)
+        at10, last = commits[9], commits[-1]
+        print(f"layout v{layout}: commit bytes at segment 10: {at10}, at segment {len(commits)}: {last} "
+              f"({last / at10:.1f}x), {(last - at10) / (len(commits) - 10):.0f} bytes more per segment; "
+              f"data objects {per_segment} bytes per segment")
+
+
+if __name__ == "__main__":
+    main()
