@@ -388,7 +388,10 @@ class Dispatcher:
         now_ms = self.clock.now_ms()
         total = 0
         for key in keys:
-            lag = self._queue_lag(key[0], key[1], now_ms)
+            try:
+                lag = self._queue_lag(key[0], key[1], now_ms)
+            finally:
+                self.local.release_queue(*key)  # the pages the lag read, given back as the round's are
             if lag is not None:
                 total += lag[0]
                 self.recorder.lag(key[0], key[1], *lag)

@@ -34,7 +34,7 @@ def test_merge_and_expiry_of_v2_segments(tmp_path: Path, cold_url: str, open_col
         assert merged.layout == 2 and (merged.q_start, merged.q_end) == (0, 12) and merged.bloom is None
         obj = merged.keys()[0]
         assert layout.compressed(obj) == (compression == "zstd") and "/segment/" in obj
-        assert merged.stored_bytes == next(o.size for o in rig.objects.list(obj))
+        assert merged.stored_bytes == next(o.size for o in rig.objects.list_keys(obj))
         assert rig.archive("T") == rig.expected("T")
         # newer data, then the merged segment expires: only its object goes, the newer one stays
         rig.advance(2 * 3600)
@@ -45,7 +45,7 @@ def test_merge_and_expiry_of_v2_segments(tmp_path: Path, cold_url: str, open_col
         m = rig.manifest("T")
         assert [(s.q_start, s.q_end) for s in m.segments] == [(12, 14)] and m.first_offset == 12
         prefix = queue_prefix(CLUSTER, BROKER, "T", 0)
-        left = sorted(o.key for o in rig.objects.list(prefix + "/segment/"))
+        left = sorted(o.key for o in rig.objects.list_keys(prefix + "/segment/"))
         # the merged-away originals wait for the deferred delete; the expired merged object is gone
         assert obj not in left and m.segments[0].keys()[0] in left
         assert rig.archive("T") == {q: v for q, v in rig.expected("T").items() if q >= 12}

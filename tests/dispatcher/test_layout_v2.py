@@ -62,7 +62,7 @@ def test_v2_segment_is_one_object_and_one_commit(compression, cold_url, open_col
     m = read_manifest(store, *Q)
     assert m.format_version == "2.0" and all(s.layout == 2 and s.bloom is None for s in m.segments)
     prefix = queue_prefix(CLUSTER, BROKER, *Q)
-    listed = sorted(o.key for o in store.list(prefix + "/") if not o.key.endswith(MANIFEST))
+    listed = sorted(o.key for o in store.list_keys(prefix + "/") if not o.key.endswith(MANIFEST))
     assert listed == sorted(k for s in m.segments for k in s.keys())
     assert all(k.endswith(".zst") == (compression == "zstd") for k in listed)
     assert assert_exact(store, local, [Q]) == {Q: 150}
@@ -84,7 +84,7 @@ def test_zstd_objects_are_smaller_and_read_by_cat_find_and_time(tmp_path, clock,
                        max_delay_ms=0, parallelism=1, layout=2, compression="zstd")
     assert d.run_round().ok
     m = read_manifest(store, "Orders", 0)
-    stored = sum(o.size for o in store.list(queue_prefix(CLUSTER, BROKER, "Orders", 0) + "/segment/"))
+    stored = sum(o.size for o in store.list_keys(queue_prefix(CLUSTER, BROKER, "Orders", 0) + "/segment/"))
     assert stored * 4 < m.nbytes  # the records alone are m.nbytes
     assert sum(s.stored_bytes for s in m.segments) == stored and m.compression_ratio == m.nbytes / stored
     env = {"TIERED_STATE_DIR": str(tmp_path / "cli-state"), "TIERED_CLUSTER": CLUSTER, "TIERED_BROKER": BROKER,

@@ -21,6 +21,7 @@ from pathlib import Path
 def main() -> None:
     store_dir, cold_url, state_dir = sys.argv[1:4]
     endpoint = sys.argv[4] if len(sys.argv) > 4 else None
+    layout = int(os.environ.get("CRASH_LAYOUT", "1"))  # 2: one zstd object per segment
 
     from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
     from tiered.coldtier import ColdTier
@@ -42,7 +43,9 @@ def main() -> None:
     cold = ColdTier(store, "TestCluster", "broker-a", state_dir=Path(state_dir), writer="crash-driver")
     lease = LeaseManager(store, "TestCluster/broker-a", "crash-driver")
     d = Dispatcher(LocalStore(store_dir), cold, lease=lease, options=DispatchOptions(
-        ArchiveOptions(upload_bytes=1, max_delay_ms=0, segment_bytes=1500), parallelism=2, round_budget_s=0.05))
+        ArchiveOptions(upload_bytes=1, max_delay_ms=0, segment_bytes=1500, layout=layout,
+                       compression="zstd" if layout == 2 else "none"),
+        parallelism=2, round_budget_s=0.05))
     print("ready", flush=True)
     n = 0
     while True:

@@ -45,7 +45,7 @@ def test_spark_and_export_read_zstd_v2_like_v1(spark, tmp_path: Path) -> None:
     v1, v2 = f"file://{tmp_path / 'v1'}", f"file://{tmp_path / 'v2'}"
     _archive(local, v1, tmp_path / "s1", layout=1)
     _archive(local, v2, tmp_path / "s2", layout=2, compression="zstd")
-    assert any(k.endswith(".zst") for k in (o.key for o in open_store(v2).list(f"{CLUSTER}/")))
+    assert any(k.endswith(".zst") for k in (o.key for o in open_store(v2).list_keys(f"{CLUSTER}/")))
     want = _rows(spark, v1)
     assert len(want) == 150
     assert _rows(spark, v2) == want

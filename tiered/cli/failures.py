@@ -103,13 +103,16 @@ def _storage_reason(exc: BaseException) -> str:
 
 def classify(exc: BaseException) -> tuple[int, str]:
     """(exit code, one- or two-line message) for an exception no command handled."""
-    from tiered.errors import ConfigError, CredentialsMissingError, FencedError, StorageError, TieredError
+    from tiered.errors import (ConditionalWritesUnsupportedError, ConfigError, CredentialsMissingError, FencedError,
+                               StorageError, TieredError)
 
     if isinstance(exc, ConfigError):
         return USAGE, str(exc)
     if isinstance(exc, StorageError) and _is_unavailable(exc):
         what = f"{exc.op} {_full_key(exc.key)}"
-        head = str(exc).split(": ", 1)[1] if ": " in str(exc) else str(exc)
+        # the refusal names the endpoint and bucket itself: kept whole
+        whole = isinstance(exc, ConditionalWritesUnsupportedError) or ": " not in str(exc)
+        head = str(exc) if whole else str(exc).split(": ", 1)[1]
         # a typed credentials error already names every place looked at
         reason = "" if isinstance(exc, CredentialsMissingError) else _storage_reason(exc)
         line = f"storage error{_where()}: {what}: {head}"
