@@ -253,25 +253,12 @@ class QueueArchiver:
                 if built is not None:
                     manifest = self._upload(topic, queue_id, manifest, built, result)
                     steps += 1
-                if isinstance(stop, ExpiredLocallyError):
-                    at = manifest.next_offset if manifest else next_offset
-                    rng = self._local(self.local.queue_range, topic, queue_id)
-                    target = max(rng.min_offset, stop.next_available or 0)
-                    if target <= at:
-                        raise stop  # inconsistent local view: retry next round, never skip
-                    manifest = self._commit_gap(topic, queue_id, manifest, at, target, "expired_locally",
-                                                "broker deleted the data before it was archived")
-                    result.gaps += 1
-                    result.committed = True
-                    continue
                 if stop is not None:
-                    if not self.options.quarantine_corrupt:
-                        raise stop
-                    at = manifest.next_offset if manifest else next_offset
-                    manifest = self._commit_gap(topic, queue_id, manifest, at, at + 1, "quarantined", str(stop))
-                    self.recorder.quarantined(topic, queue_id)
-                    result.committed = True
-                    steps += 1
+                    manifest = self._commit_stop(topic, queue_id, manifest, next_offset, stop, result)
+                    if isinstance(stop, ExpiredLocallyError):
+                        rng = self._local(self.local.queue_range, topic, queue_id)
+                    else:
+                        steps += 1
                     continue
                 if built is None:
                     stuck = self._local(self.local.why_stopped, topic, queue_id, next_offset)
@@ -290,6 +277,28 @@ class QueueArchiver:
                 rng = self._local(self.local.queue_range, topic, queue_id)
         if not result.more or self.clock.monotonic() >= deadline:
             self._report_lag(topic, queue_id, manifest, result)  # the queue's last turn this round
+
+    def _commit_stop(self, topic: str, queue_id: int, manifest: Manifest | None, next_offset: int,
+                     stop: Exception, result: QueueResult) -> Manifest:
+        """A build stopped early. Data the broker deleted becomes an
+        ``expired_locally`` gap; a corrupt record is raised (the queue waits
+        there: nothing skipped) unless quarantining, then it is a one-record gap."""
+        at = manifest.next_offset if manifest else next_offset
+        if isinstance(stop, ExpiredLocallyError):
+            rng = self._local(self.local.queue_range, topic, queue_id)
+            target = max(rng.min_offset, stop.next_available or 0)
+            if target <= at:
+                raise stop  # inconsistent local view: retry next round, never skip
+            manifest = self._commit_gap(topic, queue_id, manifest, at, target, "expired_locally",
+                                        "broker deleted the data before it was archived")
+            result.gaps += 1
+        else:
+            if not self.options.quarantine_corrupt:
+                raise stop
+            manifest = self._commit_gap(topic, queue_id, manifest, at, at + 1, "quarantined", str(stop))
+            self.recorder.quarantined(topic, queue_id)
+        result.committed = True
+        return manifest
 
     def _oldest_pending_ms(self, topic: str, queue_id: int, offset: int) -> int | None:
         try:

@@ -296,6 +296,12 @@ class PrometheusRecorder:
         self._warned: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
+        self._declare_dispatch(r)
+        self._declare_jobs(r, time.time() if started_s is None else started_s)
+        self._declare_store_and_cleaner(r)
+
+    def _declare_dispatch(self, r: CollectorRegistry) -> None:
+        """What the dispatcher counts: archived data, gaps, bad records, recoveries."""
         # dispatcher
         self._archived_messages = Counter(
             "tiered_archived_messages", "Messages committed to the cold tier.", ["topic"], registry=r
@@ -342,6 +348,9 @@ class PrometheusRecorder:
         )
         for job in JOBS:
             self._skipped_busy.labels(job)
+
+    def _declare_jobs(self, r: CollectorRegistry, started: float) -> None:
+        """Per task (dispatch, clean): rounds, their duration and last success."""
         # both jobs
         self._round_duration = Histogram(
             "tiered_round_duration_seconds", "Wall time of one job round.", ["task"],
@@ -356,6 +365,14 @@ class PrometheusRecorder:
             ["task"],
             registry=r,
         )
+        for job in JOBS:
+            self._round_duration.labels(job)
+            for outcome in ("ok", "error"):
+                self._rounds.labels(job, outcome)
+            self._last_success.labels(job).set(started)
+
+    def _declare_store_and_cleaner(self, r: CollectorRegistry) -> None:
+        """Object-store requests, the cleaner's work, build info, process and lease."""
         # object store
         self._requests = Counter(
             "tiered_object_store_requests", "Object-store requests by operation and outcome.",
@@ -398,12 +415,6 @@ class PrometheusRecorder:
         for event in LEASE_EVENTS:
             self._lease_changes.labels(event)
 
-        started = time.time() if started_s is None else started_s
-        for job in JOBS:
-            self._round_duration.labels(job)
-            for outcome in ("ok", "error"):
-                self._rounds.labels(job, outcome)
-            self._last_success.labels(job).set(started)
         for op in OPS:
             self._request_duration.labels(op)
             self._retries.labels(op)

@@ -289,6 +289,37 @@ def _narrow(store: ObjectStore, sl: Slice, offsets: pa.Array, store_us: Bounds, 
     return i, max(i, j)
 
 
+def _slice_entries(store: ObjectStore, sl: Slice, where: Where, window: Bounds, stats: ReadStats
+                   ) -> tuple[pa.Array, pa.Array, int, int, int] | None:
+    """The slice's ConsumeQueue entries, checked and narrowed to ``window``:
+    (offsets, sizes, first entry's index in the slice, first byte, end byte);
+    None when no record of the slice can be in the window."""
+    n = sl.messages
+    cq_lo = (sl.q_start - sl.seg_q_start) * CQ_ENTRY_SIZE
+    cq = get_range(store, sl.consumequeue_key, cq_lo, cq_lo + n * CQ_ENTRY_SIZE, stats)
+    if len(cq) != n * CQ_ENTRY_SIZE:
+        raise CorruptRecordError(sl.consumequeue_key, cq_lo + len(cq) - len(cq) % CQ_ENTRY_SIZE,
+                                 f"object ends before queue offset {sl.q_end} (its manifest's range)")
+    offsets, sizes = parse_entries(cq, where, sl.q_start)
+    i, j = 0, n
+    if not window.covers(sl.min_store_ms * 1000, sl.max_store_ms * 1000 + 999):
+        try:
+            i, j = _narrow(store, sl, offsets, window, stats)
+        except (CorruptRecordError, StorageError) as exc:
+            log.info("no time narrowing for %s (%s): reading the whole slice", sl, exc)
+    if i >= j:
+        return None
+    offsets, sizes = offsets.slice(i, j - i), sizes.slice(i, j - i)
+    first = offsets[0].as_py()
+    last_end = offsets[j - i - 1].as_py() + sizes[j - i - 1].as_py()
+    if first < sl.seg_cl_start or last_end > sl.seg_cl_end or last_end <= first:
+        raise CorruptRecordError(sl.consumequeue_key, cq_lo + i * CQ_ENTRY_SIZE,
+                                 f"entries point outside the segment's CommitLog bytes "
+                                 f"[{sl.seg_cl_start},{sl.seg_cl_end})")
+    check_entries(offsets, sizes, first, last_end - first, where, sl.q_start + i)
+    return offsets, sizes, i, first, last_end
+
+
 def read_slice(store: ObjectStore, sl: Slice, decoder: BatchDecoder, *, store_us: Bounds = Bounds(),
                exact_store_us: Bounds = Bounds(), stats: ReadStats | None = None,
                result: SliceResult | None = None, narrow: bool = True) -> Iterator[pa.RecordBatch]:
@@ -304,34 +335,16 @@ def read_slice(store: ObjectStore, sl: Slice, decoder: BatchDecoder, *, store_us
     result = result if result is not None else SliceResult()
     n = sl.messages
     where = Where(sl.commitlog_key, sl.seg_cl_start, sl.consumequeue_key, sl.seg_q_start)
-    cq_lo = (sl.q_start - sl.seg_q_start) * CQ_ENTRY_SIZE
     window = store_us.and_(exact_store_us.lo, exact_store_us.hi) if narrow else Bounds()
     try:
-        cq = get_range(store, sl.consumequeue_key, cq_lo, cq_lo + n * CQ_ENTRY_SIZE, stats)
-        if len(cq) != n * CQ_ENTRY_SIZE:
-            raise CorruptRecordError(sl.consumequeue_key, cq_lo + len(cq) - len(cq) % CQ_ENTRY_SIZE,
-                                     f"object ends before queue offset {sl.q_end} (its manifest's range)")
-        offsets, sizes = parse_entries(cq, where, sl.q_start)
-        i, j = 0, n
-        if not window.covers(sl.min_store_ms * 1000, sl.max_store_ms * 1000 + 999):
-            try:
-                i, j = _narrow(store, sl, offsets, window, stats)
-            except (CorruptRecordError, StorageError) as exc:
-                log.info("no time narrowing for %s (%s): reading the whole slice", sl, exc)
-        if i >= j:
-            return
-        offsets, sizes = offsets.slice(i, j - i), sizes.slice(i, j - i)
-        first = offsets[0].as_py()
-        last_end = offsets[j - i - 1].as_py() + sizes[j - i - 1].as_py()
-        if first < sl.seg_cl_start or last_end > sl.seg_cl_end or last_end <= first:
-            raise CorruptRecordError(sl.consumequeue_key, cq_lo + i * CQ_ENTRY_SIZE,
-                                     f"entries point outside the segment's CommitLog bytes "
-                                     f"[{sl.seg_cl_start},{sl.seg_cl_end})")
-        check_entries(offsets, sizes, first, last_end - first, where, sl.q_start + i)
+        span = _slice_entries(store, sl, where, window, stats)
     except (CorruptRecordError, StorageError) as exc:
         _skip_slice(decoder, result, sl, n, exc)
         return
-    m = j - i
+    if span is None:
+        return
+    offsets, sizes, i, first, last_end = span
+    m = len(offsets)
     pieces = _pieces(offsets, first, m)
 
     def fetch(a: int, b: int) -> tuple[int, bytes]:
