@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from dispatcher.buildpool import BuildJob, ProcessBuilds, build_segment
+from dispatcher.firststarts import FirstStarts, starts_path
 from dispatcher.segment import BuiltSegment
 from tiered.clock import Clock
 from tiered.coldtier import ColdTier, ConflictError
@@ -84,8 +85,11 @@ class QueueArchiver:
         self.clock = clock
         self.before_write = before_write  # lease check before the first write of a queue
         self.on_bytes = on_bytes
-        # first-archive start chosen for queues without a manifest ('latest' / a time)
-        self._starts: dict[tuple[str, int], int] = {}
+        # first-archive start fixed for queues without a manifest, kept across
+        # restarts in the state directory (a writer's), so data deleted before
+        # the first commit is a gap even after a restart
+        self.starts = FirstStarts(starts_path(cold.state_dir, cold.cluster, cold.broker)
+                                  if cold.state_dir is not None else None)
         self._reported_corrupt: set[tuple[str, int, int]] = set()
         # (topic, queue) -> (first pending offset, when we first saw it pending)
         self._pending_since: dict[tuple[str, int], tuple[int, int]] = {}
@@ -114,7 +118,14 @@ class QueueArchiver:
         the broker deletes from there before the first commit is a gap, like
         any later one (not a silently later start)."""
         key = (topic, queue_id)
-        start = self._starts.get(key)
+        start = self.starts.get(key)
+        if start is not None and start > max_offset:
+            # the store now ends below it (wiped, or the topic re-created): the
+            # offsets start over, so does the queue's first start
+            log.warning("%s/%s: first-seen start %d is past the store's end %d; fixing it again",
+                        topic, queue_id, start, max_offset, extra={"topic": topic, "queue": queue_id,
+                                                                    "offset": start, "end_offset": max_offset})
+            start = None
         if start is None:
             pos = self.options.start_position
             if pos == "earliest":
@@ -122,7 +133,7 @@ class QueueArchiver:
             else:
                 start = max_offset if pos == "latest" else self.local.find_offset(
                     topic, queue_id, parse_time_ms(pos))
-            self._starts[key] = start
+            self.starts.set(key, start)
         return start
 
     def start_offset(self, topic: str, queue_id: int, min_offset: int, max_offset: int) -> int:
@@ -196,7 +207,7 @@ class QueueArchiver:
 
     def _at(self, topic: str, queue_id: int) -> int | None:
         m = self.cold.cached(topic, queue_id)
-        return m.next_offset if m is not None else self._starts.get((topic, queue_id))
+        return m.next_offset if m is not None else self.starts.get((topic, queue_id))
 
     def _run(self, topic: str, queue_id: int, deadline: float, max_steps: int | None, result: QueueResult) -> None:
         manifest = self.cold.cached(topic, queue_id)

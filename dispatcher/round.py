@@ -198,7 +198,11 @@ class Dispatcher:
         try:
             started = time.perf_counter()
             result = self._run_round()
-            self._refresh_lag(result)
+            watched = self._refresh_lag(result)
+            if watched is not None:
+                # the starts fixed this round (by the archiver or the lag),
+                # kept for the queues still watched and not yet archived
+                self.archiver.starts.save(lambda k: k in watched and self.cold.cached(*k) is None)
             result.seconds = time.perf_counter() - started
             ok = result.fenced is None and not result.failed and not any(self._failing.values())
             self.recorder.round_finished("dispatch", result.seconds, ok, self.clock.now_ms() / 1000)
@@ -377,14 +381,15 @@ class Dispatcher:
 
     # --- lag, whatever the round managed to write ---------------------------
 
-    def _refresh_lag(self, result: RoundResult) -> None:
+    def _refresh_lag(self, result: RoundResult) -> set[tuple[str, int]] | None:
         """Every eligible queue's lag from the local store and the cached
-        manifest: failed, in back-off, stuck or not even started alike."""
+        manifest: failed, in back-off, stuck or not even started alike.
+        Returns the eligible queues, None when they cannot be listed."""
         try:
             keys = self.eligible_queues()
         except OSError as exc:
             log.error("cannot list the local store's queues; lag not refreshed: %s", exc)
-            return
+            return None
         now_ms = self.clock.now_ms()
         total = 0
         for key in keys:
@@ -406,6 +411,7 @@ class Dispatcher:
             self._failing.pop(gone, None)  # nor does its last failure fail the rounds
             self._failures.pop(gone, None)
         self._reported = current
+        return current
 
     def _queue_lag(self, topic: str, qid: int, now_ms: int) -> tuple[int, int, float] | None:
         local = self.local

@@ -92,6 +92,7 @@ class ColdTier:
         self._epoch = 0
         self.retention: dict[str, tuple[float, str]] | None = None  # see record_retention
         self.broken: dict[QueueKey, str] = {}  # queues whose manifest cannot be read, and why
+        self.state_dir = state_dir  # the writer's local state (the dispatcher keeps its own beside)
         self.cache_dir = state_dir / "manifests" / cluster / broker if state_dir else None
         self._entries: dict[QueueKey, _Entry] = {}
         self._locks: dict[QueueKey, threading.Lock] = {}
