@@ -9,6 +9,6 @@ server, a cluster's driver -- ``spark.read.format("rocketmq")`` works with no
 code on the server.
 """
 
-from tiered.spark_source import RocketMQDataSource as DefaultSource
+from tiered.query.spark_source import RocketMQDataSource as DefaultSource
 
 __all__ = ["DefaultSource"]

@@ -40,11 +40,11 @@ from pathlib import Path
 
 from cleaner import CleanOptions, Cleaner
 from tiered.clock import ManualClock
-from tiered.coldtier import ColdTier
+from tiered.archive.coldtier import ColdTier
 from tiered.config import RetentionSettings
-from tiered.manifest import CATALOG, MANIFEST, Catalog, CatalogEntry, Manifest, Segment, queue_prefix, segment_keys
+from tiered.archive.manifest import CATALOG, MANIFEST, Catalog, CatalogEntry, Manifest, Segment, queue_prefix, segment_keys
 from tiered.recorder import NullRecorder
-from tiered.storage import ObjectStore, RetryPolicy, S3Options, open_store
+from tiered.archive.storage import ObjectStore, RetryPolicy, S3Options, open_store
 
 CLUSTER, BROKER = "BenchCluster", "bench-broker"
 NOW_MS = 1_750_000_000_000

@@ -41,7 +41,7 @@ import time
 import zlib
 from pathlib import Path
 
-from tiered.codec import (
+from tiered.format.codec import (
     BLANK_LENGTH,
     CQ_ENTRY,
     CQ_ENTRY_SIZE,
@@ -53,8 +53,8 @@ from tiered.codec import (
     peek,
     tags_code,
 )
-from tiered.jsonfile import write_json
-from tiered.localstore import LocalStore
+from tiered.format.jsonfile import write_json
+from tiered.store.localstore import LocalStore
 
 TOPIC = "BenchTopic"
 QUEUES = 4
@@ -262,7 +262,7 @@ _CTX = multiprocessing.get_context("forkserver")
 
 
 def run(size_mib: int, base: Path, passes: int, bodies: tuple[int, ...] = (1024, 100)) -> list[dict[str, object]]:
-    _CTX.set_forkserver_preload(["tiered.localstore"])
+    _CTX.set_forkserver_preload(["tiered.store.localstore"])
     multiprocessing.forkserver.ensure_running()  # now, while this process is small
     rows = []
     for body_size in bodies:

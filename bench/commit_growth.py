@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter  # noqa: E402
 from tiered.clock import ManualClock  # noqa: E402
-from tiered.coldtier import ColdTier  # noqa: E402
-from tiered.localstore import LocalStore  # noqa: E402
-from tiered.manifest import MANIFEST  # noqa: E402
-from tiered.storage import FileStore  # noqa: E402
-from tiered.storewriter import StoreWriter  # noqa: E402
+from tiered.archive.coldtier import ColdTier  # noqa: E402
+from tiered.store.localstore import LocalStore  # noqa: E402
+from tiered.archive.manifest import MANIFEST  # noqa: E402
+from tiered.archive.storage import FileStore  # noqa: E402
+from tiered.store.storewriter import StoreWriter  # noqa: E402
 
 
 def run(root: Path, segments: int, layout: int) -> tuple[list[int], int]:

@@ -130,7 +130,7 @@ def worker_usage(pids: list[int]) -> tuple[float, float]:
 
 def commitlog_bytes(store: Path) -> int:
     """Bytes of records in the CommitLog: what the queues' ConsumeQueues point at."""
-    from tiered.localstore import LocalStore
+    from tiered.store.localstore import LocalStore
 
     with LocalStore(store) as local:
         return sum(local.pending(t, q, 0, max_entries=1 << 40)[1] for t, q in local.queues())
@@ -140,7 +140,7 @@ def commitlog_bytes(store: Path) -> int:
 
 
 def phase_generate(args: argparse.Namespace) -> dict:
-    from tiered.storewriter import StoreWriter
+    from tiered.store.storewriter import StoreWriter
 
     store = Path(args.workdir) / args.store_name
     if store.exists():
@@ -160,10 +160,10 @@ def phase_generate(args: argparse.Namespace) -> dict:
 
 def _dispatcher(args: argparse.Namespace, url: str, endpoint: str | None, recorder=None):  # noqa: ANN001, ANN202
     from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
-    from tiered.coldtier import ColdTier
-    from tiered.lease import LeaseManager
-    from tiered.localstore import LocalStore
-    from tiered.storage import S3Options, open_store
+    from tiered.archive.coldtier import ColdTier
+    from tiered.archive.lease import LeaseManager
+    from tiered.store.localstore import LocalStore
+    from tiered.archive.storage import S3Options, open_store
 
     store = open_store(url, s3=S3Options(endpoint_url=endpoint), recorder=recorder)
     state = Path(args.workdir) / f"state-{abs(hash(url))}"
@@ -263,7 +263,7 @@ def _counting_recorder():  # noqa: ANN202
 
 
 def phase_idle(args: argparse.Namespace) -> dict:
-    from tiered.storewriter import StoreWriter
+    from tiered.store.storewriter import StoreWriter
 
     store = Path(args.workdir) / args.store_name
     shutil.rmtree(store, ignore_errors=True)

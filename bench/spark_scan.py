@@ -8,7 +8,7 @@
    time, and archives it with the real dispatcher into a file:// cold tier
    (default segment size, so each queue's segments span hours: a one-hour
    query has to narrow inside segments).
-2. Exports the archive to Parquet (``tiered.export``).
+2. Exports the archive to Parquet (``tiered.query.export``).
 3. In one Spark ``local[2]`` session, times each query over the ``rocketmq``
    data source and over the Parquet and prints the ratios; then the bytes a
    one-hour query (``startTime``/``endTime``) reads from the archive.
@@ -47,7 +47,7 @@ TOPICS = (("Orders", 4), ("Payments", 2), ("%DLQ%billing", 1))
 
 def write_store(root: Path, size_bytes: int, seed: int = 1) -> tuple[int, int]:
     """(messages, bytes) written: one day of store time, evenly spaced."""
-    from tiered.storewriter import StoreWriter
+    from tiered.store.storewriter import StoreWriter
 
     rng = random.Random(seed)
     words = [f"{rng.getrandbits(48):012x}" for _ in range(4096)]
@@ -75,9 +75,9 @@ def write_store(root: Path, size_bytes: int, seed: int = 1) -> tuple[int, int]:
 
 def archive(store_dir: Path, cold_url: str, state_dir: Path) -> None:
     from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
-    from tiered.coldtier import ColdTier
-    from tiered.localstore import LocalStore
-    from tiered.storage import open_store
+    from tiered.archive.coldtier import ColdTier
+    from tiered.store.localstore import LocalStore
+    from tiered.archive.storage import open_store
 
     store = open_store(cold_url)
     local = LocalStore(store_dir)
@@ -128,8 +128,8 @@ def main() -> None:
             archive(store_dir, cold_url, work / "state")
             print(f"archive: {archive_bytes(cold_dir) / 2**20:,.0f} MiB in {time.perf_counter() - t:.1f}s")
             shutil.rmtree(store_dir)
-        from tiered.export import Exporter, run_local
-        from tiered.storage import open_store
+        from tiered.query.export import Exporter, run_local
+        from tiered.archive.storage import open_store
 
         t = time.perf_counter()
         report = Exporter(open_store(cold_url), open_store(f"file://{out_dir}"), executor=run_local(2)).run()
@@ -140,7 +140,7 @@ def main() -> None:
 
         from pyspark.sql import SparkSession
 
-        from tiered.spark_source import register
+        from tiered.query.spark_source import register
 
         spark = (SparkSession.builder.master("local[2]").appName("tiered-bench")
                  .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")

@@ -27,11 +27,11 @@ from cleaner.plan import CleanPlan, PlanOptions, make_plan
 from cleaner.report import CleanReport
 from cleaner.retention import RetentionPolicy, load_retention
 from tiered.clock import Clock, SystemClock
-from tiered.coldtier import ColdTier
+from tiered.archive.coldtier import ColdTier
 from tiered.config import CleanerSettings, RetentionSettings
 from tiered.errors import ConfigError, CorruptRecordError, FencedError, ObjectNotFoundError
-from tiered.lease import LeaseManager
-from tiered.localstore import LocalStore
+from tiered.archive.lease import LeaseManager
+from tiered.store.localstore import LocalStore
 from tiered.recorder import NullRecorder, Recorder
 
 log = logging.getLogger(__name__)

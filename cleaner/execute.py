@@ -28,9 +28,9 @@ from cleaner.merge import MergedSegment, build_merged
 from cleaner.plan import CleanPlan, QueuePlan
 from cleaner.report import CleanReport, QueueOutcome
 from tiered.clock import Clock
-from tiered.coldtier import ColdTier, ConflictError
+from tiered.archive.coldtier import ColdTier, ConflictError
 from tiered.errors import FencedError, TieredError
-from tiered.manifest import Manifest, PendingDelete, queue_prefix
+from tiered.archive.manifest import Manifest, PendingDelete, queue_prefix
 from tiered.recorder import Recorder
 
 log = logging.getLogger(__name__)

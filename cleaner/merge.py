@@ -24,13 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from cleaner.plan import MergeRun
-from tiered import layout, segmeta
-from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record
+from tiered.archive import layout, segmeta
+from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record
 from tiered.errors import CorruptRecordError, NotWrittenYetError
-from tiered.keyindex import build_bloom, build_index
-from tiered.manifest import Segment, segment_keys
-from tiered.segmeta import Descriptor
-from tiered.storage import ObjectStore
+from tiered.format.keyindex import build_bloom, build_index
+from tiered.archive.manifest import Segment, segment_keys
+from tiered.archive.segmeta import Descriptor
+from tiered.archive.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 

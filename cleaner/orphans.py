@@ -26,11 +26,11 @@ from collections.abc import Callable
 
 from cleaner.plan import accountable_orphans, plan_orphans
 from cleaner.report import CleanReport
-from tiered.coldtier import ColdTier
-from tiered import segmeta
+from tiered.archive.coldtier import ColdTier
+from tiered.archive import segmeta
 from tiered.errors import CorruptRecordError, FencedError, TieredError
-from tiered.segmeta import Descriptor
-from tiered.storage import ObjectInfo
+from tiered.archive.segmeta import Descriptor
+from tiered.archive.storage import ObjectInfo
 from tiered.recorder import Recorder
 
 log = logging.getLogger(__name__)

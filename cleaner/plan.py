@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from cleaner.retention import Retention
-from tiered.manifest import Gap, Manifest, PendingDelete, Segment, topic_of_dir
-from tiered.segmeta import Descriptor
-from tiered.storage import ObjectInfo
+from tiered.archive.manifest import Gap, Manifest, PendingDelete, Segment, topic_of_dir
+from tiered.archive.segmeta import Descriptor
+from tiered.archive.storage import ObjectInfo
 
 QueueKey = tuple[str, int]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cleaner.plan import CleanPlan, MergeRun, QueueKey, QueuePlan
-from tiered.manifest import Manifest, Segment
+from tiered.archive.manifest import Manifest, Segment
 
 
 @dataclass

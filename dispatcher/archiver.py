@@ -21,11 +21,11 @@ from dispatcher.buildpool import BuildJob, ProcessBuilds, build_segment
 from dispatcher.firststarts import FirstStarts, starts_path
 from dispatcher.segment import BuiltSegment
 from tiered.clock import Clock
-from tiered.coldtier import ColdTier, ConflictError
+from tiered.archive.coldtier import ColdTier, ConflictError
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, FencedError, StoreBehindError, TieredError
-from tiered.localstore import LocalStore
-from tiered import segmeta
-from tiered.manifest import Gap, Manifest, queue_prefix
+from tiered.store.localstore import LocalStore
+from tiered.archive import segmeta
+from tiered.archive.manifest import Gap, Manifest, queue_prefix
 from tiered.recorder import Recorder
 from tiered.timeparse import parse_time_ms
 
@@ -41,7 +41,7 @@ class ArchiveOptions:
     start_position: str = "earliest"
     quarantine_corrupt: bool = False
     key_index: bool = True
-    # segment layout written (tiered/layout.py): 2 = one object per segment
+    # segment layout written (tiered/archive/layout.py): 2 = one object per segment
     # (the configured default, dispatch.layout); 1 = the three objects of
     # format 1.x, for a fleet with older readers
     layout: int = 1

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from dispatcher.segment import BuiltSegment, SegmentBuilder
-from tiered.codec import crc32
+from tiered.format.codec import crc32
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, TieredError
-from tiered.localstore import LocalStore
+from tiered.store.localstore import LocalStore
 
 log = logging.getLogger(__name__)
 _PHYS_AT = 28  # a record's physical offset (i64), checked against its ConsumeQueue entry

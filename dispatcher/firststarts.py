@@ -7,7 +7,7 @@ one; for that the start must outlive a sidecar restart, or a restart before
 the first commit would silently start again from the broker's first offset.
 
 One small JSON file per broker prefix under the state directory, written
-with tmp/bak/rename (tiered.jsonfile) and only when it changed. Like the
+with tmp/bak/rename (tiered.format.jsonfile) and only when it changed. Like the
 manifest cache it is a cache: a missing or unreadable file means "not known"
 (today's behaviour: the start is fixed again now), never a failed round. A
 queue's entry is dropped once the queue has a manifest, which says from then
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tiered.errors import CorruptRecordError
-from tiered.jsonfile import read_json, write_json
+from tiered.format.jsonfile import read_json, write_json
 
 log = logging.getLogger(__name__)
 

@@ -40,12 +40,12 @@ from dispatcher.archiver import ArchiveOptions, QueueArchiver, QueueResult
 from dispatcher.buildpool import shared_builds
 from dispatcher.filters import TopicFilter
 from tiered.clock import Clock, SystemClock
-from tiered.coldtier import ColdTier
+from tiered.archive.coldtier import ColdTier
 from tiered.config import RetentionSettings
 from tiered.errors import ConfigError, FencedError, TieredError
-from tiered.manifest import Manifest
-from tiered.lease import LeaseManager
-from tiered.localstore import LocalStore
+from tiered.archive.manifest import Manifest
+from tiered.archive.lease import LeaseManager
+from tiered.store.localstore import LocalStore
 from tiered.recorder import NullRecorder, Recorder
 from tiered.retention import load_retention
 

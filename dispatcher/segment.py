@@ -8,7 +8,7 @@ of archiving: records come in batches (``LocalStore.iter_batches``) and
 everything per record is done on arrays, except copying the bytes, hashing
 keys and one CRC over each object.
 
-Layout v2 (the default, tiered/layout.py) puts the records, the entries and
+Layout v2 (the default, tiered/archive/layout.py) puts the records, the entries and
 the key index in one object; the archiver adds the descriptor when it packs
 it (``segmeta.pack_v2``). Its bloom filter is not built: it stays out of the
 manifest so a commit does not grow with the archive's history, and a lookup
@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tiered.batch import CQ_DTYPE, RecordBatch, gather
-from tiered.codec import crc32
+from tiered.format.batch import CQ_DTYPE, RecordBatch, gather
+from tiered.format.codec import crc32
 from tiered.errors import CorruptRecordError
-from tiered.layout import COMPRESSIONS, LAYOUT_V2, section_keys, segment_object_key
-from tiered.keyindex import EMPTY_BLOOM, bloom_of_hashes, hash_spans, index_of_hashes
-from tiered.manifest import Segment, segment_keys
+from tiered.archive.layout import COMPRESSIONS, LAYOUT_V2, section_keys, segment_object_key
+from tiered.format.keyindex import EMPTY_BLOOM, bloom_of_hashes, hash_spans, index_of_hashes
+from tiered.archive.manifest import Segment, segment_keys
 
 _KEYS, _UNIQ = np.void(b"KEYS\x01"), np.void(b"UNIQ_KEY\x01")
 

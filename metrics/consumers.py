@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tiered.consumeroffsets import ConsumerPosition
+from tiered.store.consumeroffsets import ConsumerPosition
 
 log = logging.getLogger(__name__)
 

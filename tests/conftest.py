@@ -181,7 +181,7 @@ def s3_url(s3_bucket: str) -> str:
 
 @pytest.fixture
 def s3_options(moto_endpoint: str):  # noqa: ANN201
-    from tiered.storage import S3Options
+    from tiered.archive.storage import S3Options
 
     return S3Options(endpoint_url=moto_endpoint)
 
@@ -197,7 +197,7 @@ def cold_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture
 def open_cold(moto_endpoint: str):  # noqa: ANN201
     """open_cold(url, **kw) -> ObjectStore for file:// or the moto s3:// URL, with fast retries."""
-    from tiered.storage import RetryPolicy, S3Options, open_store
+    from tiered.archive.storage import RetryPolicy, S3Options, open_store
 
     def _open(url: str, **kw):  # noqa: ANN202
         kw.setdefault("retry", RetryPolicy(attempts=6, base_delay=0.001, max_delay=0.01))

@@ -1,9 +1,12 @@
 """tiered: a tiered-storage archival sidecar for Apache RocketMQ.
 
-Data flow (DESIGN.md section 1):
+Data flow (DESIGN.md section 1), one subpackage per stage:
 
-    store (codec, localstore) -> dispatcher -> cold tier (storage, manifest)
-                                             -> cleaner / reader / spark
+    store/ (the broker's files) -> format/ (records as bytes)
+      -> dispatcher -> archive/ (objects, manifests, lease) -> cleaner
+                                                        -> query/ (reader, Spark, export)
+
+ops/ holds what spans the stages (status, verify, restore); cli/ wires them.
 """
 
 __version__ = "0.1.0"

@@ -28,7 +28,7 @@ from types import MappingProxyType
 
 from tiered.config import RetentionSettings
 from tiered.errors import ConfigError, CorruptRecordError
-from tiered.localstore import LocalStore
+from tiered.store.localstore import LocalStore
 
 MS_PER_HOUR = 3_600_000
 

@@ -1,6 +1,6 @@
 """Shared pieces of the cleaner tests: a store + dispatcher + cleaner rig on one
 ManualClock, a storage-interface event log, and an archive reader that is
-independent of the cleaner and of ``tiered.verify``."""
+independent of the cleaner and of ``tiered.ops.verify``."""
 
 from __future__ import annotations
 
@@ -16,16 +16,16 @@ from cleaner import CleanOptions, Cleaner
 from dispatchkit import cq_entries
 from cleaner.plan import parse_data_key
 from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
-from tiered import layout
+from tiered.archive import layout
 from tiered.clock import ManualClock
-from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE
-from tiered.coldtier import ColdTier
+from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE
+from tiered.archive.coldtier import ColdTier
 from tiered.config import RetentionSettings
-from tiered.localstore import LocalStore
-from tiered.manifest import Manifest, broker_prefix
+from tiered.store.localstore import LocalStore
+from tiered.archive.manifest import Manifest, broker_prefix
 from tiered.recorder import NullRecorder
-from tiered.storage import FileStore, ObjectStore
-from tiered.storewriter import StoreWriter
+from tiered.archive.storage import FileStore, ObjectStore
+from tiered.store.storewriter import StoreWriter
 
 CLUSTER = "TestCluster"
 BROKER = "broker-a"

@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tiered.cli import app
-from tiered.storage import S3Options, open_store
-from tiered.storewriter import StoreWriter
+from tiered.archive.storage import S3Options, open_store
+from tiered.store.storewriter import StoreWriter
 
 HOUR_MS = 3_600_000
 

@@ -10,10 +10,10 @@ import pytest
 from clean_support import HOUR_MS, PREFIX, Rig
 
 from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
-from tiered.coldtier import ColdTier
+from tiered.archive.coldtier import ColdTier
 from tiered.config import RetentionSettings
 from tiered.errors import StorageError
-from tiered.manifest import CATALOG, Manifest, Segment, segment_keys
+from tiered.archive.manifest import CATALOG, Manifest, Segment, segment_keys
 
 
 @pytest.fixture

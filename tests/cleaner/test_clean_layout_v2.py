@@ -9,9 +9,9 @@ import pytest
 from clean_support import BROKER, CLUSTER, Rig
 
 from cleaner import CleanOptions
-from tiered import layout
+from tiered.archive import layout
 from tiered.config import RetentionSettings
-from tiered.manifest import queue_prefix
+from tiered.archive.manifest import queue_prefix
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])

@@ -28,9 +28,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from cleaner import CleanOptions
 from tiered.clock import ManualClock
-from tiered.coldtier import ColdTier
+from tiered.archive.coldtier import ColdTier
 from tiered.config import RetentionSettings
-from tiered.manifest import Manifest
+from tiered.archive.manifest import Manifest
 
 QUEUES = (("A", 0), ("B", 0), ("B", 1))
 CL_FILE = 8192

@@ -15,8 +15,8 @@ from cleaner.merge import MergedSegment
 from cleaner.plan import MergeRun, QueuePlan
 from tiered.config import RetentionSettings
 from tiered.errors import ObjectNotFoundError
-from tiered.keyindex import bloom_may_contain, lookup
-from tiered.manifest import Gap, Manifest
+from tiered.format.keyindex import bloom_may_contain, lookup
+from tiered.archive.manifest import Gap, Manifest
 
 GRACE_MS = 600_000
 

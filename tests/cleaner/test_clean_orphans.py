@@ -12,7 +12,7 @@ from clean_support import PREFIX, Rig
 
 from cleaner import CleanOptions
 from tiered.config import RetentionSettings
-from tiered.manifest import CATALOG, LEASE
+from tiered.archive.manifest import CATALOG, LEASE
 
 GRACE_S = 3600
 

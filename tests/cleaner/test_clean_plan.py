@@ -20,8 +20,8 @@ from cleaner.plan import (
     verdict,
 )
 from cleaner.retention import Retention, RetentionPolicy
-from tiered.manifest import Gap, Manifest, PendingDelete, Segment, segment_keys
-from tiered.storage import ObjectInfo
+from tiered.archive.manifest import Gap, Manifest, PendingDelete, Segment, segment_keys
+from tiered.archive.storage import ObjectInfo
 
 NOW = 1_750_000_000_000
 HOUR = 3_600_000

@@ -20,7 +20,7 @@ from clean_support import Rig
 from cleaner import CleanOptions
 from tiered.clock import ManualClock
 from tiered.config import RetentionSettings
-from tiered.storage import ObjectStore
+from tiered.archive.storage import ObjectStore
 
 CYCLE_S = 20
 START_MS = 1_700_000_000_000  # a multiple of 20 s: phase 0 is a dispatch instant

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from tiered.cli import app
 from tiered.cli.output import progress, table
 from tiered.cli.wiring import JsonFormatter, TextFormatter
-from tiered.lease import LeaseManager
-from tiered.storage import open_store
+from tiered.archive.lease import LeaseManager
+from tiered.archive.storage import open_store
 
 
 def run(*args: str, env: dict[str, str | None] | None = None):

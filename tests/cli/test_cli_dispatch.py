@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from tiered.cli import app
 from tiered.cli.wiring import object_store
 from tiered.config import load_settings
-from tiered.storewriter import StoreWriter
+from tiered.store.storewriter import StoreWriter
 
 
 def test_dispatch_topic_archives_only_that_topic(tmp_path: Path) -> None:

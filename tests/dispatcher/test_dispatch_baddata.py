@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from dispatchkit import BROKER, CLUSTER, assert_exact, new_dispatcher, new_writer, produce, read_manifest
-from tiered.codec import CQ_ENTRY_SIZE
-from tiered.coldtier import ColdTier
-from tiered.localstore import LocalStore
-from tiered.verify import verify
+from tiered.format.codec import CQ_ENTRY_SIZE
+from tiered.archive.coldtier import ColdTier
+from tiered.store.localstore import LocalStore
+from tiered.ops.verify import verify
 
 A = ("Expiring", 0)
 B = ("Expiring", 1)

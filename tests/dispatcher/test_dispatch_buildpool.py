@@ -20,9 +20,9 @@ import pytest
 from dispatchkit import BROKER, CLUSTER, assert_exact, new_dispatcher, new_writer, produce, read_manifest
 from dispatcher.buildpool import BuildJob, ProcessBuilds, WorkerError, build_segment, shared_builds
 from tiered.errors import CorruptRecordError
-from tiered.localstore import LocalStore
-from tiered.manifest import queue_prefix
-from tiered.storage import FileStore
+from tiered.store.localstore import LocalStore
+from tiered.archive.manifest import queue_prefix
+from tiered.archive.storage import FileStore
 
 QUEUES = [("A", 0), ("A", 1), ("B", 0)]
 
@@ -104,10 +104,10 @@ _DRIVER = """
 import sys, time
 sys.path[:0] = {paths!r}
 from dispatcher.buildpool import ProcessBuilds
-from tiered.localstore import LocalStore
+from tiered.store.localstore import LocalStore
 from dispatchkit import BROKER, CLUSTER
 from dispatcher.buildpool import BuildJob
-from tiered.manifest import queue_prefix
+from tiered.archive.manifest import queue_prefix
 pool = ProcessBuilds(2)
 job = BuildJob(prefix=queue_prefix(CLUSTER, BROKER, "A", 0), topic="A", queue_id=0, start=0, cl_start=0,
                segment_bytes=1 << 20, key_index=True)

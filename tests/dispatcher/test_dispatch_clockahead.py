@@ -7,10 +7,10 @@ from pathlib import Path
 
 from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
 from tiered.clock import ManualClock
-from tiered.coldtier import ColdTier
-from tiered.localstore import LocalStore
-from tiered.storage import open_store
-from tiered.storewriter import StoreWriter
+from tiered.archive.coldtier import ColdTier
+from tiered.store.localstore import LocalStore
+from tiered.archive.storage import open_store
+from tiered.store.storewriter import StoreWriter
 
 
 def test_future_stamped_messages_are_uploaded_after_max_delay(tmp_path: Path) -> None:

@@ -13,11 +13,11 @@ from typer.testing import CliRunner
 from dispatchkit import BROKER, CLUSTER, CountingRecorder, assert_exact, new_dispatcher, new_writer, produce
 from dispatchkit import read_manifest
 from tiered.cli import app
-from tiered.coldtier import ColdTier
+from tiered.archive.coldtier import ColdTier
 from tiered.errors import FormatVersionError
-from tiered.localstore import LocalStore
-from tiered.manifest import CATALOG, Catalog, Manifest
-from tiered.storage import S3Options, open_store
+from tiered.store.localstore import LocalStore
+from tiered.archive.manifest import CATALOG, Catalog, Manifest
+from tiered.archive.storage import S3Options, open_store
 
 QUEUES = [("Cache", 0), ("Cache", 1)]
 
@@ -83,7 +83,7 @@ def test_stale_cache_after_a_crash_continues_without_duplicates(cold_url, open_c
 
 
 def test_catalog_lists_the_archived_queues(tmp_path, clock):
-    from tiered.storage import FileStore
+    from tiered.archive.storage import FileStore
 
     store = FileStore(str(tmp_path / "cold"))
     with new_writer(tmp_path / "store") as w:
@@ -105,7 +105,7 @@ def test_catalog_lists_the_archived_queues(tmp_path, clock):
 
 
 def test_a_newer_major_format_is_refused_clearly(tmp_path, clock):
-    from tiered.storage import FileStore
+    from tiered.archive.storage import FileStore
 
     store = FileStore(str(tmp_path / "cold"))
     with new_writer(tmp_path / "store") as w:

@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from dispatchkit import BROKER, CLUSTER, assert_exact, new_writer, produce
 from tiered.cli import app
-from tiered.coldtier import ColdTier
-from tiered.localstore import LocalStore
-from tiered.verify import verify
+from tiered.archive.coldtier import ColdTier
+from tiered.store.localstore import LocalStore
+from tiered.ops.verify import verify
 
 DRIVER = Path(__file__).resolve().parents[1] / "helpers" / "crash_driver.py"
 QUEUES = [("Crash", 0), ("Crash", 1), ("%DLQ%crash", 0), ("Other", 3)]
@@ -96,7 +96,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(backend, layout,
     # queue moved on) or was adopted by the manifest rebuild: exact either way.
     assert res.stdout.rstrip().endswith("OK")
 
-    from tiered.storage import RetryPolicy, S3Options, open_store
+    from tiered.archive.storage import RetryPolicy, S3Options, open_store
 
     store = open_store(cold_url, s3=S3Options(endpoint_url=endpoint), retry=RetryPolicy(attempts=3))
     local = LocalStore(store_dir)

@@ -27,13 +27,13 @@ from dispatchkit import (
     produce,
     read_manifest,
 )
-from tiered import layout
+from tiered.archive import layout
 from tiered.cli import app
-from tiered.coldtier import ColdTier
-from tiered.localstore import LocalStore
-from tiered.manifest import CATALOG, Catalog
-from tiered.storage import FileStore
-from tiered.verify import verify
+from tiered.archive.coldtier import ColdTier
+from tiered.store.localstore import LocalStore
+from tiered.archive.manifest import CATALOG, Catalog
+from tiered.archive.storage import FileStore
+from tiered.ops.verify import verify
 
 ARCHIVED = [("TopicA", 0), ("TopicA", 1), ("TopicA", 2), ("%RETRY%group1", 0), ("%DLQ%group1", 0), ("TopicV6", 0)]
 SYSTEM = [("SCHEDULE_TOPIC_XXXX", 2), ("RMQ_SYS_TRACE_TOPIC", 0), ("TBW102", 0), ("rmq_sys_wheel", 0),

@@ -15,11 +15,11 @@ from prometheus_client import CollectorRegistry
 from faultproxy import FaultProxy, FaultSchedule
 from dispatchkit import CLUSTER, BROKER, assert_exact, new_dispatcher, new_writer, produce
 from metrics import PrometheusRecorder
-from tiered.coldtier import ColdTier
+from tiered.archive.coldtier import ColdTier
 from tiered.errors import PreconditionFailedError
-from tiered.localstore import LocalStore
-from tiered.storage import FileStore, RetryPolicy, S3Options, open_store
-from tiered.verify import verify
+from tiered.store.localstore import LocalStore
+from tiered.archive.storage import FileStore, RetryPolicy, S3Options, open_store
+from tiered.ops.verify import verify
 
 pytestmark = pytest.mark.s3
 

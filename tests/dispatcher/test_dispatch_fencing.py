@@ -10,11 +10,11 @@ from typer.testing import CliRunner
 
 from dispatchkit import BROKER, CLUSTER, CountingRecorder, assert_exact, new_dispatcher, new_writer, produce
 from tiered.cli import app
-from tiered.coldtier import ColdTier
+from tiered.archive.coldtier import ColdTier
 from tiered.errors import FencedError
-from tiered.lease import LeaseManager
-from tiered.localstore import LocalStore
-from tiered.verify import verify
+from tiered.archive.lease import LeaseManager
+from tiered.store.localstore import LocalStore
+from tiered.ops.verify import verify
 
 QUEUES = [("Fence", 0), ("Fence", 1)]
 WRITES = ("put", "put_if_absent", "put_if_match", "delete")
@@ -120,7 +120,7 @@ def test_forced_takeover_fences_the_old_writer_at_its_next_commit(cold_url, open
 def test_two_processes_with_one_identity_do_not_steal_the_lease_back(tmp_path, clock):
     """A replaced process (same identity, other session) stays fenced while
     the new one's lease is live: no ping-pong."""
-    from tiered.storage import FileStore
+    from tiered.archive.storage import FileStore
 
     store = FileStore(str(tmp_path / "cold"))
     old = LeaseManager(store, f"{CLUSTER}/{BROKER}", "same", clock=clock, ttl_s=60)
@@ -141,7 +141,7 @@ def test_two_processes_with_one_identity_do_not_steal_the_lease_back(tmp_path, c
 def test_lease_write_whose_response_was_lost_is_recognised(tmp_path, clock):
     """A conditional lease write that landed but whose reply was lost makes the
     retry fail its precondition: that is our own write, not a takeover."""
-    from tiered.storage import FileStore, RetryPolicy
+    from tiered.archive.storage import FileStore, RetryPolicy
 
     store = FileStore(str(tmp_path / "cold"), retry=RetryPolicy(attempts=3, base_delay=0, max_delay=0))
     raw = store._raw_put_if
@@ -167,7 +167,7 @@ def test_cli_refuses_while_another_sidecar_holds_the_prefix(tmp_path, clock):
     cold_url = f"file://{tmp_path / 'cold'}"
     with new_writer(tmp_path / "store") as w:
         produce(w, "Fence", 0, 5)
-    from tiered.storage import FileStore
+    from tiered.archive.storage import FileStore
 
     holder = LeaseManager(FileStore(str(tmp_path / "cold")), f"{CLUSTER}/{BROKER}", "the-other-sidecar")
     holder.acquire()

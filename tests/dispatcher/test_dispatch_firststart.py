@@ -18,9 +18,9 @@ from dispatcher import TopicFilter
 from dispatchkit import BROKER, CLUSTER, assert_exact, new_dispatcher, new_writer, produce, read_manifest
 from metrics import PrometheusRecorder
 from tiered.clock import ManualClock
-from tiered.codec import CQ_ENTRY_SIZE
-from tiered.localstore import LocalStore
-from tiered.storage import ObjectStore, S3Options, open_store
+from tiered.format.codec import CQ_ENTRY_SIZE
+from tiered.store.localstore import LocalStore
+from tiered.archive.storage import ObjectStore, S3Options, open_store
 
 A0, A1, B0 = ("Orders", 0), ("Orders", 1), ("Audit", 0)
 HOUR_MS = 3_600_000

@@ -10,8 +10,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from dispatchkit import new_dispatcher, new_writer, produce, read_manifest
 from dispatcher.job import JOB_ID, schedule
-from tiered.localstore import LocalStore
-from tiered.storage import FileStore
+from tiered.store.localstore import LocalStore
+from tiered.archive.storage import FileStore
 
 
 def test_scheduled_rounds_never_overlap(tmp_path, clock):

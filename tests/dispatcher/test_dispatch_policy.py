@@ -13,8 +13,8 @@ import pytest
 
 from dispatchkit import CountingRecorder, assert_exact, new_dispatcher, new_writer, produce, read_manifest
 from dispatcher import TopicFilter, is_system_topic
-from tiered.localstore import LocalStore
-from tiered.storage import FileStore, RetryPolicy
+from tiered.store.localstore import LocalStore
+from tiered.archive.storage import FileStore, RetryPolicy
 
 Q = ("Policy", 0)
 WRITES = ("put", "put_if_absent", "put_if_match")

@@ -10,8 +10,8 @@ import pytest
 
 from dispatchkit import assert_exact, new_dispatcher, new_writer, produce, read_manifest
 from faultproxy import FaultProxy, FaultSchedule
-from tiered.localstore import LocalStore
-from tiered.storage import ObjectStore, RetryPolicy, S3Options, open_store
+from tiered.store.localstore import LocalStore
+from tiered.archive.storage import ObjectStore, RetryPolicy, S3Options, open_store
 
 Q = ("Orders", 0)
 

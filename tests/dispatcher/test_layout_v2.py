@@ -1,4 +1,4 @@
-"""Segment layout v2 (tiered/layout.py): one object per segment, optional
+"""Segment layout v2 (tiered/archive/layout.py): one object per segment, optional
 zstd, read by everything that read v1, and v1 archives still readable."""
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from typer.testing import CliRunner
 
 from dispatchkit import BROKER, CLUSTER, archived_records, assert_exact, new_dispatcher, new_writer, produce, \
     read_manifest
-from tiered import layout, segmeta
+from tiered.archive import layout, segmeta
 from tiered.cli import app
-from tiered.coldtier import ColdTier
+from tiered.archive.coldtier import ColdTier
 from tiered.errors import CorruptRecordError
-from tiered.localstore import LocalStore
-from tiered.manifest import CATALOG, MANIFEST, queue_prefix
-from tiered.reader import ColdReader, ReadStatus
-from tiered.storage import ObjectStore
-from tiered.verify import verify
+from tiered.store.localstore import LocalStore
+from tiered.archive.manifest import CATALOG, MANIFEST, queue_prefix
+from tiered.query.reader import ColdReader, ReadStatus
+from tiered.archive.storage import ObjectStore
+from tiered.ops.verify import verify
 
 Q = ("Orders", 0)
 

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dispatcher.segment import SegmentBuilder, batch_keys
-from tiered.batch import RecordBatch
-from tiered.codec import decode_properties
+from tiered.format.batch import RecordBatch
+from tiered.format.codec import decode_properties
 from tiered.errors import CorruptRecordError
-from tiered.keyindex import lookup
+from tiered.format.keyindex import lookup
 
 _NAMES = st.sampled_from(["KEYS", "UNIQ_KEY", "TAGS", "XKEYS", "KEYSX", "UNIQ_KEYS", "", "K", "k€ys"])
 _VALUE = st.lists(st.sampled_from(list("ab  c\x01é€K") + ["KEYS", "UNIQ_KEY\x01x"]), max_size=8).map("".join)

@@ -24,10 +24,10 @@ def main() -> None:
     layout = int(os.environ.get("CRASH_LAYOUT", "1"))  # 2: one zstd object per segment
 
     from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
-    from tiered.coldtier import ColdTier
-    from tiered.lease import LeaseManager
-    from tiered.localstore import LocalStore
-    from tiered.storage import RetryPolicy, S3Options, open_store
+    from tiered.archive.coldtier import ColdTier
+    from tiered.archive.lease import LeaseManager
+    from tiered.store.localstore import LocalStore
+    from tiered.archive.storage import RetryPolicy, S3Options, open_store
 
     store = open_store(cold_url, s3=S3Options(endpoint_url=endpoint),
                        retry=RetryPolicy(attempts=6, base_delay=0.001, max_delay=0.01))

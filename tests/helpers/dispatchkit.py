@@ -1,5 +1,5 @@
 """Shared pieces of the dispatcher tests: a counting recorder, a store
-producer, and an archive reader that is independent of ``tiered.verify``."""
+producer, and an archive reader that is independent of ``tiered.ops.verify``."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ from typing import Any
 
 from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
 from tiered.clock import ManualClock
-from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE, Host, decode_record
-from tiered.coldtier import ColdTier
+from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, Host, decode_record
+from tiered.archive.coldtier import ColdTier
 from tiered.errors import CorruptRecordError
-from tiered.lease import LeaseManager
-from tiered.localstore import LocalStore
-from tiered import layout, segmeta
-from tiered.manifest import MANIFEST, Manifest, Segment, queue_prefix
+from tiered.archive.lease import LeaseManager
+from tiered.store.localstore import LocalStore
+from tiered.archive import layout, segmeta
+from tiered.archive.manifest import MANIFEST, Manifest, Segment, queue_prefix
 from tiered.recorder import NullRecorder
-from tiered.storage import ObjectStore
-from tiered.storewriter import StoreWriter
+from tiered.archive.storage import ObjectStore
+from tiered.store.storewriter import StoreWriter
 
 CLUSTER = "TestCluster"
 BROKER = "broker-a"

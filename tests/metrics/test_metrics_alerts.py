@@ -25,7 +25,7 @@ from metrics.names import (
     present_sample_names,
     rule_exprs,
 )
-from tiered.consumeroffsets import ConsumerPosition, PositionState
+from tiered.store.consumeroffsets import ConsumerPosition, PositionState
 from tiered.recorder import Recorder
 
 SEVERITIES = {"critical", "warning", "info"}

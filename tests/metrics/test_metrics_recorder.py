@@ -289,7 +289,7 @@ def test_storage_layer_uses_only_known_ops_and_outcomes() -> None:
     import tiered
 
     root = Path(tiered.__file__).parent
-    storage = (root / "storage.py").read_text(encoding="utf-8")
+    storage = (root / "archive/storage.py").read_text(encoding="utf-8")
     errors = (root / "errors.py").read_text(encoding="utf-8")
     ops = set(re.findall(r'_call\(\s*"(\w+)"', storage))
     outcomes = set(re.findall(r'outcome="(\w+)"', storage + errors))

@@ -15,10 +15,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from dispatchkit import assert_exact, new_dispatcher, new_writer, produce, read_manifest
 from faultproxy import FaultProxy, FaultSchedule
 from metrics import PrometheusRecorder
-from tiered.codec import CQ_ENTRY_SIZE
+from tiered.format.codec import CQ_ENTRY_SIZE
 from tiered.clock import ManualClock
-from tiered.localstore import LocalStore
-from tiered.storage import RetryPolicy, S3Options, open_store
+from tiered.store.localstore import LocalStore
+from tiered.archive.storage import RetryPolicy, S3Options, open_store
 
 A0, A1 = ("Orders", 0), ("Orders", 1)
 

@@ -11,8 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from readerkit import GetCounter, TopicSpec, archive, write_store  # noqa: E402
-from tiered.localstore import LocalStore  # noqa: E402
-from tiered.storage import ObjectStore  # noqa: E402
+from tiered.store.localstore import LocalStore  # noqa: E402
+from tiered.archive.storage import ObjectStore  # noqa: E402
 
 
 @dataclass

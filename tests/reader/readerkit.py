@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
-from tiered.coldtier import ColdTier
-from tiered.localstore import LocalStore
+from tiered.archive.coldtier import ColdTier
+from tiered.store.localstore import LocalStore
 from tiered.recorder import NullRecorder
-from tiered.storage import ObjectStore
-from tiered.storewriter import StoreWriter
+from tiered.archive.storage import ObjectStore
+from tiered.store.storewriter import StoreWriter
 
 CLUSTER = "ReadCluster"
 BROKER = "broker-r"
@@ -61,7 +61,7 @@ class Built:
 
 def write_store(root: Path, specs: list[TopicSpec], *, seed: int = 7) -> dict[str, tuple[str, int, int]]:
     """Write the messages; returns key -> (topic, queue, offset) for every KEYS entry."""
-    from tiered.codec import Host
+    from tiered.format.codec import Host
 
     rng = random.Random(seed)
     keys: dict[str, tuple[str, int, int]] = {}

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from readerkit import BROKER, CLUSTER, T0, archive
 from tiered.cli import app
 from tiered.cli.lookup import follow
-from tiered.reader import Archive, ColdReader
-from tiered.storewriter import StoreWriter
+from tiered.query.reader import Archive, ColdReader
+from tiered.store.storewriter import StoreWriter
 from tiered.timeparse import format_time_ms
 
 MIN = 60_000

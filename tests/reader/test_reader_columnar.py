@@ -8,10 +8,10 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pytest
 
-from tiered.codec import CQ_ENTRY, Host, MagicVersion, Message, decode_record, encode_record
-from tiered.columnar import BatchDecoder, QueueInfo, Where, check_entries, parse_entries
+from tiered.format.codec import CQ_ENTRY, Host, MagicVersion, Message, decode_record, encode_record
+from tiered.query.columnar import BatchDecoder, QueueInfo, Where, check_entries, parse_entries
 from tiered.errors import CorruptRecordError
-from tiered.spark_schema import arrow_schema, spark_schema
+from tiered.query.spark_schema import arrow_schema, spark_schema
 
 BASE = 5000  # cold CommitLog offset of the object's first byte
 Q0 = 700  # queue offset of the first record
@@ -148,10 +148,10 @@ def test_corrupt_consumequeue_entry_is_named() -> None:
 def test_a_slice_read_in_pieces_equals_one_read(tmp_path, monkeypatch) -> None:
     """Large slices are fetched in pieces (each while the previous one is
     decoded); the rows are the same and each piece is one ranged GET."""
-    import tiered.scan as scan
+    import tiered.query.scan as scan
     from readerkit import CLUSTER, BROKER, TopicSpec, archive, write_store
-    from tiered.reader import ColdReader, QueueRef, ReadStats
-    from tiered.storage import open_store
+    from tiered.query.reader import ColdReader, QueueRef, ReadStats
+    from tiered.archive.storage import open_store
 
     write_store(tmp_path / "store", [TopicSpec("Big", queues=1, messages=120)])
     store = open_store(f"file://{tmp_path / 'cold'}")

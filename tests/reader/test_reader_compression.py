@@ -15,14 +15,14 @@ from typer.testing import CliRunner
 
 from readerkit import T0, archive
 from tiered.cli import app
-from tiered.columnar import BatchDecoder, QueueInfo
-from tiered.compression import BodyDecompressError, codec_name, compress, decompress
+from tiered.query.columnar import BatchDecoder, QueueInfo
+from tiered.format.compression import BodyDecompressError, codec_name, compress, decompress
 from tiered.errors import CorruptRecordError
-from tiered.export import Exporter, iter_files
-from tiered.reader import Archive
-from tiered.scan import ScanSpec, SliceResult, plan, read_slice
-from tiered.storage import open_store
-from tiered.storewriter import StoreWriter
+from tiered.query.export import Exporter, iter_files
+from tiered.query.reader import Archive
+from tiered.query.scan import ScanSpec, SliceResult, plan, read_slice
+from tiered.archive.storage import open_store
+from tiered.store.storewriter import StoreWriter
 
 CODECS = ("zlib4", "zlib", "lz4", "zstd")
 TOPIC = "Zipped"

@@ -7,12 +7,12 @@ from dataclasses import replace
 import pytest
 
 from readerkit import CLUSTER, BROKER, T0, TopicSpec, archive, write_store
-from tiered import layout
-from tiered.coldtier import ColdTier
+from tiered.archive import layout
+from tiered.archive.coldtier import ColdTier
 from tiered.errors import CorruptRecordError
-from tiered.keyindex import bloom_may_contain
-from tiered.manifest import Segment
-from tiered.reader import ColdReader, QueueRef, ReadStats, ReadStatus
+from tiered.format.keyindex import bloom_may_contain
+from tiered.archive.manifest import Segment
+from tiered.query.reader import ColdReader, QueueRef, ReadStats, ReadStatus
 
 
 def local_raw(local, topic: str, qid: int) -> dict[int, bytes]:
@@ -174,7 +174,7 @@ def test_missing_object_is_an_error_or_skipped(archived) -> None:
 
 
 def test_indexed_segments_without_keys_are_skipped_not_scanned(tmp_path, open_cold) -> None:
-    from tiered.storewriter import StoreWriter
+    from tiered.store.storewriter import StoreWriter
 
     with StoreWriter(tmp_path / "store", commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
         for i in range(50):

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from readerkit import BROKER, CLUSTER
-from tiered.columnar import BatchDecoder, QueueInfo
+from tiered.query.columnar import BatchDecoder, QueueInfo
 from tiered.errors import CorruptRecordError
-from tiered.reader import Archive, QueueRef
-from tiered.scan import SliceResult, manifest_slices, read_slice
+from tiered.query.reader import Archive, QueueRef
+from tiered.query.scan import SliceResult, manifest_slices, read_slice
 
 
 def test_cut_object_loses_only_the_records_past_its_end(archived) -> None:
@@ -42,8 +42,8 @@ def test_cut_object_loses_only_the_records_past_its_end(archived) -> None:
 
 
 def test_list_dirs_is_one_delimiter_listing_on_every_store(archived) -> None:
-    from tiered.reader import list_dirs
-    from tiered.storage import ObjectStore
+    from tiered.query.reader import list_dirs
+    from tiered.archive.storage import ObjectStore
 
     store = archived.store
     assert store.list_dirs() == [CLUSTER] and list_dirs(store, CLUSTER) == [BROKER]

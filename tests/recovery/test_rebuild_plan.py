@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from cleaner.plan import accountable_orphans
-from tiered import segmeta
+from tiered.archive import segmeta
 from tiered.errors import CorruptRecordError
-from tiered.manifest import Gap, Manifest, Segment, segment_keys
-from tiered.rebuild import Found, plan_rebuild, queues_in
-from tiered.segmeta import Descriptor
-from tiered.storage import ObjectInfo
+from tiered.archive.manifest import Gap, Manifest, Segment, segment_keys
+from tiered.archive.rebuild import Found, plan_rebuild, queues_in
+from tiered.archive.segmeta import Descriptor
+from tiered.archive.storage import ObjectInfo
 
 P = "C/b/T/0"
 H = "a" * 32

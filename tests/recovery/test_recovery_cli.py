@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tiered import segmeta
+from tiered.archive import segmeta
 from tiered.cli import app
-from tiered.manifest import Manifest, queue_prefix
-from tiered.storage import ObjectStore, S3Options, open_store
-from tiered.storewriter import StoreWriter
+from tiered.archive.manifest import Manifest, queue_prefix
+from tiered.archive.storage import ObjectStore, S3Options, open_store
+from tiered.store.storewriter import StoreWriter
 
 PREFIX = "C/b"
 

@@ -14,9 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from tiered.cli import app
-from tiered.lease import LeaseManager, Process, _start_ticks
-from tiered.storage import FileStore
-from tiered.storewriter import StoreWriter
+from tiered.archive.lease import LeaseManager, Process, _start_ticks
+from tiered.archive.storage import FileStore
+from tiered.store.storewriter import StoreWriter
 
 
 def invoke(env: dict[str, str], *args: str):  # noqa: ANN201

@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from restorekit import build  # noqa: E402
-from tiered.storage import ObjectStore  # noqa: E402
+from tiered.archive.storage import ObjectStore  # noqa: E402
 
 
 @dataclass

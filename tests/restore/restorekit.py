@@ -10,8 +10,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reader"))
 
 from readerkit import archive  # noqa: E402
-from tiered.codec import Host, MagicVersion, Message  # noqa: E402
-from tiered.storewriter import StoreWriter  # noqa: E402
+from tiered.format.codec import Host, MagicVersion, Message  # noqa: E402
+from tiered.store.storewriter import StoreWriter  # noqa: E402
 
 CLUSTER = "ReadCluster"
 BROKER = "broker-r"

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from restorekit import BROKER, CLUSTER, inspect_rows
 from tiered.cli import app
-from tiered.consumeroffsets import (
+from tiered.store.consumeroffsets import (
     GroupOffset,
     PositionState,
     classify,
@@ -24,7 +24,7 @@ from tiered.consumeroffsets import (
     read_consumer_offsets,
 )
 from tiered.errors import CorruptRecordError
-from tiered.localstore import LocalStore
+from tiered.store.localstore import LocalStore
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def test_bak_fallback_with_a_warning_naming_both_files(tmp_path: Path, main: byt
     if main is not None:
         (config / "consumerOffset.json").write_bytes(main)
     (config / "consumerOffset.json.bak").write_bytes(BROKER_FORM)
-    with caplog.at_level(logging.WARNING, logger="tiered.consumeroffsets"):
+    with caplog.at_level(logging.WARNING, logger="tiered.store.consumeroffsets"):
         got = read_consumer_offsets(config)
     assert got.offsets == EXPECTED and got.from_backup and got.source == config / "consumerOffset.json.bak"
     [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 
 from restorekit import BROKER, CL_FILE, CLUSTER, MINUTE, T0, inspect_rows, without_positions
 from tiered.cli import app
-from tiered.codec import BLANK_MAGIC, CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, decode_record
-from tiered.localstore import LocalStore
-from tiered.reader import ColdReader
-from tiered.restore import RestoreCheckError, RestoreOptions, check, plan_restore, write_store
+from tiered.format.codec import BLANK_MAGIC, CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, decode_record
+from tiered.store.localstore import LocalStore
+from tiered.query.reader import ColdReader
+from tiered.ops.restore import RestoreCheckError, RestoreOptions, check, plan_restore, write_store
 
 runner = CliRunner()
 CQ_ENTRIES = 40
@@ -164,7 +164,7 @@ def test_recorded_gap_inside_the_range_becomes_fillers(tmp_path: Path, open_cold
     """The broker deleted data before it was archived: the archive records a gap,
     the restore keeps the offsets after it in place with filler entries."""
     from readerkit import archive
-    from tiered.storewriter import StoreWriter
+    from tiered.store.storewriter import StoreWriter
 
     root = tmp_path / "store"
     store = open_cold(f"file://{tmp_path / 'cold'}")

@@ -31,7 +31,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from promtool_kit import ALERTS, run_rule_tests
-from tiered.storewriter import StoreWriter
+from tiered.store.storewriter import StoreWriter
 
 pytestmark = pytest.mark.s3
 

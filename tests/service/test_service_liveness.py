@@ -12,9 +12,9 @@ from pathlib import Path
 from tiered.cli.serve import LIVENESS_MIN_S, Sidecar
 from tiered.clock import ManualClock
 from tiered.config import load_settings
-from tiered.lease import LeaseManager
-from tiered.storage import open_store
-from tiered.storewriter import StoreWriter
+from tiered.archive.lease import LeaseManager
+from tiered.archive.storage import open_store
+from tiered.store.storewriter import StoreWriter
 
 
 def status(url: str) -> tuple[int, str]:

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from metrics.names import declared_sample_names, metric_names_in_dashboard, metric_names_in_rules
-from tiered.coldtier import ColdTier
-from tiered.storage import S3Options, open_store
-from tiered.storewriter import StoreWriter
-from tiered.verify import verify
+from tiered.archive.coldtier import ColdTier
+from tiered.archive.storage import S3Options, open_store
+from tiered.store.storewriter import StoreWriter
+from tiered.ops.verify import verify
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER, BROKER = "C1", "b1"
@@ -186,7 +186,7 @@ def test_sigterm_during_upload_exits_zero_and_archive_verifies(tmp_path: Path, s
     wait_for(first_segment)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0  # bounded by shutdown_timeout; 60 s only guards the test run
-    from tiered.localstore import LocalStore
+    from tiered.store.localstore import LocalStore
 
     cold = ColdTier(open_store(cold_url), CLUSTER, BROKER)
     report = verify(cold, LocalStore(store))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from tiered.cli import app
-from tiered.storewriter import StoreWriter
+from tiered.store.storewriter import StoreWriter
 
 
 def invoke(env: dict[str, str], *args: str) -> tuple[int, str]:

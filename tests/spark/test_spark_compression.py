@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from readerkit import T0, archive
-from tiered.compression import compress
-from tiered.spark_source import load
-from tiered.storage import open_store
-from tiered.storewriter import StoreWriter
+from tiered.format.compression import compress
+from tiered.query.spark_source import load
+from tiered.archive.storage import open_store
+from tiered.store.storewriter import StoreWriter
 
 pytestmark = pytest.mark.spark
 

@@ -15,8 +15,8 @@ import pyarrow.dataset as ds
 import pytest
 
 from readerkit import T0, TopicSpec
-from tiered.export import STATE, Exporter, run_local, run_spark
-from tiered.spark_source import load
+from tiered.query.export import STATE, Exporter, run_local, run_spark
+from tiered.query.spark_source import load
 
 pytestmark = pytest.mark.spark
 
@@ -51,7 +51,7 @@ def test_export_is_incremental_and_idempotent(spark, build, tmp_path: Path) -> N
     out = tmp_path / "out"
     target_url = f"file://{out}"
 
-    from tiered.storage import open_store
+    from tiered.archive.storage import open_store
 
     target = open_store(target_url)
     first = Exporter(store, target).run()
@@ -93,7 +93,7 @@ def test_export_is_incremental_and_idempotent(spark, build, tmp_path: Path) -> N
 
 
 def test_a_killed_export_is_finished_by_the_next_run_without_duplicates(spark, build, tmp_path: Path) -> None:
-    from tiered.storage import open_store
+    from tiered.archive.storage import open_store
 
     cold_url = f"file://{tmp_path / 'cold'}"
     store, local, _ = build(cold_url)

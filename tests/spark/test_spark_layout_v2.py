@@ -10,11 +10,11 @@ import pytest
 
 from readerkit import BROKER, CLUSTER, TopicSpec, write_store
 from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
-from tiered.coldtier import ColdTier
-from tiered.export import Exporter
-from tiered.localstore import LocalStore
-from tiered.spark_source import load
-from tiered.storage import open_store
+from tiered.archive.coldtier import ColdTier
+from tiered.query.export import Exporter
+from tiered.store.localstore import LocalStore
+from tiered.query.spark_source import load
+from tiered.archive.storage import open_store
 
 pytestmark = pytest.mark.spark
 

@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from readerkit import BROKER, CLUSTER, T0, local_rows
-from tiered.reader import Archive, QueueRef
-from tiered.storage import open_store
+from tiered.query.reader import Archive, QueueRef
+from tiered.archive.storage import open_store
 from tiered.cli import app
-from tiered.spark_source import load, register
+from tiered.query.spark_source import load, register
 
 pytestmark = pytest.mark.spark
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from readerkit import BROKER, CLUSTER, T0
-from tiered import layout
-from tiered.reader import ColdReader, QueueRef
-from tiered.spark_source import load, plan_partitions
+from tiered.archive import layout
+from tiered.query.reader import ColdReader, QueueRef
+from tiered.query.spark_source import load, plan_partitions
 
 pytestmark = pytest.mark.spark
 

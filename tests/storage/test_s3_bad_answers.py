@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from tiered.cli import app
 from tiered.errors import BadResponseError
-from tiered.storage import ObjectStore, RetryPolicy, S3Options, open_store
+from tiered.archive.storage import ObjectStore, RetryPolicy, S3Options, open_store
 
 FAST = RetryPolicy(attempts=4, base_delay=0.001, max_delay=0.01)
 DATA = bytes(range(256)) * 64  # 16 KiB

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tiered.errors import ConfigError, CredentialsMissingError, StorageError
-from tiered.s3probe import Capabilities, endpoint_name
-from tiered.storage import RetryPolicy, S3Options, S3Store, open_store
+from tiered.archive.s3probe import Capabilities, endpoint_name
+from tiered.archive.storage import RetryPolicy, S3Options, S3Store, open_store
 
 FAST = RetryPolicy(attempts=2, base_delay=0.001, max_delay=0.01)
 

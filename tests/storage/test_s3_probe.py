@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from tiered.cli import app
 from tiered.errors import ConditionalWritesUnsupportedError, PreconditionFailedError
-from tiered.storage import RetryPolicy, S3Options, open_store
+from tiered.archive.storage import RetryPolicy, S3Options, open_store
 
 FAST = RetryPolicy(attempts=4, base_delay=0.001, max_delay=0.01)
 

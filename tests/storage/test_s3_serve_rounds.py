@@ -15,11 +15,11 @@ import boto3
 import pytest
 from s3proxies import RgwIfMatchProxy
 
-from tiered.coldtier import ColdTier
-from tiered.localstore import LocalStore
-from tiered.storage import S3Options, open_store
-from tiered.storewriter import StoreWriter
-from tiered.verify import verify
+from tiered.archive.coldtier import ColdTier
+from tiered.store.localstore import LocalStore
+from tiered.archive.storage import S3Options, open_store
+from tiered.store.storewriter import StoreWriter
+from tiered.ops.verify import verify
 
 _SERVICE = str(Path(__file__).resolve().parents[1] / "service")
 if _SERVICE not in sys.path:

@@ -11,11 +11,11 @@ from unittest import mock
 
 import pytest
 
-from tiered.codec import Host
+from tiered.format.codec import Host
 from tiered.errors import CorruptRecordError
-from tiered import localstore
-from tiered.localstore import LocalStore
-from tiered.storewriter import Appended, StoreWriter
+from tiered.store import localstore
+from tiered.store.localstore import LocalStore
+from tiered.store.storewriter import Appended, StoreWriter
 
 FILE = 1 << 20
 V6 = Host("2001:db8::7", 50000)

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tiered.cli import app
-from tiered.localstore import LocalStore
+from tiered.store.localstore import LocalStore
 
 runner = CliRunner()
 START = "2024-01-01T00:00:00Z"

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tiered.codec import (
+from tiered.format.codec import (
     BLANK_MAGIC,
     MAGIC_V1,
     MAGIC_V2,

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tiered.codec import (
+from tiered.format.codec import (
     Host,
     MagicVersion,
     Message,
@@ -38,8 +38,8 @@ from tiered.codec import (
     tags_code,
 )
 from tiered.errors import TieredError
-from tiered.localstore import LocalStore
-from tiered.storewriter import StoreWriter
+from tiered.store.localstore import LocalStore
+from tiered.store.storewriter import StoreWriter
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -312,7 +312,7 @@ def test_batches_and_record_by_record_agree_on_corrupt_files(template: Path, mut
                                                              start: int) -> None:
     # the same reader with its fast path turned off is the reference: runs
     # checked at once must yield the same records and stop with the same error
-    import tiered.queuecursor as queuecursor
+    import tiered.store.queuecursor as queuecursor
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "store"

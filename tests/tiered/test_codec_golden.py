@@ -12,7 +12,7 @@ import zlib
 
 import pytest
 
-from tiered.codec import (
+from tiered.format.codec import (
     CQ_FILLER_SIZE,
     Host,
     MagicVersion,

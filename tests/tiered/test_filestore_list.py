@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tiered.storage import FileStore
+from tiered.archive.storage import FileStore
 
 KEYS = ["C/B/T/0/manifest.json", "C/B/T/0/commitlog/0-10", "C/B/T/1/commitlog/0-10", "C/B/T/10/commitlog/5-9",
         "C/B/T/100/index/1-2", "C/B/Tx/0/manifest.json", "C/B/_catalog.json", "C/Bee/T/0/manifest.json", "top"]

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiered.errors import CorruptRecordError
-from tiered.keyindex import (
+from tiered.format.keyindex import (
     EMPTY_BLOOM,
     bloom_may_contain,
     build_bloom,

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tiered.codec import Host, Message, encode_record, tags_code
+from tiered.format.codec import Host, Message, encode_record, tags_code
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, NotWrittenYetError
-from tiered.localstore import LocalStore, QueueRange
-from tiered.storewriter import SCHEDULE_TOPIC, Appended, StoreWriter
+from tiered.store.localstore import LocalStore, QueueRange
+from tiered.store.storewriter import SCHEDULE_TOPIC, Appended, StoreWriter
 
 FILE = 4096
 CQ_PER_FILE = 5
@@ -598,7 +598,7 @@ def _mapped_rss_kib(path_prefix: str) -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs /proc/self/smaps")
 def test_resident_pages_are_given_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tiered.queuecursor as queuecursor
+    import tiered.store.queuecursor as queuecursor
 
     with StoreWriter(tmp_path, commitlog_file_size=8 << 20, cq_entries_per_file=1000) as w:
         appended = [w.put("T", 0, bytes([i % 256]) * 3000) for i in range(1000)]

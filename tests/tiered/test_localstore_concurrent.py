@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tiered.localstore import LocalStore
+from tiered.store.localstore import LocalStore
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,8 +25,8 @@ QUEUES = 3
 
 WRITER = r"""
 import hashlib, os, sys, time
-from tiered.storewriter import StoreWriter
-from tiered.codec import Host
+from tiered.store.storewriter import StoreWriter
+from tiered.format.codec import Host
 root, n, queues = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 with StoreWriter(root, commitlog_file_size=8192, cq_entries_per_file=37, preallocate=sys.argv[4] == "1") as w:
     for i in range(n):

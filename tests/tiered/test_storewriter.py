@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tiered.codec import Host, Message, encode_record, tags_code
-from tiered.storewriter import DELAY_LEVELS, SCHEDULE_TOPIC, StoreWriter
+from tiered.format.codec import Host, Message, encode_record, tags_code
+from tiered.store.storewriter import DELAY_LEVELS, SCHEDULE_TOPIC, StoreWriter
 
 BLANK_MAGIC = 0xCBD43194
 MAGIC_V1 = 0xDAA320A7

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tiered.codec import Host
-from tiered.storewriter import StoreWriter, produce_messages
+from tiered.format.codec import Host
+from tiered.store.storewriter import StoreWriter, produce_messages
 
 BORN = Host("127.0.0.1", 50000)
 

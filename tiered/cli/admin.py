@@ -16,8 +16,8 @@ from tiered.clock import SystemClock
 from tiered.config import Settings
 from tiered.configsources import explain
 from tiered.errors import PreconditionFailedError
-from tiered.lease import Lease
-from tiered.reader import Archive
+from tiered.archive.lease import Lease
+from tiered.query.reader import Archive
 from tiered.timeparse import format_time_ms
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="JSON instead of a table.")]

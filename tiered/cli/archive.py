@@ -16,10 +16,10 @@ from tiered.cli.output import note, print_json, progress
 from tiered.cli.wiring import cold_tier, make_dispatcher, object_store, setup_logging, topic_filter
 from tiered.config import Settings
 from tiered.errors import TieredError
-from tiered.localstore import LocalStore
+from tiered.store.localstore import LocalStore
 from tiered.clock import SystemClock
-from tiered.verify import PendingCheck
-from tiered.verify import verify as run_verify
+from tiered.ops.verify import PendingCheck
+from tiered.ops.verify import verify as run_verify
 
 
 def _require_store(settings: Settings) -> LocalStore:

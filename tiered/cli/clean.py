@@ -13,7 +13,7 @@ from tiered.cli.common import (BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, OnceOp
 from tiered.cli.output import print_json
 from tiered.cli.wiring import cold_tier, lease, make_cleaner, object_store, setup_logging
 from tiered.errors import TieredError
-from tiered.localstore import LocalStore
+from tiered.store.localstore import LocalStore
 from tiered.timeparse import format_time_ms
 
 

@@ -6,13 +6,13 @@ from collections.abc import Callable, Iterator, Mapping
 
 from tiered.cli.app import err_console, fail
 from tiered.cli.output import json_lines, out, table
-from tiered.codec import Record
+from tiered.format.codec import Record
 from tiered.config import Settings
-from tiered.consumeroffsets import ConsumerPosition, PositionState, archived_ranges, store_positions
+from tiered.store.consumeroffsets import ConsumerPosition, PositionState, archived_ranges, store_positions
 from tiered.errors import ExpiredLocallyError, TieredError
-from tiered.localstore import LocalStore
-from tiered.manifest import Manifest
-from tiered.reader import ColdReader, QueueRef
+from tiered.store.localstore import LocalStore
+from tiered.archive.manifest import Manifest
+from tiered.query.reader import ColdReader, QueueRef
 
 
 def show_positions(local: LocalStore, manifests: Mapping[tuple[str, int], Manifest], as_json: bool,

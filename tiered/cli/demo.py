@@ -27,9 +27,9 @@ from tiered.cli.app import app, fail
 from tiered.cli.serve import Sidecar
 from tiered.cli.wiring import cold_tier, setup_logging
 from tiered.config import load_settings
-from tiered.status import queue_status
-from tiered.storewriter import StoreWriter
-from tiered.verify import verify as run_verify
+from tiered.ops.status import queue_status
+from tiered.store.storewriter import StoreWriter
+from tiered.ops.verify import verify as run_verify
 
 MARKER = ".tiered-demo"
 HISTORY_TOPIC = "Orders"

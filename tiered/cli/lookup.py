@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from tiered.codec import Host, Record, parse_offset_msg_id
-from tiered.reader import ColdReader, QueueRef, ReadStatus
+from tiered.format.codec import Host, Record, parse_offset_msg_id
+from tiered.query.reader import ColdReader, QueueRef, ReadStatus
 
 
 @dataclass(frozen=True, kw_only=True)

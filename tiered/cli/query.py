@@ -29,11 +29,11 @@ from tiered.cli.lookup import find_msg_id, follow, window
 from tiered.cli.output import dumps, note, out, print_json, progress, progress_enabled, table
 from tiered.config import parse_duration
 from tiered.cli.wiring import object_store, s3_options
-from tiered.codec import Record
-from tiered.compression import BodyDecompressError, codec_name, decompress
+from tiered.format.codec import Record
+from tiered.format.compression import BodyDecompressError, codec_name, decompress
 from tiered.config import Settings
 from tiered.errors import TieredError
-from tiered.reader import ColdReader, QueueRef, ReadStatus
+from tiered.query.reader import ColdReader, QueueRef, ReadStatus
 from tiered.timeparse import format_time_ms, parse_time_ms
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON object per record (the 'tiered inspect --json' fields).")]
@@ -287,7 +287,7 @@ def spark_session(master: str) -> tuple[Any, bool]:
     """(session, created): the active session if there is one, else a new one."""
     from pyspark.sql import SparkSession
 
-    from tiered.spark_source import register
+    from tiered.query.spark_source import register
 
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -394,7 +394,7 @@ def sql(
     opts = source_options(settings, option)
     spark, created = spark_session(master)
     try:
-        from tiered.spark_source import load
+        from tiered.query.spark_source import load
 
         # PySpark logs a failed query's context as its own JSON line on stderr:
         # the command reports the error once, in its one line
@@ -437,9 +437,9 @@ def export_cmd(
 ) -> None:
     """Export the archive to Parquet partitioned by topic and date, incrementally (reruns add only new data)."""
     require_query_extra("pyarrow", *(["pyspark"] if engine == "spark" else []))
-    from tiered.export import Exporter, ExportError, run_local, run_spark
-    from tiered.reader import Archive
-    from tiered.storage import open_store
+    from tiered.query.export import Exporter, ExportError, run_local, run_spark
+    from tiered.query.reader import Archive
+    from tiered.archive.storage import open_store
 
     if fmt.lower() != "parquet":
         fail(f"--format {fmt}: only parquet is supported", 2)

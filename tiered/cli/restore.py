@@ -12,8 +12,8 @@ from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, setting
 from tiered.cli.output import out, print_json, progress
 from tiered.cli.wiring import object_store
 from tiered.errors import TieredError
-from tiered.reader import ColdReader
-from tiered.restore import (
+from tiered.query.reader import ColdReader
+from tiered.ops.restore import (
     DEFAULT_COMMITLOG_FILE_SIZE,
     DEFAULT_CQ_ENTRIES,
     RestoreCheckError,

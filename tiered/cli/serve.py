@@ -43,9 +43,9 @@ from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOp
 from tiered.cli.wiring import cold_tier, lease, make_cleaner, make_dispatcher, object_store, setup_logging
 from tiered.clock import Clock, SystemClock
 from tiered.config import Settings
-from tiered.consumeroffsets import ConsumerPosition, archived_ranges, store_positions
+from tiered.store.consumeroffsets import ConsumerPosition, archived_ranges, store_positions
 from tiered.errors import TieredError
-from tiered.localstore import LocalStore
+from tiered.store.localstore import LocalStore
 
 log = logging.getLogger("tiered.serve")
 

@@ -12,8 +12,8 @@ from tiered.cli.common import (BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreO
 from tiered.cli.consumers import show_positions
 from tiered.cli.output import json_lines, out, table
 from tiered.cli.wiring import cold_tier, object_store, topic_filter
-from tiered.localstore import LocalStore
-from tiered.status import queue_status
+from tiered.store.localstore import LocalStore
+from tiered.ops.status import queue_status
 from tiered.timeparse import format_time_ms
 
 COLUMNS = ("topic", "queue", "local", "archived", "lag", "oldest archived", "newest archived", "segments", "bytes",

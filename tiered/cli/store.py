@@ -10,10 +10,10 @@ import typer
 
 from tiered.cli.app import app, fail
 from tiered.cli.output import dumps, error, note, out, table
-from tiered.codec import Host
+from tiered.format.codec import Host
 from tiered.errors import CorruptRecordError, ExpiredLocallyError
-from tiered.localstore import LocalStore
-from tiered.storewriter import DEFAULT_COMMITLOG_FILE_SIZE, DEFAULT_CQ_ENTRIES, StoreWriter, produce_messages
+from tiered.store.localstore import LocalStore
+from tiered.store.storewriter import DEFAULT_COMMITLOG_FILE_SIZE, DEFAULT_CQ_ENTRIES, StoreWriter, produce_messages
 from tiered.timeparse import format_time_ms, parse_time_ms
 
 StoreOpt = Annotated[Path, typer.Option("--store", help="Broker store directory.")]

@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tiered.clock import Clock, SystemClock
-from tiered.coldtier import ColdTier
+from tiered.archive.coldtier import ColdTier
 from tiered.config import Settings
 from tiered.errors import ConfigError
-from tiered.lease import LeaseManager
-from tiered.manifest import broker_prefix
-from tiered.localstore import LocalStore
+from tiered.archive.lease import LeaseManager
+from tiered.archive.manifest import broker_prefix
+from tiered.store.localstore import LocalStore
 from tiered.recorder import NullRecorder, Recorder
-from tiered.storage import ObjectStore, RetryPolicy, S3Options, open_store
+from tiered.archive.storage import ObjectStore, RetryPolicy, S3Options, open_store
 
 if TYPE_CHECKING:
     from cleaner import Cleaner

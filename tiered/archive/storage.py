@@ -11,7 +11,7 @@ turned off so every retry is seen and counted here.
 writes (``IfNoneMatch``/``IfMatch``), batched deletes, and single PUTs of a
 buffer without copying it (s3fs copies a body several times while sending).
 Before its first write to a bucket, ``S3Store`` runs the capability probe of
-``tiered.s3probe`` (the If-Match form the server takes, the upload checksum
+``tiered.archive.s3probe`` (the If-Match form the server takes, the upload checksum
 it verifies; a store ignoring conditional writes is refused). An answer that
 cannot be used (no ETag, garbage or truncated body, a checksum mismatch) is a
 ``BadResponseError``: retried and counted like a 500.
@@ -50,7 +50,7 @@ from tiered.errors import (
 from tiered.recorder import NullRecorder, Recorder
 
 if TYPE_CHECKING:
-    from tiered.s3probe import Capabilities
+    from tiered.archive.s3probe import Capabilities
 
 log = logging.getLogger(__name__)
 
@@ -521,7 +521,7 @@ class S3Store(ObjectStore):
         """What this bucket honours (If-Match form, upload checksum); probed on
         the first write in this process, ConditionalWritesUnsupportedError
         when conditional writes are not honoured."""
-        from tiered.s3probe import capabilities
+        from tiered.archive.s3probe import capabilities
 
         return capabilities(self)
 
@@ -530,7 +530,7 @@ class S3Store(ObjectStore):
         if bad is not None:
             return bad
         if type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
-            from tiered.s3probe import endpoint_name
+            from tiered.archive.s3probe import endpoint_name
 
             return CredentialsMissingError(op, key, endpoint_name(self))
         if type(exc).__name__ == "ProfileNotFound":
@@ -591,7 +591,7 @@ class S3Store(ObjectStore):
         if mode == "crc32" or (mode == "none" and self.options.checksum_mode == "when_supported"):
             return {"ChecksumCRC32": base64.b64encode(crc32(data).to_bytes(4, "big")).decode("ascii")}
         if mode == "md5":
-            from tiered.s3probe import content_md5
+            from tiered.archive.s3probe import content_md5
 
             return {"ContentMD5": content_md5(data)}
         return {}

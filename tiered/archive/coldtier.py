@@ -29,13 +29,13 @@ from typing import Any
 from tiered.clock import Clock, SystemClock
 from tiered.errors import (CorruptRecordError, FormatVersionError, ObjectNotFoundError, PreconditionFailedError,
                            TieredError)
-from tiered.jsonfile import read_json, write_json
-from tiered.manifest import (CATALOG, IDENTITY, MANIFEST, Catalog, CatalogEntry, Gap, Manifest, Segment, broker_prefix,
+from tiered.format.jsonfile import read_json, write_json
+from tiered.archive.manifest import (CATALOG, IDENTITY, MANIFEST, Catalog, CatalogEntry, Gap, Manifest, Segment, broker_prefix,
                              history_id, queue_prefix)
-from tiered.rebuild import RebuildPlan, RepairReport, UnaccountedObjectsError, plan_rebuild, queues_in, scan_queue
+from tiered.archive.rebuild import RebuildPlan, RepairReport, UnaccountedObjectsError, plan_rebuild, queues_in, scan_queue
 from tiered.recorder import NullRecorder, Recorder
-from tiered.segmeta import Descriptor
-from tiered.storage import ObjectStore
+from tiered.archive.segmeta import Descriptor
+from tiered.archive.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +295,7 @@ class ColdTier:
         """The manifest to build on: cached, or looked up once for a queue the
         cache does not know (never assume a queue is new). A manifest missing
         from the bucket is rebuilt from the queue's segment objects first, so
-        a lost manifest never restarts a queue's history (tiered/rebuild.py);
+        a lost manifest never restarts a queue's history (tiered/archive/rebuild.py);
         UnaccountedObjectsError when the objects cannot be accounted for."""
         entry = self._entries.get((topic, queue_id))
         if entry is None or not entry.verified:

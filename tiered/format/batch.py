@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tiered.codec import CRC_MASK, MAGIC_V1, MAGIC_V2, Record, crc32, decode_record
+from tiered.format.codec import CRC_MASK, MAGIC_V1, MAGIC_V2, Record, crc32, decode_record
 
 # ConsumeQueue entry: CommitLog offset i64 | size i32 | tags code i64
 CQ_DTYPE = np.dtype([("phys", ">i8"), ("size", ">i4"), ("tags", ">i8")])

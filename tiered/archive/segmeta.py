@@ -19,7 +19,7 @@ can prove the object belongs to the manifest's own history.
 ``gaps_before`` are the recorded gaps between the previous segment and this
 one, so a rebuilt manifest tells a recorded gap from a lost segment.
 
-Layout v2 (tiered/layout.py) carries the same descriptor and footer at the
+Layout v2 (tiered/archive/layout.py) carries the same descriptor and footer at the
 end of its one segment object, after the records, the entries and the key
 index; its ``descriptor`` number is 2 (the segment's keys are sections of
 that object) and it starts where the index section ends. ``pack_v2`` builds
@@ -33,10 +33,10 @@ import struct
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from tiered.codec import crc32
-from tiered import layout
+from tiered.format.codec import crc32
+from tiered.archive import layout
 from tiered.errors import CorruptRecordError
-from tiered.manifest import Gap, Segment
+from tiered.archive.manifest import Gap, Segment
 
 DESCRIPTOR_VERSION = 2  # 1: v1 trailer on the ConsumeQueue object; 2: layout v2
 MAGIC = b"TRDSEG01"
@@ -76,7 +76,7 @@ def attach(entries: bytes | bytearray, desc: Descriptor) -> bytes:
 
 def pack_v2(records: bytes | bytearray, entries: bytes, index: bytes | None, desc: Descriptor,
             compression: str = "none") -> bytes:
-    """The one object of a layout v2 segment (tiered/layout.py)."""
+    """The one object of a layout v2 segment (tiered/archive/layout.py)."""
     seg = desc.segment
     if len(records) != seg.nbytes or len(entries) != seg.messages * 20:
         raise ValueError("records or entries do not match the segment")

@@ -31,14 +31,14 @@ from dataclasses import dataclass, field, replace
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tiered.codec import CQ_ENTRY_SIZE
-from tiered.columnar import BatchDecoder, Where, check_entries, parse_entries
+from tiered.format.codec import CQ_ENTRY_SIZE
+from tiered.query.columnar import BatchDecoder, Where, check_entries, parse_entries
 from tiered.errors import CorruptRecordError, StorageError
-from tiered.manifest import Manifest, Segment
-from tiered.keyindex import bloom_may_contain, lookup
-from tiered.reader import Archive, QueueRef, ReadStats, first_at_or_after, get_object, get_range, probe_store_ms
-from tiered.spark_schema import TIMESTAMP
-from tiered.storage import ObjectStore
+from tiered.archive.manifest import Manifest, Segment
+from tiered.format.keyindex import bloom_may_contain, lookup
+from tiered.query.reader import Archive, QueueRef, ReadStats, first_at_or_after, get_object, get_range, probe_store_ms
+from tiered.query.spark_schema import TIMESTAMP
+from tiered.archive.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Segment layouts, and the one place readers reach a segment's parts through.
 
 Layout v1 (manifest format 1.x): three objects per segment, each part its
-own object (tiered/manifest.py ``segment_keys``)::
+own object (tiered/archive/manifest.py ``segment_keys``)::
 
     commitlog/{clStart:020d}-{clEnd:020d}       records, byte-identical
     consumequeue/{qStart:020d}-{qEnd:020d}      entries, then the descriptor trailer
@@ -15,8 +15,8 @@ one PUT plus the commit::
     records      cl_end - cl_start bytes, byte-identical (a record's cold
                  CommitLog offset minus cl_start is its position here)
     entries      messages x 20 bytes, the cold ConsumeQueue
-    key index    tiered/keyindex.py format, possibly empty
-    descriptor   + footer, as in tiered/segmeta.py (descriptor version 2)
+    key index    tiered/format/keyindex.py format, possibly empty
+    descriptor   + footer, as in tiered/archive/segmeta.py (descriptor version 2)
 
 With ``.zst`` the whole payload above is one zstd frame (``compression:
 zstd``): offsets below always mean offsets into the decompressed payload.
@@ -25,7 +25,7 @@ A v2 segment's ``commitlog_key``, ``consumequeue_key`` and ``index_key`` in
 the manifest are *sections* of that object, written ``{object}#{at}+{length}``.
 Readers never parse them: ``read_range`` and ``read_part`` take a v1 key or a
 section alike, so the reader, the scan and Spark read both layouts through
-the same two calls (tiered/reader.py ``get_range``/``get_object``). A key
+the same two calls (tiered/query/reader.py ``get_range``/``get_object``). A key
 with ``#`` is v2; "#" never appears in a v1 key (offsets are digits).
 """
 
@@ -35,7 +35,7 @@ import threading
 from collections import OrderedDict
 
 from tiered.errors import CorruptRecordError
-from tiered.storage import ObjectStore
+from tiered.archive.storage import ObjectStore
 
 LAYOUT_V1 = 1
 LAYOUT_V2 = 2

@@ -43,8 +43,8 @@ from pathlib import Path
 
 from tiered.clock import Clock, SystemClock
 from tiered.errors import FencedError, ObjectNotFoundError, PreconditionFailedError
-from tiered.manifest import LEASE
-from tiered.storage import ObjectStore
+from tiered.archive.manifest import LEASE
+from tiered.archive.storage import ObjectStore
 from tiered.timeparse import format_time_ms
 
 log = logging.getLogger(__name__)

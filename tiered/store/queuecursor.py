@@ -17,7 +17,7 @@ record from a *window* of the CommitLog file that holds it:
   the pages behind it are given back every ``_RELEASE_EVERY`` bytes.
 
 See ``LocalStore.iter_batches`` for the contract; the module docstring of
-``tiered.localstore`` for the races this is built for.
+``tiered.store.localstore`` for the races this is built for.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tiered.batch import CQ_DTYPE, RecordBatch, check_run
-from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, decode_and_check
+from tiered.format.batch import CQ_DTYPE, RecordBatch, check_run
+from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, decode_and_check
 from tiered.errors import CorruptRecordError, NotWrittenYetError
 
 if TYPE_CHECKING:
-    from tiered.localstore import LocalStore
+    from tiered.store.localstore import LocalStore
 
 EMPTY = memoryview(b"")
 NO_LIMIT = 1 << 62  # compared with int64 arrays: must fit one

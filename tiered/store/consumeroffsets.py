@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 from tiered.errors import CorruptRecordError
 
 if TYPE_CHECKING:
-    from tiered.localstore import LocalStore
-    from tiered.manifest import Manifest
+    from tiered.store.localstore import LocalStore
+    from tiered.archive.manifest import Manifest
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 The bucket is the truth (DESIGN.md invariant 7). A manifest that is gone
 while the queue's data objects remain (deleted by hand, a lifecycle rule, a
 partial restore) is rebuilt from the descriptors its ConsumeQueue objects
-carry (tiered/segmeta.py) before anything new is written for the queue.
+carry (tiered/archive/segmeta.py) before anything new is written for the queue.
 
 Decide, then act: ``scan_queue`` reads (one LIST, one GET per ConsumeQueue
 object), ``plan_rebuild`` is a pure function of what was read, and the
@@ -28,12 +28,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from tiered import layout, segmeta
-from tiered.codec import crc32
+from tiered.archive import layout, segmeta
+from tiered.format.codec import crc32
 from tiered.errors import CorruptRecordError, TieredError
-from tiered.manifest import Gap, Manifest, Segment, topic_of_dir
-from tiered.segmeta import Descriptor
-from tiered.storage import ObjectStore
+from tiered.archive.manifest import Gap, Manifest, Segment, topic_of_dir
+from tiered.archive.segmeta import Descriptor
+from tiered.archive.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 

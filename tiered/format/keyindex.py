@@ -32,7 +32,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from tiered.batch import gather
+from tiered.format.batch import gather
 from tiered.errors import CorruptRecordError
 
 MAGIC = b"TKIX"

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tiered.coldtier import ColdTier
+from tiered.archive.coldtier import ColdTier
 from tiered.errors import CorruptRecordError, StoreBehindError, TieredError
-from tiered.localstore import LocalStore
+from tiered.store.localstore import LocalStore
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tiered.codec import (
+from tiered.format.codec import (
     BLANK_LENGTH,
     MAX_PROPERTIES,
     CQ_ENTRY,
@@ -38,7 +38,7 @@ from tiered.codec import (
     peek,
     tags_code,
 )
-from tiered.jsonfile import read_json, write_json
+from tiered.format.jsonfile import read_json, write_json
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 # The broker's default messageDelayLevel, in seconds.

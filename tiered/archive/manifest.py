@@ -32,7 +32,7 @@ from tiered.errors import CorruptRecordError, FormatVersionError
 FORMAT_MAJOR = 2
 # 1.1: manifests carry a history id, ConsumeQueue objects a descriptor trailer
 FORMAT_VERSION = "1.1"
-# 2.0: segments in layout v2 (one object each, tiered/layout.py). A manifest
+# 2.0: segments in layout v2 (one object each, tiered/archive/layout.py). A manifest
 # is written as 2.0 only when it holds a v2 segment, so a 1.x reader refuses
 # it loudly instead of misreading a section key as an object.
 FORMAT_VERSION_V2 = "2.0"
@@ -45,7 +45,7 @@ IDENTITY = "_identity.json"
 
 def history_id(identity: str, cluster: str, broker: str, topic: str, queue_id: int, start: int) -> str:
     """The id of the archive history a queue starts at ``start`` (see
-    tiered/segmeta.py). Derived, not random: a retried upload after a crash
+    tiered/archive/segmeta.py). Derived, not random: a retried upload after a crash
     writes the same descriptor, while a history restarted elsewhere (another
     start offset, another bucket identity) gets another id."""
     raw = f"{identity}\x00{cluster}\x00{broker}\x00{topic}\x00{queue_id}\x00{start}".encode()
@@ -131,7 +131,7 @@ class Segment:
 
     def keys(self) -> tuple[str, ...]:
         """The stored objects of the segment: three in layout v1, one in v2
-        (whose parts are sections of it, tiered/layout.py)."""
+        (whose parts are sections of it, tiered/archive/layout.py)."""
         return tuple(dict.fromkeys(k.partition("#")[0] for k in (self.commitlog_key, self.consumequeue_key,
                                                                  self.index_key) if k))
 

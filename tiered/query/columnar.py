@@ -5,7 +5,7 @@ one 20-byte entry per record pointing into it (the cold ConsumeQueue), so a
 run of records is one Arrow ``large_binary`` array built over the fetched
 bytes without a copy: the entries give its offsets. Every fixed field is then
 a ``binary_slice`` at a constant position, byte-reversed (big-endian on the
-wire) and reinterpreted as an integer array. Record layout: ``tiered.codec``.
+wire) and reinterpreted as an integer array. Record layout: ``tiered.format.codec``.
 
 Positions after the hosts move with the IPv6 sys-flag bits, and the topic
 length field with the magic version, so records are grouped by (magic,
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tiered.codec import (
+from tiered.format.codec import (
     CQ_ENTRY_SIZE,
     CQ_FILLER_SIZE,
     CRC_MASK,
@@ -41,9 +41,9 @@ from tiered.codec import (
     MIN_RECORD_SIZE,
     _host_of,
 )
-from tiered.compression import COMPRESSED_FLAG, BodyDecompressError, decompress
+from tiered.format.compression import COMPRESSED_FLAG, BodyDecompressError, decompress
 from tiered.errors import CorruptRecordError
-from tiered.spark_schema import ARROW_TYPES, COLUMN_NAMES, TIMESTAMP, arrow_schema
+from tiered.query.spark_schema import ARROW_TYPES, COLUMN_NAMES, TIMESTAMP, arrow_schema
 
 _FIXED_V4 = 88  # where the body length ends (and the body starts) with two IPv4 hosts
 _V6_EXTRA = 12
@@ -206,7 +206,7 @@ class BatchDecoder:
     def __init__(self, queue: QueueInfo, columns: tuple[str, ...] = COLUMN_NAMES, *, verify_crc: bool = True,
                  skip_corrupt: bool = False, decompress: bool = True) -> None:
         self.queue = queue
-        self.decompress = decompress  # undo producer compression in ``body`` (tiered.compression)
+        self.decompress = decompress  # undo producer compression in ``body`` (tiered.format.compression)
         self.columns = tuple(columns)
         self.schema = arrow_schema(self.columns)
         self.verify_crc = verify_crc

@@ -16,14 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from tiered import segmeta
-from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record
-from tiered.coldtier import ColdTier
+from tiered.archive import segmeta
+from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record
+from tiered.archive.coldtier import ColdTier
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, TieredError
-from tiered.keyindex import lookup
-from tiered.localstore import LocalStore
-from tiered.manifest import CATALOG, IDENTITY, LEASE, MANIFEST, Manifest, Segment
-from tiered.reader import list_dirs
+from tiered.format.keyindex import lookup
+from tiered.store.localstore import LocalStore
+from tiered.archive.manifest import CATALOG, IDENTITY, LEASE, MANIFEST, Manifest, Segment
+from tiered.query.reader import list_dirs
 
 
 @dataclass

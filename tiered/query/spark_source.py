@@ -12,7 +12,7 @@
 The URL is a cold-tier root (``s3://bucket/prefix``, ``file:///path``).
 Every cluster and broker under it is read unless ``cluster`` / ``broker``
 name some (comma-separated). Schema and derived columns:
-``tiered.spark_schema``.
+``tiered.query.spark_schema``.
 
 Options (case-insensitive):
 
@@ -92,12 +92,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from tiered.columnar import BatchDecoder, QueueInfo
+from tiered.query.columnar import BatchDecoder, QueueInfo
 from tiered.config import parse_size
-from tiered.reader import Archive, ReadStats
-from tiered.scan import DEFAULT_SLICE_BYTES, Bounds, ScanSpec, Slice, SliceResult, plan, read_slice
-from tiered.spark_schema import COLUMN_NAMES, arrow_schema, spark_schema
-from tiered.storage import ObjectStore, S3Options, open_store
+from tiered.query.reader import Archive, ReadStats
+from tiered.query.scan import DEFAULT_SLICE_BYTES, Bounds, ScanSpec, Slice, SliceResult, plan, read_slice
+from tiered.query.spark_schema import COLUMN_NAMES, arrow_schema, spark_schema
+from tiered.archive.storage import ObjectStore, S3Options, open_store
 from tiered.timeparse import parse_time_ms
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ datasets read as partitions ``topic`` and ``date``)::
 
 ``date`` is the UTC date of the store time; ``topic`` lives in the path only
 (as Spark writes partition columns); every other column of
-``tiered.spark_schema`` is in the files.
+``tiered.query.spark_schema`` is in the files.
 
 A run is a plan, then execution, then one commit:
 
@@ -46,12 +46,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tiered.columnar import BatchDecoder, QueueInfo
+from tiered.query.columnar import BatchDecoder, QueueInfo
 from tiered.errors import ObjectNotFoundError, PreconditionFailedError, TieredError
-from tiered.reader import Archive, QueueRef, ReadStats
-from tiered.scan import DEFAULT_SLICE_BYTES, Slice, SliceResult, manifest_slices, read_slice
-from tiered.spark_schema import COLUMN_NAMES
-from tiered.storage import ObjectStore
+from tiered.query.reader import Archive, QueueRef, ReadStats
+from tiered.query.scan import DEFAULT_SLICE_BYTES, Slice, SliceResult, manifest_slices, read_slice
+from tiered.query.spark_schema import COLUMN_NAMES
+from tiered.archive.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 

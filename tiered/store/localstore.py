@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from tiered.batch import RecordBatch
-from tiered.codec import (
+from tiered.format.batch import RecordBatch
+from tiered.format.codec import (
     CQ_ENTRY,
     CQ_ENTRY_SIZE,
     CQ_FILLER_SIZE,
@@ -46,10 +46,10 @@ from tiered.codec import (
     peek,
 )
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, NotWrittenYetError
-from tiered.consumeroffsets import ConsumerOffsets, read_consumer_offsets
-from tiered.jsonfile import read_json
-from tiered.queuecursor import EMPTY as _EMPTY
-from tiered.queuecursor import QueueCursor
+from tiered.store.consumeroffsets import ConsumerOffsets, read_consumer_offsets
+from tiered.format.jsonfile import read_json
+from tiered.store.queuecursor import EMPTY as _EMPTY
+from tiered.store.queuecursor import QueueCursor
 
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14; the name is Python >= 3.13
 _CHECKPOINT_CONFIRM = struct.Struct(">q")
@@ -520,7 +520,7 @@ class LocalStore:
         the first record it does not accept, the chunk's last entry (maybe
         still being written) and every file or window change go through
         the record-by-record path, which decides tails, races and errors
-        (``tiered.queuecursor``: the pass as an object with named steps).
+        (``tiered.store.queuecursor``: the pass as an object with named steps).
         """
         return QueueCursor(self, topic, queue_id, from_offset, max_count=max_count, max_bytes=max_bytes,
                            verify_crc=verify_crc).batches()

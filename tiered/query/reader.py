@@ -36,14 +36,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from tiered.codec import CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, MAGIC_V1, MAGIC_V2, MIN_RECORD_SIZE, Record, \
+from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, MAGIC_V1, MAGIC_V2, MIN_RECORD_SIZE, Record, \
     decode_record
-from tiered.coldtier import ColdTier
+from tiered.archive.coldtier import ColdTier
 from tiered.errors import CorruptRecordError, ObjectNotFoundError, StorageError, TieredError
-from tiered.keyindex import bloom_may_contain, lookup
-from tiered.layout import read_part, read_range
-from tiered.manifest import CATALOG, LEASE, MANIFEST, Catalog, Gap, Manifest, Segment, queue_prefix, topic_of_dir
-from tiered.storage import ObjectStore
+from tiered.format.keyindex import bloom_may_contain, lookup
+from tiered.archive.layout import read_part, read_range
+from tiered.archive.manifest import CATALOG, LEASE, MANIFEST, Catalog, Gap, Manifest, Segment, queue_prefix, topic_of_dir
+from tiered.archive.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -43,12 +43,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tiered.codec import BLANK_LENGTH, CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, Record, decode_record, encode_blank
+from tiered.format.codec import BLANK_LENGTH, CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, Record, decode_record, encode_blank
 from tiered.errors import CorruptRecordError, TieredError
-from tiered.jsonfile import write_json
-from tiered.localstore import LocalStore
-from tiered.manifest import Manifest
-from tiered.reader import ColdReader, QueueRef, get_range
+from tiered.format.jsonfile import write_json
+from tiered.store.localstore import LocalStore
+from tiered.archive.manifest import Manifest
+from tiered.query.reader import ColdReader, QueueRef, get_range
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Operations across the stages (store -> format -> archive -> query): status, verify, restore."""

@@ -1,0 +1,1 @@
+"""Stage 4 of 4 (store -> format -> archive -> query): reading the archive: reader, scans, Spark, export."""
