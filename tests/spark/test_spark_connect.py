@@ -65,8 +65,14 @@ def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             proc.wait()
 
 
-def test_connect_client_reads_the_archive_exactly(connect_url: str, build, tmp_path: Path) -> None:
+def test_connect_client_reads_the_archive_exactly(connect_url: str, build, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from pyspark.sql import SparkSession
+
+    # builder.remote() switches the whole process into Connect mode through
+    # these variables: undone after the test, so later tests get classic sessions
+    for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"):
+        monkeypatch.delenv(name, raising=False)
 
     url = f"file://{tmp_path / 'cold'}"
     _, local, _ = build(url)
