@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import json
 import logging
-import struct
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from dispatcher import TopicFilter
-from dispatchkit import BROKER, CLUSTER, assert_exact, new_dispatcher, new_writer, produce, read_manifest
+from dispatchkit import (BROKER, CLUSTER, assert_exact, expire_below, new_dispatcher, new_writer, produce,
+                         read_manifest)
 from metrics import PrometheusRecorder
 from tiered.clock import ManualClock
-from tiered.format.codec import CQ_ENTRY_SIZE
 from tiered.store.localstore import LocalStore
 from tiered.archive.storage import ObjectStore, S3Options, open_store
 
@@ -36,21 +35,6 @@ def _recorded(state: Path) -> dict[tuple[str, int], int]:
     return {(e["topic"], e["queue"]): e["offset"] for e in doc["starts"]}
 
 
-def _expire_below(store_dir: Path, cut: int) -> None:
-    """What broker retention does: delete CommitLog files wholly below
-    ``cut`` and ConsumeQueue files whose entries all point below it."""
-    for f in sorted((store_dir / "commitlog").iterdir()):
-        if int(f.name) + f.stat().st_size <= cut:
-            f.unlink()
-    for qdir in (store_dir / "consumequeue").glob("*/*"):
-        for f in sorted(qdir.iterdir())[:-1]:  # never the last (active) file
-            data = f.read_bytes()
-            used = [struct.unpack_from(">q", data, i)[0] for i in range(0, len(data), CQ_ENTRY_SIZE)
-                    if struct.unpack_from(">i", data, i + 8)[0] != 0]
-            if used and max(used) < cut:
-                f.unlink()
-
-
 def _fill(sd: Path, clock: ManualClock) -> None:
     """Orders/0 spread over several CommitLog and ConsumeQueue files, then
     two small queues written last (retention leaves them whole)."""
@@ -64,7 +48,7 @@ def _expire_oldest(sd: Path) -> int:
     """The broker deletes the two oldest CommitLog files (and the ConsumeQueue
     files pointing only into them); returns Orders/0's new first offset."""
     starts = sorted(int(f.name) for f in (sd / "commitlog").iterdir())
-    _expire_below(sd, starts[2])
+    expire_below(sd, starts[2])
     first = LocalStore(sd).queue_range(*A0).min_offset
     assert first > 0
     return first

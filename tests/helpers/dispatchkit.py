@@ -4,6 +4,7 @@ producer, and an archive reader that is independent of ``tiered.ops.verify``."""
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from collections import Counter
 from dataclasses import replace
@@ -202,3 +203,18 @@ def cq_entries(store: ObjectStore, seg: Segment) -> bytes:
     if seg.layout == 1:
         assert len(store.get(seg.consumequeue_key)) > seg.messages * CQ_ENTRY_SIZE  # the trailer is there
     return parts.entries
+
+
+def expire_below(store_dir: Path, cut: int) -> None:
+    """What broker retention does: delete CommitLog files wholly below
+    ``cut`` and ConsumeQueue files whose entries all point below it."""
+    for f in sorted((store_dir / "commitlog").iterdir()):
+        if int(f.name) + f.stat().st_size <= cut:
+            f.unlink()
+    for qdir in (store_dir / "consumequeue").glob("*/*"):
+        for f in sorted(qdir.iterdir())[:-1]:  # never the last (active) file
+            data = f.read_bytes()
+            used = [struct.unpack_from(">q", data, i)[0] for i in range(0, len(data), CQ_ENTRY_SIZE)
+                    if struct.unpack_from(">i", data, i + 8)[0] != 0]
+            if used and max(used) < cut:
+                f.unlink()

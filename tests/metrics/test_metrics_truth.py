@@ -6,16 +6,14 @@ the series count of a large broker."""
 from __future__ import annotations
 
 import re
-import struct
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from dispatchkit import assert_exact, new_dispatcher, new_writer, produce, read_manifest
+from dispatchkit import assert_exact, expire_below, new_dispatcher, new_writer, produce, read_manifest
 from faultproxy import FaultProxy, FaultSchedule
 from metrics import PrometheusRecorder
-from tiered.format.codec import CQ_ENTRY_SIZE
 from tiered.clock import ManualClock
 from tiered.store.localstore import LocalStore
 from tiered.archive.storage import RetryPolicy, S3Options, open_store
@@ -137,21 +135,6 @@ def test_stuck_queue_exports_lag_and_state_until_it_moves(tmp_path: Path) -> Non
     assert read_manifest(store, *A0).next_offset == 10
 
 
-def _expire_below(store_dir: Path, cut: int) -> None:
-    """What broker retention does: delete CommitLog files wholly below
-    ``cut`` and ConsumeQueue files whose entries all point below it."""
-    for f in sorted((store_dir / "commitlog").iterdir()):
-        if int(f.name) + f.stat().st_size <= cut:
-            f.unlink()
-    for qdir in (store_dir / "consumequeue").glob("*/*"):
-        for f in sorted(qdir.iterdir())[:-1]:  # never the last (active) file
-            data = f.read_bytes()
-            used = [struct.unpack_from(">q", data, i)[0] for i in range(0, len(data), CQ_ENTRY_SIZE)
-                    if struct.unpack_from(">i", data, i + 8)[0] != 0]
-            if used and max(used) < cut:
-                f.unlink()
-
-
 def test_data_deleted_before_the_first_archive_is_a_gap(tmp_path: Path) -> None:
     clock = ManualClock()
     registry = CollectorRegistry()
@@ -168,7 +151,7 @@ def test_data_deleted_before_the_first_archive_is_a_gap(tmp_path: Path) -> None:
     assert read_manifest(store, *A0) is None
     assert lag(registry, A0, "messages") == 300
     starts = sorted(int(f.name) for f in (sd / "commitlog").iterdir())
-    _expire_below(sd, starts[2])
+    expire_below(sd, starts[2])
     first = LocalStore(sd).queue_range(*A0).min_offset
     assert first > 0
     clock.advance(3600)
