@@ -71,8 +71,12 @@ def test_connect_client_reads_the_archive_exactly(connect_url: str, build, tmp_p
 
     # builder.remote() switches the whole process into Connect mode through
     # these variables: undone after the test, so later tests get classic sessions
+    # (setenv first: monkeypatch restores only what it recorded, and an unset
+    # variable is recorded by setenv, not by delenv)
     for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"):
-        monkeypatch.delenv(name, raising=False)
+        if name not in os.environ:
+            monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
 
     url = f"file://{tmp_path / 'cold'}"
     _, local, _ = build(url)

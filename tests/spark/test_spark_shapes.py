@@ -121,14 +121,14 @@ def test_sql_command_is_exact_and_names_the_cause(spark, archived, build, tmp_pa
                                                   if (d["queue_id"], d["queue_offset"]) in orders)}
 
     # the real cause, in one line: an analysis error, a misspelt option, no archive, corrupt data
-    bad = sql(url, "SELECT nope FROM messages")
-    assert bad.exit_code == 1 and "nope" in bad.stderr and len(bad.stderr.strip().splitlines()) <= 2
-    bad = sql(url, "SELECT count(*) FROM messages", "topic=Orders")
-    assert bad.exit_code == 1 and len(bad.stderr.strip().splitlines()) <= 2
+    bad = sql(url, "SELECT nope FROM messages")  # a query Spark cannot resolve: usage, exit 2
+    assert bad.exit_code == 2 and "nope" in bad.stderr and len(bad.stderr.strip().splitlines()) <= 2
+    bad = sql(url, "SELECT count(*) FROM messages", "topic=Orders")  # a misspelt option: usage, exit 2
+    assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) <= 2
     assert "OptionError: unknown option topic; the rocketmq source takes: endpoint" in " ".join(bad.stderr.split())
     missing = f"file://{tmp_path / 'nowhere'}"
-    bad = sql(missing, "SELECT count(*) FROM messages")
-    assert bad.exit_code == 1 and len(bad.stderr.strip().splitlines()) <= 2
+    bad = sql(missing, "SELECT count(*) FROM messages")  # found at analysis: exit 2
+    assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) <= 2
     assert f"NoArchiveError: no archive at {missing}" in " ".join(bad.stderr.split())
     store = open_store(url)
     seg = Archive(store).manifest(QueueRef(CLUSTER, BROKER, ORDERS, 1)).segments[1]
