@@ -46,7 +46,7 @@ def test_list_dirs_is_one_delimiter_listing_on_every_store(archived) -> None:
     from tiered.archive.storage import ObjectStore
 
     store = archived.store
-    assert store.list_dirs() == [CLUSTER] and list_dirs(store, CLUSTER) == [BROKER]
+    assert list_dirs(store) == [CLUSTER] and list_dirs(store, CLUSTER) == [BROKER]
     assert sorted(store.list_dirs(f"{CLUSTER}/{BROKER}"))[:2] == ["%DLQ%billing", "Orders"]
     assert store.list_dirs("no/such/prefix") == []
     # the generic fallback (stores without a delimiter listing) agrees

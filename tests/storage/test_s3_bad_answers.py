@@ -98,6 +98,7 @@ def test_every_attempt_spoiled_ends_in_the_typed_error(moto_endpoint, s3_bucket)
     assert rec.retries["get"] == 2 and rec.requests[("get", "error")] == 3
 
 
+@pytest.mark.moto_only  # the spoiled-answer counts assume moto's request pattern (SeaweedFS differs)
 def test_dispatch_and_verify_through_spoiled_answers(moto_endpoint, s3_bucket, tmp_path):
     """Every fifth answer spoiled, of every kind: the CLI archives exactly,
     exits 0, and prints no traceback."""
