@@ -261,8 +261,8 @@ class _StateCollector(Collector):
             GaugeMetricFamily("tiered_lease_held", "1 while this sidecar holds the write lease."),
             GaugeMetricFamily(
                 "tiered_lease_expiry_timestamp_seconds",
-                "Expiry of the write lease this sidecar holds (renewed before writes, so an idle "
-                "sidecar's may be past); absent when not held.",
+                "Expiry of the write lease this sidecar holds (renewed before writes and by the "
+                "store probe once half its TTL is gone); absent when not held or lapsed.",
             ),
         ]
 

@@ -61,7 +61,7 @@ def test_healthz_follows_the_heartbeat_only(tmp_path: Path, monkeypatch) -> None
         sidecar.server.stop()
 
 
-def test_lease_gauges_and_changes(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def _idle_sidecar(tmp_path: Path, monkeypatch) -> tuple[Sidecar, ManualClock, str]:  # noqa: ANN001
     for key in [k for k in os.environ if k.startswith("TIERED_")]:
         monkeypatch.delenv(key)
     with StoreWriter(tmp_path / "store") as w:
@@ -70,7 +70,11 @@ def test_lease_gauges_and_changes(tmp_path: Path, monkeypatch) -> None:  # noqa:
     settings = load_settings(None, store=tmp_path / "store", cold_url=cold, state_dir=tmp_path / "state",
                              cluster="C", broker="b", **{"metrics.port": 0, "lease_ttl": 120})
     clock = ManualClock()
-    sidecar = Sidecar(settings, clock=clock)
+    return Sidecar(settings, clock=clock), clock, cold
+
+
+def test_lease_gauges_and_changes(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    sidecar, clock, cold = _idle_sidecar(tmp_path, monkeypatch)
     value = sidecar.registry.get_sample_value
     assert value("tiered_lease_held") == 0 and value("tiered_lease_expiry_timestamp_seconds") is None
     sidecar.dispatch_round()
@@ -87,3 +91,47 @@ def test_lease_gauges_and_changes(tmp_path: Path, monkeypatch) -> None:  # noqa:
     assert value("tiered_lease_held") == 0 and value("tiered_lease_expiry_timestamp_seconds") is None
     assert value("tiered_lease_changes_total", {"event": "lost"}) == 1
     assert value("tiered_lease_changes_total", {"event": "acquired"}) == 1
+
+
+def test_an_idle_sidecar_renews_its_lease_through_the_probe(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    sidecar, clock, cold = _idle_sidecar(tmp_path, monkeypatch)
+    value = sidecar.registry.get_sample_value
+    bucket = LeaseManager(open_store(cold), "C/b", "reader", clock=clock)
+    sidecar.dispatch_round()  # archives the one message; every later round is idle
+    first = bucket.current()
+    assert first is not None and first.expires_ms == clock.now_ms() + 120_000
+    clock.advance(50)  # 70 s left, more than half the TTL: no write
+    sidecar.dispatch_round()
+    sidecar.probe_store()
+    assert bucket.current() == first
+    clock.advance(20)  # 50 s left: the probe renews, though no round writes
+    sidecar.dispatch_round()
+    sidecar.probe_store()
+    renewed = bucket.current()
+    assert renewed is not None and renewed.expires_ms == clock.now_ms() + 120_000
+    assert renewed.epoch == first.epoch and renewed.owner == first.owner
+    assert value("tiered_lease_held") == 1
+    assert value("tiered_lease_expiry_timestamp_seconds") == renewed.expires_ms / 1000
+    assert value("tiered_lease_changes_total", {"event": "lost"}) == 0
+
+
+def test_a_lapsed_or_taken_lease_reads_not_held(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    sidecar, clock, cold = _idle_sidecar(tmp_path, monkeypatch)
+    value = sidecar.registry.get_sample_value
+    sidecar.dispatch_round()
+    # no renewal got through (a storage outage): past its expiry the lease is
+    # anyone's, whatever this sidecar last wrote
+    clock.advance(121)
+    sidecar._note_lease()
+    assert value("tiered_lease_held") == 0 and value("tiered_lease_expiry_timestamp_seconds") is None
+    assert value("tiered_lease_changes_total", {"event": "lost"}) == 1
+    # the probe's renewal wins it back, since nobody else took it
+    sidecar.probe_store()
+    assert value("tiered_lease_held") == 1
+    assert value("tiered_lease_changes_total", {"event": "acquired"}) == 2
+    # another writer takes the prefix while we idle: the probe's renewal is refused
+    LeaseManager(open_store(cold), "C/b", "intruder", clock=clock, force=True).acquire()
+    clock.advance(70)
+    sidecar.probe_store()
+    assert value("tiered_lease_held") == 0 and value("tiered_lease_expiry_timestamp_seconds") is None
+    assert value("tiered_lease_changes_total", {"event": "lost"}) == 2

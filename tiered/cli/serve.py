@@ -135,16 +135,29 @@ class Sidecar:
     def probe_store(self) -> None:
         """One cheap request (HEAD of the lease object) so that
         ``tiered_object_store_up`` is fresh even when nothing else asks; its
-        outcome is recorded by the store's own metrics."""
+        outcome is recorded by the store's own metrics.
+
+        A held lease is also renewed here once half its TTL is gone: rounds
+        renew it only before they write, so without this an idle sidecar's
+        lease would lapse in the bucket while it still counted itself the
+        holder, and another writer could take the prefix unnoticed."""
+        if self.lease.lease is not None:
+            try:
+                self.lease.ensure()
+            except TieredError as exc:  # fenced or unreachable: the gauges below say so
+                log.warning("lease renewal failed: %s", exc)
         try:
             self.store.head(self.lease.key)
         except TieredError as exc:
             log.warning("object-store probe failed: %s", exc)
+        self._note_lease()
 
     def _note_lease(self) -> None:
-        """Lease gauges and changes, from what the lease manager holds (no request)."""
+        """Lease gauges and changes, from what the lease manager holds (no
+        request). A lease past its expiry is not held, whatever we last wrote:
+        any other sidecar may take it from then on."""
         lease = self.lease.lease
-        held = lease is not None
+        held = lease is not None and lease.expires_ms > self.clock.now_ms()
         if held != self._lease_held:
             self.recorder.lease_change("acquired" if held else "lost")
             self._lease_held = held
