@@ -239,14 +239,20 @@ def _topics(attrs: dict) -> dict:
 
 
 @pytest.mark.parametrize("main", [None, b"", b"   \n", b"{garbage", b"\xff\xfe", b"[" * 100_000])
-def test_config_falls_back_to_bak(tmp_path: Path, main: bytes | None) -> None:
+def test_config_falls_back_to_bak(tmp_path: Path, main: bytes | None, caplog: pytest.LogCaptureFixture) -> None:
     config = tmp_path / "config"
     config.mkdir()
     (config / "topics.json.bak").write_text(json.dumps(_topics({"reserve.time": "36"})))
     if main is not None:
         (config / "topics.json").write_bytes(main)
     store = LocalStore(tmp_path)
-    assert store.read_config("topics.json") == _topics({"reserve.time": "36"})
+    with caplog.at_level("WARNING", logger="tiered.format.jsonfile"):
+        assert store.read_config("topics.json") == _topics({"reserve.time": "36"})
+    # the fallback is said, naming the file and why (the backup is one write older)
+    warned = [r.getMessage() for r in caplog.records if r.name == "tiered.format.jsonfile"]
+    why = "missing" if main is None else "topics.json: "
+    assert len(warned) == 1 and str(config / "topics.json") in warned[0] and why in warned[0], warned
+    assert "topics.json.bak" in warned[0]
     assert store.retention_hours() == {"T": 36.0}
 
 

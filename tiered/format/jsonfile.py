@@ -6,11 +6,14 @@ back to X.bak. Used for the broker's config/*.json and our manifest cache.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from tiered.errors import CorruptRecordError
+
+log = logging.getLogger(__name__)
 
 
 def write_json(path: Path, obj: Any, *, fsync: bool = True) -> None:
@@ -51,11 +54,16 @@ def read_json(path: Path) -> Any | None:
     first_error: str | None = None
     for candidate in (path, bak):
         try:
-            return _load(candidate)
+            doc = _load(candidate)
         except FileNotFoundError:
             continue
         except (ValueError, UnicodeDecodeError, OSError, RecursionError) as exc:  # deep nesting: RecursionError
             first_error = first_error or f"{candidate.name}: {type(exc).__name__}"
+            continue
+        if candidate is bak:
+            # the backup is one write older: say so, since what was lost may matter
+            log.warning("%s: %s; read its backup %s instead", path, first_error or "missing", bak.name)
+        return doc
     if first_error is None:
         return None
     raise CorruptRecordError(str(path), 0, f"unparsable JSON and no usable backup ({first_error})")
