@@ -150,3 +150,19 @@ def test_cli_refuses_a_store_ignoring_conditions(real_moto_endpoint, tmp_path):
     assert "conditional writes are not honoured" in res.output and f"bucket {bucket}" in res.output
     assert "Traceback" not in res.output
     assert _keys(real_moto_endpoint, bucket) == []
+
+
+def test_a_probe_left_behind_is_no_cluster_and_hides_none(moto_endpoint, s3_bucket):
+    """A probe cut short by a crash leaves its object at the root: readers,
+    which find clusters by a delimiter listing, must not take it for one, and
+    a cluster really named "_probe" must still be found."""
+    from tiered.query.reader import discover, list_dirs
+
+    store = _store(moto_endpoint, s3_bucket)
+    store.capabilities()
+    client = boto3.client("s3", endpoint_url=moto_endpoint)
+    client.put_object(Bucket=s3_bucket, Key="arch/_probe-0123456789abcdef", Body=b"left by a crash")
+    store.put("_probe/b/_catalog.json", b"{}")
+    store.put("C/b/_lease.json", b"{}")
+    assert list_dirs(store) == ["C", "_probe"]
+    assert discover(store) == [("C", "b"), ("_probe", "b")]

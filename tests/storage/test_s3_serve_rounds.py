@@ -48,7 +48,7 @@ def test_serve_rounds_with_lease_renewals_verify_exactly(via, tmp_path, serve, r
     if proxy is not None:
         # the probe's two quoted tries (a stale tag, the current tag); never one after it
         assert proxy.refused_quoted == 2 and set(proxy.refused_keys) == {proxy.refused_keys[0]}
-        assert "/_probe/" in proxy.refused_keys[0]
+        assert "/_probe-" in proxy.refused_keys[0]
 
 
 def _bucket(endpoint: str) -> str:

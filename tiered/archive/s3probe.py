@@ -40,7 +40,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PROBE_DIR = "_probe"
+# One flat object at the root, never a folder: delimiter listings (how readers
+# find clusters) show only folders, so the probe is never taken for a cluster,
+# and a cluster really named "_probe" is not hidden either.
+PROBE_PREFIX = "_probe-"
 _STALE_TAG = "00000000000000000000000000000000"
 _WRONG_CRC32 = base64.b64encode(b"\0\0\0\0").decode("ascii")
 _WRONG_MD5 = base64.b64encode(b"\0" * 16).decode("ascii")
@@ -102,7 +105,7 @@ def forget() -> None:
 class _Prober:
     def __init__(self, store: S3Store) -> None:
         self.store = store
-        key = f"{PROBE_DIR}/{uuid.uuid4().hex}"
+        key = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
         self.key = key
         self.full = store._full(key)
         self.answers: list[tuple[str, int]] = []

@@ -105,10 +105,8 @@ def get_object(store: ObjectStore, key: str, stats: ReadStats | None) -> bytes:
 
 def list_dirs(store: ObjectStore, prefix: str = "") -> list[str]:
     """Names of the "directories" right under ``prefix`` (``ObjectStore.list_dirs``:
-    one delimiter listing, never a recursive one). At the root, the S3
-    capability probe's ``_probe/`` folder is not a cluster."""
-    names = store.list_dirs(prefix)
-    return [n for n in names if n != "_probe"] if not prefix.strip("/") else names
+    one delimiter listing, never a recursive one)."""
+    return store.list_dirs(prefix)
 
 
 def discover(store: ObjectStore, cluster: str | None = None, broker: str | None = None) -> list[tuple[str, str]]:
