@@ -9,6 +9,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
 from tiered.archive.coldtier import ColdTier
@@ -85,12 +86,12 @@ def write_store(root: Path, specs: list[TopicSpec], *, seed: int = 7) -> dict[st
 
 
 def archive(local_root: Path, store: ObjectStore, state_dir: Path, *, segment_bytes: int = 16 * 1024,
-            cluster: str = CLUSTER, broker: str = BROKER, key_index: bool = True) -> LocalStore:
-    """Archive everything in the store (as many rounds as needed)."""
+            cluster: str = CLUSTER, broker: str = BROKER, **options: Any) -> LocalStore:
+    """Archive everything in the store (as many rounds as needed); ``options``
+    are further ``ArchiveOptions`` (key_index, layout, compression)."""
     local = LocalStore(local_root)
     cold = ColdTier(store, cluster, broker, state_dir=state_dir, writer="test")
-    opts = DispatchOptions(ArchiveOptions(upload_bytes=1, max_delay_ms=0, segment_bytes=segment_bytes,
-                                          key_index=key_index),
+    opts = DispatchOptions(ArchiveOptions(upload_bytes=1, max_delay_ms=0, segment_bytes=segment_bytes, **options),
                            parallelism=1, round_budget_s=float("inf"))
     d = Dispatcher(local, cold, options=opts, topic_filter=TopicFilter(include_system=False))
     for _ in range(20):

@@ -8,11 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from readerkit import BROKER, CLUSTER, TopicSpec, write_store
-from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
-from tiered.archive.coldtier import ColdTier
+from readerkit import CLUSTER, TopicSpec, archive, write_store
 from tiered.query.export import Exporter
-from tiered.store.localstore import LocalStore
 from tiered.query.spark_source import load
 from tiered.archive.storage import open_store
 
@@ -23,28 +20,16 @@ SPECS = [TopicSpec("Orders", queues=2, messages=120), TopicSpec("%DLQ%billing", 
 COLUMNS = ["topic", "queue_id", "queue_offset", "store_timestamp", "body_crc", "keys", "tags"]
 
 
-def _archive(local: LocalStore, url: str, state: Path, **archive: object) -> None:
-    cold = ColdTier(open_store(url), CLUSTER, BROKER, state_dir=state, writer="test")
-    opts = DispatchOptions(ArchiveOptions(upload_bytes=1, max_delay_ms=0, segment_bytes=8 * 1024, **archive),
-                           parallelism=1, round_budget_s=float("inf"))
-    d = Dispatcher(local, cold, options=opts, topic_filter=TopicFilter(include_system=False))
-    for _ in range(20):
-        result = d.run_round()
-        assert result.ok, result.errors
-        if result.lag_messages == 0 and result.segments == 0:
-            break
-
-
 def _rows(spark, url: str) -> list[tuple]:
     return sorted(tuple(r) for r in load(spark, url).select(*COLUMNS).collect())
 
 
 def test_spark_and_export_read_zstd_v2_like_v1(spark, tmp_path: Path) -> None:
     write_store(tmp_path / "store", SPECS)
-    local = LocalStore(tmp_path / "store")
     v1, v2 = f"file://{tmp_path / 'v1'}", f"file://{tmp_path / 'v2'}"
-    _archive(local, v1, tmp_path / "s1", layout=1)
-    _archive(local, v2, tmp_path / "s2", layout=2, compression="zstd")
+    archive(tmp_path / "store", open_store(v1), tmp_path / "s1", segment_bytes=8 * 1024, layout=1)
+    archive(tmp_path / "store", open_store(v2), tmp_path / "s2", segment_bytes=8 * 1024, layout=2,
+            compression="zstd")
     assert any(k.endswith(".zst") for k in (o.key for o in open_store(v2).list_keys(f"{CLUSTER}/")))
     want = _rows(spark, v1)
     assert len(want) == 150
