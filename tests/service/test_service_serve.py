@@ -81,6 +81,17 @@ def samples(text: str, name: str) -> dict[str, float]:
     return out
 
 
+def metrics_text(proc: subprocess.Popen, port: int) -> str | None:
+    """A live sidecar's /metrics page; None while it is not listening yet.
+    A sidecar that died fails the test with its stderr."""
+    if proc.poll() is not None:
+        raise AssertionError(Path(proc.err_path).read_text())  # type: ignore[attr-defined]
+    try:
+        return get(f"http://127.0.0.1:{port}/metrics")[1]
+    except OSError:
+        return None
+
+
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator:  # noqa: ANN001
     procs: list[subprocess.Popen] = []
@@ -112,11 +123,8 @@ def test_live_metrics_match_the_archive(tmp_path: Path, moto_endpoint: str, s3_u
     base = f"http://127.0.0.1:{port}"
 
     def caught_up() -> str | None:
-        if proc.poll() is not None:
-            raise AssertionError(Path(proc.err_path).read_text())
-        try:
-            status, text = get(base + "/metrics")
-        except OSError:
+        text = metrics_text(proc, port)
+        if text is None:
             return None
         archived = samples(text, "tiered_archived_messages_total")
         lag = samples(text, "tiered_archive_lag_messages")
@@ -175,13 +183,8 @@ def test_sigterm_during_upload_exits_zero_and_archive_verifies(tmp_path: Path, s
     proc = serve(["--store", str(store), "--cold", cold_url, "--metrics-port", str(port)], env)
 
     def first_segment() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(Path(proc.err_path).read_text())
-        try:
-            text = get(f"http://127.0.0.1:{port}/metrics")[1]
-        except OSError:
-            return False
-        return bool(samples(text, "tiered_archived_messages_total"))
+        text = metrics_text(proc, port)
+        return text is not None and bool(samples(text, "tiered_archived_messages_total"))
 
     wait_for(first_segment)
     proc.send_signal(signal.SIGTERM)

@@ -25,7 +25,7 @@ _SERVICE = str(Path(__file__).resolve().parents[1] / "service")
 if _SERVICE not in sys.path:
     sys.path.insert(0, _SERVICE)
 
-from test_service_serve import BROKER, CLUSTER, free_port, get, samples, serve, serve_env, wait_for  # noqa: E402,F401
+from test_service_serve import BROKER, CLUSTER, free_port, metrics_text, samples, serve, serve_env, wait_for  # noqa: E402,F401
 
 BATCHES, PER_BATCH = 4, 50
 
@@ -71,13 +71,8 @@ def _run(tmp_path: Path, serve, url: str, direct: str, bucket: str) -> None:  # 
 
         def archived(n: int):  # noqa: ANN202
             def check() -> bool:
-                if proc.poll() is not None:
-                    raise AssertionError(Path(proc.err_path).read_text())
-                try:
-                    text = get(f"http://127.0.0.1:{port}/metrics")[1]
-                except OSError:
-                    return False
-                return samples(text, "tiered_archived_messages_total").get(
+                text = metrics_text(proc, port)
+                return text is not None and samples(text, "tiered_archived_messages_total").get(
                     'tiered_archived_messages_total{topic="Rounds"}') == n
             return check
 
