@@ -204,7 +204,47 @@ static PyObject *py_crc32(PyObject *self, PyObject *arg) {
     return PyLong_FromUnsignedLong(crc);
 }
 
+/* crc32_rows(rows, at, row_size, length, out): the CRC-32 of ``length``
+ * bytes at ``at`` of each ``row_size``-byte row of ``rows`` into the int64
+ * buffer ``out`` (what `tiered produce` stamps into the records it builds). */
+static PyObject *py_crc32_rows(PyObject *self, PyObject *args) {
+    PyObject *rows_obj, *out_obj;
+    Py_ssize_t at, row_size, length;
+    if (!PyArg_ParseTuple(args, "OnnnO", &rows_obj, &at, &row_size, &length, &out_obj)) return NULL;
+    if (crc32_impl == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "set_crc32 was not called");
+        return NULL;
+    }
+    if (row_size <= 0 || at < 0 || length < 0 || length > 0x7FFFFFFF || at > row_size - length) {
+        PyErr_SetString(PyExc_ValueError, "span outside the row");
+        return NULL;
+    }
+    Py_buffer rows, out;
+    if (PyObject_GetBuffer(rows_obj, &rows, PyBUF_SIMPLE) != 0) return NULL;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE) != 0) {
+        PyBuffer_Release(&rows);
+        return NULL;
+    }
+    const Py_ssize_t count = rows.len / row_size;
+    if (rows.len % row_size != 0 || out.len < count * (Py_ssize_t)sizeof(int64_t)) {
+        PyBuffer_Release(&rows);
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "rows not whole rows, or out too small");
+        return NULL;
+    }
+    const uint8_t *base = rows.buf;
+    int64_t *dst = out.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++)
+        dst[i] = crc32_impl(0, base + i * row_size + at, (uint32_t)length);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"crc32_rows", py_crc32_rows, METH_VARARGS, "CRC-32 of the same span of every row of a 2-D buffer."},
     {"check_run", py_check_run, METH_VARARGS, "Validate a run of records; returns how many lead the run."},
     {"set_crc32", py_set_crc32, METH_O, "Install the crc32(crc, buf, len) function at this address."},
     {"crc32", py_crc32, METH_O, "CRC-32 of a buffer through the installed function."},
