@@ -254,7 +254,7 @@ class StoreWriter:
             return
         if self._cl_pending and (self._cl_at[0] != start or self._cl_at[1] + len(self._cl_pending) != rel):
             self.write_pending()
-        if len(data) >= self._buffer_bytes:
+        if len(data) >= min(self._buffer_bytes, _LARGE_WRITE):
             # already a large write: what is pending first, then this, without copying it
             self.write_pending()
             os.pwrite(self._fd(("cl", start), self.commitlog_file_size), data, rel)
@@ -477,7 +477,10 @@ class StoreWriter:
 
 # messages encoded at once by produce_messages: about this many bytes of records
 _CHUNK_BYTES = 4 << 20
-_HEX_PAIRS = np.frombuffer(b"".join(b"%02X" % b for b in range(256)), np.uint8).reshape(256, 2)
+# a buffered writer writes data this large at once, not through its buffer (a copy)
+_LARGE_WRITE = 1 << 20
+# each byte's two hex digits, as one 2-byte item: one lookup a byte
+_HEX_PAIRS = np.frombuffer(b"".join(b"%02X" % b for b in range(256)), np.uint16)
 _ENTRY_DTYPE = np.dtype([("phys", ">i8"), ("size", ">i4"), ("tags", ">i8")])  # a ConsumeQueue entry
 
 
@@ -511,7 +514,7 @@ class MessageDraws:
 def _hex_columns(raw: np.ndarray) -> np.ndarray:
     """Upper-case hex of each row of ``raw`` (uint8), as ASCII (rows, 2 x width):
     one lookup of each byte's two digits."""
-    return _HEX_PAIRS[raw].reshape(raw.shape[0], -1)
+    return _HEX_PAIRS.take(raw).view(np.uint8)
 
 
 def _put_be(rows: np.ndarray, at: int, dtype: str, values: np.ndarray | int) -> None:
