@@ -488,7 +488,7 @@ class MessageDraws:
     """The unique keys and bodies of ``tiered produce --seed``: one SFC64
     stream (numpy), ``ceil((16 + body_size) / 8)`` 64-bit words per message,
     little-endian bytes: the unique key is the first 16 (upper-case hex),
-    the body the next ``body_size``. Drawn in bulk, ~20x faster than
+    the body the next ``body_size``. Drawn in bulk, ~5x faster than
     ``random.randbytes``; a run of ``take`` calls draws the same messages
     however it is split."""
 
