@@ -12,9 +12,10 @@ to one CPU:
 - reads every queue through its ConsumeQueue with ``LocalStore.iter_batches``
   (every record validated: magic, sizes, queue id and offset, physical
   offset, topic, every length, body CRC), the dispatcher's read path, and
-  counts records and bytes; then once more with ``iter_queue``, which also
-  makes one Record object per record (as ``tiered verify`` and ``inspect``
-  read),
+  counts records and bytes (through the compiled run check, and once more
+  with the numpy path it replaces where no C compiler built it); then once
+  more with ``iter_queue``, which also makes one Record object per record
+  (as ``tiered verify`` and ``inspect`` read),
 - reports its peak RSS (``resource.getrusage``).
 
 Speeds are bytes per CPU second of the worker (user + system, from
@@ -60,6 +61,7 @@ from tiered.format.codec import (
     peek,
     tags_code,
 )
+from tiered.format import batch
 from tiered.format.jsonfile import write_json
 from tiered.store.localstore import LocalStore
 
@@ -249,7 +251,8 @@ def worker(root: Path, passes: int) -> dict[str, float]:
     # the baseline reads the same record bytes: each file up to its last record
     lengths = json.loads((root / "bench.json").read_text())["written"]
     chunk = bytearray(READ_CHUNK)
-    raw_cpu = decode_cpu = float("inf")
+    raw_cpu = decode_cpu = numpy_cpu = float("inf")
+    compiled = batch._native
     total_raw = records = nbytes = 0
     # interleaved, best of ``passes`` for both sides: a noisy neighbour
     # slows one pass, not one side
@@ -258,6 +261,12 @@ def worker(root: Path, passes: int) -> dict[str, float]:
         raw_cpu = min(raw_cpu, cpu)
         records, nbytes, cpu = decode_pass(root)
         decode_cpu = min(decode_cpu, cpu)
+        if compiled is not None:  # the same pass on the numpy path, for comparison
+            batch._native = None
+            try:
+                numpy_cpu = min(numpy_cpu, decode_pass(root)[2])
+            finally:
+                batch._native = compiled
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     with LocalStore(root) as store:  # one Record object per record, as `tiered verify` reads
         t0 = _cpu()
@@ -272,6 +281,7 @@ def worker(root: Path, passes: int) -> dict[str, float]:
         "raw_bps": total_raw / raw_cpu,
         "decode_bps": nbytes / decode_cpu,
         "decode_rps": records / decode_cpu,
+        "numpy_bps": nbytes / max(numpy_cpu, 1e-9),  # 0 when the compiled check is not built
         "per_record_bps": per_record_bps,
         "peak_rss": peak_rss,
     }
@@ -312,6 +322,8 @@ def run(size_mib: int, base: Path, passes: int, bodies: tuple[int, ...] = (1024,
                       f"    raw sequential read  {m['raw_bps'] / 1e6:9.1f} MB/s\n"
                       f"    iter_batches         {m['decode_bps'] / 1e6:9.1f} MB/s  {m['decode_rps']:12,.0f} records/s"
                       f"  ratio {m['decode_bps'] / m['raw_bps']:.3f}\n"
+                      f"    numpy path           {m['numpy_bps'] / 1e6:9.1f} MB/s  ratio {m['numpy_bps'] / m['raw_bps']:.3f}"
+                      f"{'' if batch._native else '  (compiled check not built: the numpy path above)'}\n"
                       f"    iter_queue (objects) {m['per_record_bps'] / 1e6:9.1f} MB/s"
                       f"  ratio {m['per_record_bps'] / m['raw_bps']:.3f}\n"
                       f"    peak RSS             {m['peak_rss'] / (1 << 20):9.1f} MiB", flush=True)
@@ -322,8 +334,9 @@ def run(size_mib: int, base: Path, passes: int, bodies: tuple[int, ...] = (1024,
 
 def summary(rows: list[dict[str, object]]) -> None:
     print()
-    print("| body | store | records | raw MB/s | decode MB/s | records/s | ratio | iter_queue ratio | peak RSS MiB | goal |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("| body | store | records | raw MB/s | decode MB/s | records/s | ratio | numpy path ratio | iter_queue ratio "
+          "| peak RSS MiB | goal |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         ratio = r["decode_bps"] / r["raw_bps"]  # type: ignore[operator]
         if r["body"] == 1024:
@@ -332,6 +345,7 @@ def summary(rows: list[dict[str, object]]) -> None:
             goal = f">= 500,000 rec/s: {'met' if r['decode_rps'] >= 500_000 else 'MISSED'}"  # type: ignore[operator]
         print(f"| {r['body']} B | {r['store_mib']:.0f} MiB | {r['records']:,} | {r['raw_bps'] / 1e6:.0f} | "  # type: ignore[operator]
               f"{r['decode_bps'] / 1e6:.0f} | {r['decode_rps']:,.0f} | {ratio:.3f} | "  # type: ignore[operator]
+              f"{r['numpy_bps'] / r['raw_bps']:.3f} | "  # type: ignore[operator]
               f"{r['per_record_bps'] / r['raw_bps']:.3f} | "  # type: ignore[operator]
               f"{r['peak_rss'] / (1 << 20):.1f} | {goal} |")  # type: ignore[operator]
     print()
