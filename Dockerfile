@@ -30,6 +30,13 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/tiered
 WORKDIR /src
 
+# A C compiler for the read path's compiled run check (tiered/format/_runcheck.c,
+# an optional extension: without it the sidecar reads with numpy, slower). In
+# this stage only: the final images get the built module, not the compiler.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+
 # Dependencies first, in their own layer: it is rebuilt only when
 # pyproject.toml or constraints.txt change, not on every source edit.
 COPY pyproject.toml constraints.txt ./

@@ -41,7 +41,7 @@ BUILD_STEPS = (
 )
 SPARK_STEPS = (f"{VENV}/bin/pip install -c constraints.txt -r /tmp/spark-requirements.txt",)
 # Only what the .dockerignore allowlist lets into the context matters to pip.
-CONTEXT = ("pyproject.toml", "README.md", "constraints.txt", "LICENSE", "NOTICE")
+CONTEXT = ("pyproject.toml", "setup.py", "README.md", "constraints.txt", "LICENSE", "NOTICE")
 QUERY_SIDE = ("pyspark", "pyarrow")
 
 
@@ -78,7 +78,7 @@ def copy_context(dst: Path) -> Path:
     for name in CONTEXT:
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, dst / name)
-    ignore = shutil.ignore_patterns("__pycache__", "*.py[cod]", "*.egg-info", ".pytest_cache")
+    ignore = shutil.ignore_patterns("__pycache__", "*.py[cod]", "*.so", "*.egg-info", ".pytest_cache")
     for pkg in packages():
         shutil.copytree(ROOT / pkg, dst / pkg, ignore=ignore)
     return dst

@@ -192,7 +192,7 @@ def test_context_ships_every_package_file_and_nothing_local() -> None:
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout.split()
-    needed = {"pyproject.toml", "constraints.txt", project["project"]["readme"]}
+    needed = {"pyproject.toml", "setup.py", "constraints.txt", project["project"]["readme"]}
     needed |= {f for f in tracked if f.split("/")[0] in packages}
     assert len(needed) > 5
     for path in sorted(needed):

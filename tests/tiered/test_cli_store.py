@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import struct
 import subprocess
 import sys
-import uuid
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -37,11 +36,12 @@ def inspect_json(store: Path, *args: str) -> list[dict]:
 
 def expected_messages(n: int, body_size: int, seed: int = 0) -> list[tuple[str, bytes]]:
     """(unique key, body) of each message, drawn the way produce draws them."""
-    rng = random.Random(seed)
+    gen = np.random.SFC64(seed)  # one stream, ceil((16 + body) / 8) words a message, little-endian bytes
+    words = (16 + body_size + 7) // 8
     out = []
     for _ in range(n):
-        uid = uuid.UUID(int=rng.getrandbits(128)).hex.upper()
-        out.append((uid, rng.randbytes(body_size)))
+        raw = b"".join(int(w).to_bytes(8, "little") for w in gen.random_raw(words))
+        out.append((raw[:16].hex().upper(), raw[16:16 + body_size]))
     return out
 
 
@@ -219,3 +219,34 @@ def test_console_script_end_to_end(tmp_path: Path) -> None:
         (0, ["key-1"], msgs[1][0], START_MS + 10), (1, ["key-3"], msgs[3][0], START_MS + 30)]
     assert [r["body_crc"] for r in records] == [zlib.crc32(msgs[i][1]) & 0x7FFFFFFF for i in (1, 3)]
     assert all(r["tags"] == "TagA" and r["magic_version"] == 1 for r in records)
+
+
+def test_produce_starts_without_the_other_commands_modules(tmp_path: Path) -> None:
+    # imports were most of what `tiered produce` cost: it loads its own module
+    # alone, and none of the archive's, the dispatcher's or the reader's
+    code = ("import sys; from tiered.cli import main\n"
+            "try:\n    main()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
+            "heavy = ('dispatcher', 'cleaner', 'metrics', 'boto3', 'tiered.store.localstore', 'tiered.cli.archive')\n"
+            "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+            "from tiered.cli.app import app\n"
+            "print(sorted(c.name or c.callback.__name__ for c in app.registered_commands))\n")
+    out = subprocess.run([sys.executable, "-c", code, "produce", "--store", str(tmp_path / "s"), "--topic", "T",
+                          "--messages", "3"], check=True, capture_output=True, text=True).stdout.splitlines()
+    assert out == ["[]", "['inspect', 'produce']"]
+    with LocalStore(tmp_path / "s") as store:
+        assert sum(store.queue_range("T", q).count for q in range(4)) == 3
+
+
+def test_the_app_holds_every_command_and_each_lone_command_its_module(tmp_path: Path) -> None:
+    import typer.main
+
+    import tiered.cli as cli
+
+    names = typer.main.get_command(app).list_commands(None)
+    assert {"produce", "inspect", "dispatch", "serve", "verify", "clean", "status"} <= set(names)
+    for command, module in cli._ALONE.items():
+        owner = next(c for c in app.registered_commands if (c.name or c.callback.__name__) == command)
+        assert owner.callback.__module__ == f"tiered.cli.{module}"
+    # `tiered --debug produce` is the lone command too; anything else loads them all
+    assert cli._alone(["--debug", "produce", "--store", "s"]) == "store"
+    assert cli._alone(["--version"]) is None and cli._alone(["inspect"]) is None and cli._alone([]) is None

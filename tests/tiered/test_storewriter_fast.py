@@ -4,10 +4,9 @@ general path (``StoreWriter.put``, unbuffered) writes, byte for byte."""
 from __future__ import annotations
 
 import os
-import random
-import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tiered.format.codec import Host
@@ -30,12 +29,22 @@ def tree(root: Path) -> dict[str, bytes]:
 def put_reference(root: Path, topic: str, n: int, *, queues: int, body_size: int, keys: bool, tags: str | None,
                   start_ms: int, store_host: Host, born: Host) -> None:
     """What produce wrote before the fast path: one put() per message."""
-    rng = random.Random(7)
     with StoreWriter(root, commitlog_file_size=8192, cq_entries_per_file=5, store_host=store_host) as w:
-        for i in range(n):
-            uid = uuid.UUID(int=rng.getrandbits(128)).hex.upper()
-            w.put(topic, i % queues, rng.randbytes(body_size), tags=tags, keys=[f"key-{i}"] if keys else None,
+        for i, (uid, body) in enumerate(draws(7, n, body_size)):
+            w.put(topic, i % queues, body, tags=tags, keys=[f"key-{i}"] if keys else None,
                   unique_key=uid, store_timestamp=start_ms + i * 3, born_timestamp=start_ms + i * 3, born_host=born)
+
+
+def draws(seed: int, n: int, body_size: int) -> list[tuple[str, bytes]]:
+    """(unique key, body) of each message as ``tiered produce`` draws them, one
+    message at a time (produce draws thousands at once: the same stream)."""
+    gen = np.random.SFC64(seed)
+    words = (16 + body_size + 7) // 8
+    out = []
+    for _ in range(n):
+        raw = b"".join(int(w).to_bytes(8, "little") for w in gen.random_raw(words))
+        out.append((raw[:16].hex().upper(), raw[16:16 + body_size]))
+    return out
 
 
 @pytest.mark.parametrize(("topic", "keys", "tags", "ipv6"), [
@@ -75,3 +84,43 @@ def test_buffered_writer_holds_entries_until_their_records_are_written(tmp_path:
     w.close()  # close writes what is pending
     assert cq.read_bytes()[20:32] == b.commitlog_offset.to_bytes(8, "big") + b.size.to_bytes(4, "big")
     assert b.queue_offset == 1 and b.commitlog_offset == a.commitlog_offset + a.size
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 700, 1 << 20])  # one message a chunk, a few, all at once
+def test_produce_equals_put_across_chunks_digits_and_file_rolls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                chunk_bytes: int) -> None:
+    # 1,234 messages: key digits change at 10, 100 and 1,000 (a record grows by
+    # a byte there), 7 queues, CommitLog files of 8 KiB and ConsumeQueue files
+    # of 5 entries roll all the time
+    from tiered.store import storewriter
+
+    monkeypatch.setattr(storewriter, "_CHUNK_BYTES", chunk_bytes)
+    put_reference(tmp_path / "ref", "T", 1234, queues=7, body_size=41, keys=True, tags="TagA",
+                  start_ms=1_700_000_000_000, store_host=Host("127.0.0.1", 10911), born=BORN)
+    with StoreWriter(tmp_path / "fast", commitlog_file_size=8192, cq_entries_per_file=5, buffer_bytes=5000) as w:
+        produce_messages(w, "T", queues=7, messages=1234, body_size=41, keys=True, tags="TagA", seed=7,
+                         start_ms=1_700_000_000_000, interval_ms=3, born_host=BORN)
+        assert [w.next_queue_offset("T", q) for q in range(7)] == [len(range(q, 1234, 7)) for q in range(7)]
+    ref, fast = tree(tmp_path / "ref"), tree(tmp_path / "fast")
+    assert sorted(ref) == sorted(fast) and len(ref) > 200
+    assert [name for name in ref if fast[name] != ref[name]] == []
+
+
+def test_produce_appends_after_what_a_store_holds(tmp_path: Path) -> None:
+    # a second produce continues every queue's offsets and the CommitLog position
+    with StoreWriter(tmp_path / "s", commitlog_file_size=8192, cq_entries_per_file=5) as w:
+        w.put("T", 1, b"first", store_timestamp=5, born_host=BORN)
+    with StoreWriter(tmp_path / "s", commitlog_file_size=8192, cq_entries_per_file=5) as w:
+        at = w.position
+        produce_messages(w, "T", queues=3, messages=4, body_size=10, keys=False, tags=None, seed=1,
+                         start_ms=7, interval_ms=0, born_host=BORN)
+        assert [w.next_queue_offset("T", q) for q in range(3)] == [2, 2, 1]
+    from tiered.store.localstore import LocalStore
+
+    with LocalStore(tmp_path / "s") as store:
+        got = [(item.queue_offset, item.record.physical_offset, item.record.body_bytes())
+               for item in store.iter_queue("T", 1, 0)]
+        first = next(iter(store.iter_queue("T", 0, 0))).record  # message 0 of the produce
+    bodies = [body for _uid, body in draws(1, 4, 10)]
+    assert (first.physical_offset, first.body_bytes()) == (at, bodies[0])
+    assert got == [(0, 0, b"first"), (1, at + first.size, bodies[1])]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,8 +11,13 @@ from tiered.cli.app import app, fail
 from tiered.cli.output import dumps, error, note, out, table
 from tiered.format.codec import Host
 from tiered.errors import CorruptRecordError, ExpiredLocallyError
-from tiered.store.localstore import LocalStore
-from tiered.store.storewriter import DEFAULT_COMMITLOG_FILE_SIZE, DEFAULT_CQ_ENTRIES, StoreWriter, produce_messages
+from tiered.store.storewriter import (
+    DEFAULT_COMMITLOG_FILE_SIZE,
+    DEFAULT_CQ_ENTRIES,
+    MessageDraws,
+    StoreWriter,
+    produce_messages,
+)
 from tiered.timeparse import format_time_ms, parse_time_ms
 
 StoreOpt = Annotated[Path, typer.Option("--store", help="Broker store directory.")]
@@ -49,12 +53,10 @@ def produce(
             produce_messages(writer, topic, queues=queues, messages=messages, body_size=body_size, keys=keys,
                              tags=tags, seed=seed, start_ms=start_ms, interval_ms=interval_ms, born_host=born_host)
         else:  # parked in SCHEDULE_TOPIC_XXXX with the delay properties: the general path
-            rng = __import__("random").Random(seed)
-            for i in range(messages):
+            for i, (uid, body) in enumerate(MessageDraws(seed, body_size).messages(messages)):
                 ts = start_ms + i * interval_ms if start_ms is not None else None
-                uid = uuid.UUID(int=rng.getrandbits(128)).hex.upper()
                 writer.put(
-                    topic, i % queues, rng.randbytes(body_size),
+                    topic, i % queues, body,
                     tags=tags, keys=[f"key-{i}"] if keys else None, unique_key=uid,
                     store_timestamp=ts, born_timestamp=ts, born_host=born_host, delay_level=delay_level,
                 )
@@ -71,6 +73,9 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per record.")] = False,
 ) -> None:
     """Print the records of a store, through its ConsumeQueues."""
+    # here, not at the top: `tiered produce` imports this module alone and needs no reader
+    from tiered.store.localstore import LocalStore
+
     if not (store / "consumequeue").is_dir():
         fail(f"{store}: not a broker store (no consumequeue/ directory)", 2)
     rows: list[tuple[object, ...]] = []

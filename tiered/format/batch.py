@@ -3,10 +3,12 @@
 A queue is read as runs of ConsumeQueue entries whose records lie in one
 mapped CommitLog file. ``check_run`` makes every check ``decode_and_check``
 makes (sizes, magic, queue id and offset, physical offset, topic, every
-length consistent, body CRC) over the whole run with numpy, reading the
-mapped file in place: a record costs a few array elements and one CRC call
-instead of a struct unpack, a dozen comparisons and object creation in the
-interpreter. The run ends before the first record that is not plainly
+length consistent, body CRC) over the whole run at once, reading the
+mapped file in place: in the compiled loop of ``_runcheck.c`` (built at
+install where a C compiler is there; a record costs its CRC and a few
+loads, without the GIL), else with numpy (a record costs a few array
+elements and one CRC call from Python), never a struct unpack, a dozen
+comparisons and object creation in the interpreter. The run ends before the first record that is not plainly
 valid; ``LocalStore`` reads that one through the field-by-field decoder,
 which accepts it (an unusual layout) or raises the typed error naming the
 file and offset. So the fast path decides nothing the decoder would not.
@@ -23,11 +25,16 @@ Record layout as indexed here (big-endian; DESIGN.md section 2)::
 
 from __future__ import annotations
 
+import ctypes
+import logging
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
 from tiered.format.codec import CRC_MASK, MAGIC_V1, MAGIC_V2, Record, crc32, decode_record
+
+log = logging.getLogger(__name__)
 
 # ConsumeQueue entry: CommitLog offset i64 | size i32 | tags code i64
 CQ_DTYPE = np.dtype([("phys", ">i8"), ("size", ">i4"), ("tags", ">i8")])
@@ -44,6 +51,29 @@ _BORN_HOST_AT = 48
 _AFTER_STORE_HOST = 4 + 8 + 4
 _I8 = np.dtype(">i8")
 _I4 = np.dtype(">i4")
+
+
+def _load_native() -> ModuleType | None:
+    """The compiled run check, wired to zlib-ng's C crc32; None (the numpy
+    path) when the install did not build it or it fails its self-test."""
+    try:
+        from tiered.format import _runcheck
+        import zlib_ng.zlib_ng as zng
+
+        # the same function zlib_ng.crc32 calls, by its exported C symbol
+        address = ctypes.cast(ctypes.CDLL(zng.__file__).zng_crc32, ctypes.c_void_p).value
+        _runcheck.set_crc32(address)
+        probe = bytes(range(256)) * 5
+        if _runcheck.crc32(probe) != crc32(probe) or _runcheck.crc32(b"123456789") != 0xCBF43926:
+            log.warning("compiled run check disagrees with zlib-ng's crc32: using the numpy path")
+            return None
+        return _runcheck
+    except (ImportError, OSError, AttributeError) as exc:
+        log.debug("compiled run check unavailable (%s): using the numpy path", exc)
+        return None
+
+
+_native = _load_native()
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -118,7 +148,41 @@ def check_run(
     ``view`` maps the CommitLog file starting at byte ``base``; the caller
     guarantees every entry's record lies inside it (``0 <= phys - base`` and
     ``phys - base + size <= len(view)``) and that the entries are complete.
+
+    Compiled (``_runcheck``) where the install built it, else with numpy
+    (``check_run_numpy``): the same checks, the same answer.
     """
+    native = _native
+    if native is None:
+        return check_run_numpy(view, base, entries, topic=topic, queue_id=queue_id, first_offset=first_offset,
+                               source=source, verify_crc=verify_crc)
+    n = len(entries)
+    tlen = len(topic)
+    if n == 0 or len(view) < _FIXED_SIZE or tlen > 0xFFFF:
+        return None
+    v2 = tlen > 127  # the broker writes the 2-byte topic length exactly then
+    out = np.empty((6, n), np.int64)
+    k = native.check_run(view, base, np.ascontiguousarray(entries), tlen.to_bytes(2 if v2 else 1, "big") + topic,
+                         MAGIC_V2 if v2 else MAGIC_V1, queue_id, first_offset, verify_crc, out)
+    if k == 0:
+        return None
+    return RecordBatch(first_offset, view, source, out[0, :k], out[1, :k], out[2, :k], out[3, :k], out[4, :k],
+                       out[5, :k])
+
+
+def check_run_numpy(
+    view: memoryview,
+    base: int,
+    entries: np.ndarray,
+    *,
+    topic: bytes,
+    queue_id: int,
+    first_offset: int,
+    source: str,
+    verify_crc: bool = True,
+) -> RecordBatch | None:
+    """``check_run`` with numpy gathers and one CRC call per record from
+    Python: where the compiled loop was not built."""
     n = len(entries)
     tlen = len(topic)
     v2 = tlen > 127  # the broker writes the 2-byte topic length exactly then

@@ -1,0 +1,134 @@
+"""The compiled run check (tiered/format/_runcheck.c) against the numpy one.
+
+Both answer ``check_run``: how many leading records of a run are plainly
+valid, and their positions, sizes, tags codes, timestamps and properties
+offsets. On valid runs, and on runs with bytes changed anywhere in their
+records (a body, a stored CRC, a length, a host flag, the topic), the two
+must give exactly the same batch: the compiled loop decides nothing the
+numpy path (held to the record-by-record decoder by test_codec_fuzz.py)
+would not.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tiered.format import batch
+from tiered.format.batch import CQ_DTYPE, RecordBatch, check_run_numpy
+from tiered.format.codec import Host
+from tiered.store.storewriter import StoreWriter
+
+FILE = 1 << 20
+V6 = Host("2001:db8::7", 50000)
+TOPICS = ("T", "t" * 200)  # 200 bytes: magic v2 and a 2-byte topic length
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_the_install_built_the_compiled_check() -> None:
+    # the extension is optional at build time: a silent build failure would
+    # quietly fall back to the slower path, so the test environment says it
+    assert batch._native is not None
+    assert batch._native.crc32(b"123456789") == 0xCBF43926
+    data = bytes(range(256)) * 41
+    assert batch._native.crc32(memoryview(data)[3:-5]) == zlib.crc32(data[3:-5])
+
+
+def _runs(tmp: Path) -> dict[tuple[str, int], tuple[bytes, np.ndarray]]:
+    """(CommitLog bytes, ConsumeQueue entries) of each queue of a small store
+    with IPv4 and IPv6 hosts, empty and large bodies, v1 and v2 topics."""
+    with StoreWriter(tmp, commitlog_file_size=FILE, cq_entries_per_file=1000, store_host=Host("10.0.0.1", 10911)) as w:
+        for i in range(120):
+            topic = TOPICS[i % 2]
+            w.put(topic, i % 3 % 2, bytes([i % 256]) * (i * 37 % 700), tags=f"t{i % 5}", keys=[f"k{i}"],
+                  store_timestamp=1_700_000_000_000 + i, born_timestamp=1_600_000_000_000 - i,
+                  born_host=V6 if i % 4 == 1 else None, store_host=V6 if i % 7 == 3 else None)
+    data = (tmp / "commitlog" / f"{0:020d}").read_bytes()
+    out = {}
+    for topic in TOPICS:
+        for q in (0, 1):
+            raw = (tmp / "consumequeue" / topic / str(q) / f"{0:020d}").read_bytes()
+            entries = np.frombuffer(raw, CQ_DTYPE)
+            out[(topic, q)] = (data, entries[entries["size"] != 0].copy())
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], tuple[bytes, np.ndarray]]:
+    return _runs(tmp_path_factory.mktemp("runcheck"))
+
+
+def _fields(b: RecordBatch | None) -> tuple[object, ...] | None:
+    if b is None:
+        return None
+    return (b.first_offset, b.source, b.positions.tolist(), b.sizes.tolist(), b.tags.tolist(), b.store_ms.tolist(),
+            b.born_ms.tolist(), b.props_at.tolist())
+
+
+def _both(data: bytes, entries: np.ndarray, topic: str, q: int, first: int = 0, base: int = 0,
+          verify_crc: bool = True) -> tuple[object, object]:
+    kw = dict(topic=topic.encode(), queue_id=q, first_offset=first, source="cl", verify_crc=verify_crc)
+    native = batch.check_run(memoryview(data), base, entries, **kw)  # type: ignore[arg-type]
+    numpy = check_run_numpy(memoryview(data), base, entries, **kw)  # type: ignore[arg-type]
+    return _fields(native), _fields(numpy)
+
+
+@pytest.mark.parametrize("key", [(t, q) for t in TOPICS for q in (0, 1)], ids=["v1-0", "v1-1", "v2-0", "v2-1"])
+def test_valid_runs_give_the_same_batch(runs: dict, key: tuple[str, int]) -> None:
+    data, entries = runs[key]
+    native, numpy = _both(data, entries, *key)
+    assert native == numpy
+    assert native is not None and len(native[2]) == len(entries)  # type: ignore[index, arg-type]
+    # a run that starts later: queue offsets, and the window's base
+    start = int(entries["phys"][5]) - 1000
+    native, numpy = _both(data[start:], entries[5:], *key, first=5, base=start)
+    assert native == numpy and len(native[2]) == len(entries) - 5  # type: ignore[index]
+
+
+def test_wrong_queue_topic_or_first_offset_stop_at_the_first_record(runs: dict) -> None:
+    data, entries = runs[("T", 0)]
+    assert _both(data, entries, "T", 1) == (None, None)
+    assert _both(data, entries, "U", 0) == (None, None)
+    assert _both(data, entries, "T", 0, first=1) == (None, None)
+
+
+def test_entries_that_do_not_name_a_record_inside_the_view_are_refused(runs: dict) -> None:
+    # the caller keeps runs inside the window; the compiled loop checks anyway (never reads outside it)
+    data, entries = runs[("T", 0)]
+    bad = entries.copy()
+    bad["phys"][3] = len(data) - 10
+    got = batch.check_run(memoryview(data), 0, bad, topic=b"T", queue_id=0, first_offset=0, source="cl")
+    assert got is not None and got.count == 3
+    bad["phys"][0] = -5
+    assert batch.check_run(memoryview(data), 0, bad, topic=b"T", queue_id=0, first_offset=0, source="cl") is None
+
+
+@settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(st.sampled_from([(t, q) for t in TOPICS for q in (0, 1)]),
+       st.lists(st.tuples(st.integers(0, 39), st.integers(0, 2000), st.sampled_from([">B", ">H", ">i", ">q"]),
+                          st.sampled_from([0, 1, 0x10, 0x20, 0x30, 0x7F, 0x80, 0xFF, 0x7FFF, 0x8000, 0xFFFF,
+                                           0x7FFFFFFF, 127, 88, 3])),
+                min_size=1, max_size=3),
+       st.booleans())
+def test_corrupt_runs_give_the_same_batch(runs: dict, key: tuple[str, int],
+                                          changes: list[tuple[int, int, str, int]], verify_crc: bool) -> None:
+    data, entries = runs[key]
+    buf = bytearray(data)
+    for rec, at, fmt, value in changes:
+        # inside record ``rec`` of the run, any field or body byte
+        e = entries[rec % len(entries)]
+        pos = int(e["phys"]) + at % int(e["size"])
+        width = struct.calcsize(fmt)
+        pos = min(pos, len(buf) - width)
+        struct.pack_into(fmt, buf, pos, value & ((1 << (8 * width)) - 1) if fmt in (">B", ">H") else
+                         value if fmt != ">q" else value << 8)
+    native, numpy = _both(bytes(buf), entries, *key, verify_crc=verify_crc)
+    assert native == numpy

@@ -1,0 +1,256 @@
+/* The checks of tiered.format.batch.check_run, one record at a time in C.
+ *
+ * Built at install when a C compiler is there (pyproject.toml: an optional
+ * extension); without it check_run keeps its numpy path, which makes the
+ * same decisions. The two are held equal by tests/tiered/test_runcheck.py.
+ *
+ * Why C: in Python every record costs at least one call through the
+ * interpreter (the body CRC over a memoryview slice, ~180 ns here), more
+ * than a raw read of the record's bytes costs. Here a record costs its
+ * CRC (zlib-ng's SIMD crc32, reached through the function pointer
+ * tiered.format.batch hands over from the zlib_ng extension) and a few
+ * loads. The loop runs without the GIL.
+ *
+ * Layout (big-endian; DESIGN.md section 2, tiered/format/codec.py):
+ *   0 size i32 | 4 magic u32 | 8 body crc i32 | 12 queue id i32 | 16 flag i32
+ *   20 queue offset i64 | 28 physical offset i64 | 36 sys flag i32
+ *   40 born ts i64 | 48 born host (8, IPv6 20) | store ts i64 | store host
+ *   (8, IPv6 20) | reconsume i32 | prepared i64 | body length i32 | body
+ *   | topic length (v1 u8, v2 u16) | topic | properties length i16 | props
+ * ConsumeQueue entry: phys i64 | size i32 | tags code i64 (20 bytes).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef uint32_t (*crc32_fn)(uint32_t crc, const uint8_t *buf, uint32_t len);
+
+static crc32_fn crc32_impl = NULL;
+
+#define FIXED_V4 88      /* the fixed part when both hosts are IPv4 */
+#define BORN_HOST_AT 48
+#define AFTER_STORE_HOST 16  /* reconsume i32, prepared i64, body length i32 */
+#define CQ_ENTRY 20
+#define CRC_MASK 0x7FFFFFFFu
+#define OUTPUTS 6
+
+static inline uint64_t load64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return v;
+#else
+    return __builtin_bswap64(v);
+#endif
+}
+
+static inline uint32_t load32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return v;
+#else
+    return __builtin_bswap32(v);
+#endif
+}
+
+typedef struct {
+    const uint8_t *buf;       /* the mapped CommitLog file */
+    int64_t len;
+    int64_t base;             /* its first byte's CommitLog offset */
+    const uint8_t *entries;   /* ConsumeQueue entries, CQ_ENTRY bytes each */
+    Py_ssize_t count;
+    const uint8_t *tail;      /* topic length + topic, as the record holds them */
+    int64_t tail_len;         /* that + the 2-byte properties length */
+    uint32_t magic;
+    int32_t queue_id;
+    int64_t first_offset;
+    int verify_crc;
+    int64_t *out[OUTPUTS];    /* positions, sizes, tags, store ms, born ms, props at */
+} run_t;
+
+/* How many leading entries are plainly valid records; fills the outputs. */
+static Py_ssize_t check(const run_t *run) {
+    const int64_t min_size = FIXED_V4 + run->tail_len;
+    const int64_t topic_part = run->tail_len - 2;
+    Py_ssize_t i;
+    for (i = 0; i < run->count; i++) {
+        const uint8_t *entry = run->entries + i * CQ_ENTRY;
+        const int64_t phys = (int64_t)load64(entry);
+        const int64_t size = (int32_t)load32(entry + 8);
+        const int64_t pos = phys - run->base;
+        /* the caller keeps runs inside the view; checked anyway: never read outside it */
+        if (size < min_size || pos < 0 || pos > run->len - size) break;
+        const uint8_t *rec = run->buf + pos;
+        if ((int32_t)load32(rec) != size || load32(rec + 4) != run->magic
+            || (int32_t)load32(rec + 12) != run->queue_id
+            || (int64_t)load64(rec + 20) != run->first_offset + i || (int64_t)load64(rec + 28) != phys)
+            break;
+        const uint32_t sys_flag = load32(rec + 36);
+        int64_t store_at = BORN_HOST_AT + 8, body_at = FIXED_V4;
+        if (sys_flag & 0x30) {  /* IPv6 hosts move the fields behind them */
+            store_at = BORN_HOST_AT + ((sys_flag & 0x10) ? 20 : 8);
+            body_at = store_at + 8 + ((sys_flag & 0x20) ? 20 : 8) + AFTER_STORE_HOST;
+            if (body_at + run->tail_len > size) break;
+        }
+        const int64_t body_len = (int32_t)load32(rec + body_at - 4);
+        const int64_t body_end = body_at + body_len;
+        if (body_len < 0 || body_end + run->tail_len > size) break;
+        if (run->verify_crc) {
+            const uint32_t crc = crc32_impl(0, rec + body_at, (uint32_t)body_len) & CRC_MASK;
+            if ((int64_t)crc != (int64_t)(int32_t)load32(rec + 8)) break;
+        }
+        const uint8_t *tail = rec + body_end;
+        if (memcmp(tail, run->tail, (size_t)topic_part) != 0) break;
+        const int64_t props_len = ((int64_t)tail[topic_part] << 8) | tail[topic_part + 1];
+        const int64_t props_at = body_end + run->tail_len;
+        if (props_len >= 0x8000 || props_at + props_len != size) break;
+        run->out[0][i] = pos;
+        run->out[1][i] = size;
+        run->out[2][i] = (int64_t)load64(entry + 12);
+        run->out[3][i] = (int64_t)load64(rec + store_at);
+        run->out[4][i] = (int64_t)load64(rec + 40);
+        run->out[5][i] = pos + props_at;
+    }
+    return i;
+}
+
+static void release_all(Py_buffer *views, int n) {
+    for (int k = 0; k < n; k++) PyBuffer_Release(&views[k]);
+}
+
+/* check_run(view, base, entries, tail, magic, queue_id, first_offset,
+ *           verify_crc, out) -> count
+ * ``tail``: topic length + topic bytes; ``out``: a writable int64 buffer of
+ * 6 x len(entries) items (positions, sizes, tags, store ms, born ms, props at). */
+static PyObject *py_check_run(PyObject *self, PyObject *args) {
+    PyObject *view_obj, *entries_obj, *tail_obj, *out_obj;
+    long long base, first_offset;
+    unsigned long magic;
+    int queue_id, verify_crc;
+    if (!PyArg_ParseTuple(args, "OLOOkiLpO", &view_obj, &base, &entries_obj, &tail_obj, &magic, &queue_id,
+                          &first_offset, &verify_crc, &out_obj))
+        return NULL;
+    if (verify_crc && crc32_impl == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "set_crc32 was not called");
+        return NULL;
+    }
+    Py_buffer views[4];
+    int held = 0;
+    PyObject *objs[4] = {view_obj, entries_obj, tail_obj, out_obj};
+    for (; held < 4; held++) {
+        int flags = held == 3 ? PyBUF_WRITABLE : PyBUF_SIMPLE;  /* C-contiguous bytes either way */
+        if (PyObject_GetBuffer(objs[held], &views[held], flags) != 0) {
+            release_all(views, held);
+            return NULL;
+        }
+    }
+    run_t run;
+    run.buf = views[0].buf;
+    run.len = views[0].len;
+    run.base = base;
+    run.entries = views[1].buf;
+    run.count = views[1].len / CQ_ENTRY;
+    run.tail = views[2].buf;
+    run.tail_len = views[2].len + 2;
+    run.magic = (uint32_t)magic;
+    run.queue_id = queue_id;
+    run.first_offset = first_offset;
+    run.verify_crc = verify_crc;
+    if (views[1].len % CQ_ENTRY != 0 || views[3].len < (Py_ssize_t)(OUTPUTS * sizeof(int64_t)) * run.count) {
+        release_all(views, 4);
+        PyErr_SetString(PyExc_ValueError, "entries not whole ConsumeQueue entries, or out too small");
+        return NULL;
+    }
+    for (int k = 0; k < OUTPUTS; k++) run.out[k] = (int64_t *)views[3].buf + k * run.count;
+    Py_ssize_t n;
+    Py_BEGIN_ALLOW_THREADS
+    n = check(&run);
+    Py_END_ALLOW_THREADS
+    release_all(views, 4);
+    return PyLong_FromSsize_t(n);
+}
+
+/* set_crc32(address): zng_crc32 of the zlib_ng extension, as an integer. */
+static PyObject *py_set_crc32(PyObject *self, PyObject *arg) {
+    void *address = PyLong_AsVoidPtr(arg);
+    if (address == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null function address");
+        return NULL;
+    }
+    crc32_impl = (crc32_fn)address;
+    Py_RETURN_NONE;
+}
+
+/* crc32(data) -> int: through the pointer set_crc32 installed (a self-test). */
+static PyObject *py_crc32(PyObject *self, PyObject *arg) {
+    if (crc32_impl == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "set_crc32 was not called");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) != 0) return NULL;
+    uint32_t crc = 0;
+    const uint8_t *p = view.buf;
+    Py_ssize_t left = view.len;
+    while (left > 0) {  /* the C signature takes 32-bit lengths */
+        uint32_t step = left > 0x40000000 ? 0x40000000u : (uint32_t)left;
+        crc = crc32_impl(crc, p, step);
+        p += step;
+        left -= step;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+/* crc32_rows(rows, at, row_size, length, out): the CRC-32 of ``length``
+ * bytes at ``at`` of each ``row_size``-byte row of ``rows`` into the int64
+ * buffer ``out`` (what `tiered produce` stamps into the records it builds). */
+static PyObject *py_crc32_rows(PyObject *self, PyObject *args) {
+    PyObject *rows_obj, *out_obj;
+    Py_ssize_t at, row_size, length;
+    if (!PyArg_ParseTuple(args, "OnnnO", &rows_obj, &at, &row_size, &length, &out_obj)) return NULL;
+    if (crc32_impl == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "set_crc32 was not called");
+        return NULL;
+    }
+    if (row_size <= 0 || at < 0 || length < 0 || length > 0x7FFFFFFF || at > row_size - length) {
+        PyErr_SetString(PyExc_ValueError, "span outside the row");
+        return NULL;
+    }
+    Py_buffer rows, out;
+    if (PyObject_GetBuffer(rows_obj, &rows, PyBUF_SIMPLE) != 0) return NULL;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE) != 0) {
+        PyBuffer_Release(&rows);
+        return NULL;
+    }
+    const Py_ssize_t count = rows.len / row_size;
+    if (rows.len % row_size != 0 || out.len < count * (Py_ssize_t)sizeof(int64_t)) {
+        PyBuffer_Release(&rows);
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "rows not whole rows, or out too small");
+        return NULL;
+    }
+    const uint8_t *base = rows.buf;
+    int64_t *dst = out.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++)
+        dst[i] = crc32_impl(0, base + i * row_size + at, (uint32_t)length);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"crc32_rows", py_crc32_rows, METH_VARARGS, "CRC-32 of the same span of every row of a 2-D buffer."},
+    {"check_run", py_check_run, METH_VARARGS, "Validate a run of records; returns how many lead the run."},
+    {"set_crc32", py_set_crc32, METH_O, "Install the crc32(crc, buf, len) function at this address."},
+    {"crc32", py_crc32, METH_O, "CRC-32 of a buffer through the installed function."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_runcheck", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__runcheck(void) { return PyModule_Create(&module); }
