@@ -219,6 +219,7 @@ class BatchDecoder:
         self._topic = topic
         need = set(self.columns)
         self._need_props = bool(need & {"tags", "keys", "unique_key", "properties", "delay_level", "real_topic"})
+        self._need_body = "body" in need
 
     # --- entry point -------------------------------------------------------------
 
@@ -261,8 +262,10 @@ class BatchDecoder:
             batch, offs = self._decode_group(records.take(idx), qoffs.take(idx), positions.take(idx), where, value)
             parts.append(batch)
             kept.append(offs)
-        table = pa.Table.from_batches(parts, schema=self.schema)
         all_kept = pa.concat_arrays(kept)
+        if not self.columns:  # nothing to reorder: the row count is all there is
+            return rows_batch([], self.schema, len(all_kept)), all_kept
+        table = pa.Table.from_batches(parts, schema=self.schema)
         perm = pc.sort_indices(all_kept)
         out = table.take(perm).combine_chunks()
         batch = out.to_batches()[0] if out.num_rows else self._empty()
@@ -333,7 +336,10 @@ class BatchDecoder:
         next_start = _offsets(records).slice(1, n)
         pieces_off = _interleave(body_start, body_end, next_start)
         pieces = pa.Array.from_buffers(pa.large_binary(), 3 * n - 1, [None, pieces_off, records.buffers()[2]])
-        bodies = pieces.take(_arange(0, n, 3))
+        # bodies are copied (and their CRC checked) only when the body column is
+        # asked for: a scan of other columns never touches body bytes (as a
+        # Parquet scan never reads, nor checksums, the pages of unread columns)
+        bodies = pieces.take(_arange(0, n, 3)) if self._need_body else None
         tails = pieces.take(_arange(1, n, 3))
 
         props_len = _be_int(tails, tail_fixed - 2, 2, pa.int16())
@@ -344,7 +350,7 @@ class BatchDecoder:
              "properties length does not end at the total size"),
         ]
         crc = _be_int(records, 8, 4, pa.int32())
-        if self.verify_crc:
+        if self.verify_crc and bodies is not None:
             mismatch = self._crc_mismatch(bodies, crc)
             if mismatch is not None:
                 checks.append((mismatch, "body CRC mismatch"))
@@ -353,7 +359,7 @@ class BatchDecoder:
             bad = pc.or_(bad, mask)
         if pc.any(bad).as_py():
             return self._handle_bad(records, qoffs, positions, where, bad, checks)
-        if self.decompress and "body" in self.columns:
+        if self.decompress and bodies is not None:
             try:
                 bodies = _decompressed(bodies, _be_int(records, 36, 4, pa.int32()))
             except _Bad as exc:
@@ -370,10 +376,10 @@ class BatchDecoder:
         out = self._fixed(records, n, a, b, queue_id, queue_offset, bodies, crc)
         if props_map is not None:
             out.update(self._derived(props_map, n))
-        return pa.RecordBatch.from_arrays([out[c] for c in self.columns], schema=self.schema), qoffs
+        return rows_batch([out[c] for c in self.columns], self.schema, n), qoffs
 
     def _fixed(self, records: pa.Array, n: int, a: int, b: int, queue_id: pa.Array, queue_offset: pa.Array,
-               bodies: pa.Array, crc: pa.Array) -> dict[str, pa.Array]:
+               bodies: pa.Array | None, crc: pa.Array) -> dict[str, pa.Array]:
         """The requested columns read at fixed positions (``a``, ``b``: the extra
         bytes of an IPv6 born / store host), plus the body and its CRC."""
         q = self.queue
@@ -406,7 +412,7 @@ class BatchDecoder:
                 out[name] = _hosts(pc.binary_slice(records, 64 + a, 72 + a + b))
             elif name == "reconsume_times":
                 out[name] = _be_int(records, 72 + a + b, 4, pa.int32())
-            elif name == "body":
+            elif name == "body" and bodies is not None:
                 out[name] = bodies.cast(pa.binary())
             elif name == "body_crc":
                 out[name] = crc
@@ -521,6 +527,14 @@ def _hosts(packed: pa.Array) -> pa.Array:
     enc = pc.dictionary_encode(packed)
     text = pa.array([str(_host_of(v)) for v in enc.dictionary.to_pylist()], pa.string())
     return text.take(enc.indices)
+
+
+def rows_batch(arrays: list[pa.Array], schema: pa.Schema, n: int) -> pa.RecordBatch:
+    """A batch of ``n`` rows; with no column at all it still carries ``n`` (a
+    query such as count(*) over a source declared with no columns)."""
+    if arrays:
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    return pa.record_batch([pa.nulls(n, pa.int8())], names=["n"]).select([])
 
 
 def empty_batch(columns: tuple[str, ...] = COLUMN_NAMES) -> pa.RecordBatch:
