@@ -221,3 +221,16 @@ def test_columns_option_is_checked_and_shapes_the_schema() -> None:
         SourceConfig.from_options({"path": "file:///nowhere", "msgId": "0A00000100009C40000000000000000F",
                                    "key": "k"})
     assert "key and msgId" in str(info.value)
+
+
+def test_scans_from_manifests_are_packed_by_rows() -> None:
+    from tiered.query.scan import Slice
+    from tiered.query.spark_source import pack_rows
+
+    def sl(q0: int, q1: int) -> Slice:
+        return Slice("c", "b", "T", 0, "cl", "cq", q0, q1, 0, 100, 0, 0, q0, q1)
+
+    a, b, c, big = sl(0, 5), sl(5, 10), sl(10, 15), sl(15, 40)
+    assert pack_rows([a, b, c, big], 10) == [[a, b], [c], [big]]
+    assert pack_rows([a, b, c], 1 << 30) == [[a, b, c]]
+    assert pack_rows([], 10) == []

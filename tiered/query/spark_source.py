@@ -107,6 +107,9 @@ log = logging.getLogger(__name__)
 
 NAME = "rocketmq"
 DEFAULT_OPEN_COST = 4 << 20
+# Arrow bytes a row answered from the manifests costs (a queue offset and a
+# share of a topic string): partitions of such scans are sized by it
+METADATA_ROW_BYTES = 16
 # Every option the source takes (lower case: Spark's options are case-insensitive),
 # with the spelling the docs use; ``s3fs.NAME`` options are passed through.
 OPTIONS = ("path", "endpoint", "endpoint_url", "region", "access_key_id", "secret_access_key", "session_token",
@@ -294,6 +297,20 @@ def pack(slices: list[Slice], max_bytes: int, open_cost: int) -> list[list[Slice
     return groups
 
 
+def pack_rows(slices: list[Slice], max_rows: int) -> list[list[Slice]]:
+    """Consecutive slices packed into groups of at most ``max_rows`` messages
+    (for scans answered from the manifests, which read no object)."""
+    groups: list[list[Slice]] = []
+    rows = 0
+    for sl in slices:
+        if not groups or rows + sl.messages > max_rows:
+            groups.append([])
+            rows = 0
+        groups[-1].append(sl)
+        rows += sl.messages
+    return groups
+
+
 # --- the reader ---------------------------------------------------------------------
 
 
@@ -392,7 +409,10 @@ class RocketMQReader(DataSourceReader):
             p = self._plan_msg_id(archive, self.config.msg_id)
         else:
             p = plan(archive, spec, max_slice_bytes=self.config.max_partition_bytes, key=self.config.key)
-        groups = pack(p.slices, self.config.max_partition_bytes, self.config.open_cost)
+        if self.from_manifests:  # nothing read: a partition costs only the rows it emits
+            groups = pack_rows(p.slices, max(1, self.config.max_partition_bytes // METADATA_ROW_BYTES))
+        else:
+            groups = pack(p.slices, self.config.max_partition_bytes, self.config.open_cost)
         return [SlicesPartition(i, g) for i, g in enumerate(groups)], p
 
     def _plan_msg_id(self, archive: Archive, mid: MessageId) -> Any:
