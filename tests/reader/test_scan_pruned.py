@@ -234,3 +234,28 @@ def test_scans_from_manifests_are_packed_by_rows() -> None:
     assert pack_rows([a, b, c, big], 10) == [[a, b], [c], [big]]
     assert pack_rows([a, b, c], 1 << 30) == [[a, b, c]]
     assert pack_rows([], 10) == []
+
+
+def test_msg_id_of_an_ipv6_store_host_and_a_client_id(cold_url: str, open_cold, tmp_path: Path) -> None:
+    """A 56-digit offset id (IPv6 store host) and a client id (UNIQ_KEY, 32
+    hex digits as producers make them) each find their record."""
+    from readerkit import archive
+    from tiered.store.storewriter import StoreWriter
+
+    store = open_cold(cold_url)
+    six, four = Host("fd00::7", 10911), Host("10.1.2.3", 10911)
+    with StoreWriter(tmp_path / "s6", commitlog_file_size=1 << 20) as w:
+        for i in range(60):
+            w.put("Six", i % 2, f"body-{i}".encode() * 20, keys=[f"k{i}"], unique_key=f"{0xC0A80001 + i:032X}",
+                  store_host=six if i % 3 == 0 else four, store_timestamp=1_700_000_000_000 + i)
+    local = archive(tmp_path / "s6", store, tmp_path / "st6", segment_bytes=2048)
+    records = local_index(local)
+    rec = next(r for r in records.values() if r.store_host == six and r.queue_offset == 12)
+    mid = offset_msg_id(rec.store_host, rec.physical_offset)
+    assert len(mid) == 56
+    rows = read_all(reader_for(cold_url, msgId=mid)).to_pylist()
+    assert [(r["topic"], r["queue_id"], r["queue_offset"], r["body"]) for r in rows] == \
+        [("Six", rec.queue_id, 12, rec.body_bytes())]
+    client = next(r for r in records.values() if r.queue_offset == 20 and r.queue_id == 1)
+    rows = read_all(reader_for(cold_url, msgId=client.unique_key)).to_pylist()
+    assert [(r["queue_id"], r["queue_offset"], r["unique_key"]) for r in rows] == [(1, 20, client.unique_key)]

@@ -54,6 +54,18 @@ Options (case-insensitive):
 ``statsPath``                 a directory on the executors: each partition
                               appends a JSON line with its object-store
                               requests, bytes, rows and skipped records
+``columns``                   the DataFrame's columns (comma-separated; as
+                              ``.schema(...)`` with a subset of the schema):
+                              only these are decoded. ``body`` unnamed: no
+                              body byte is copied or CRC-checked. Queue
+                              columns only (``cluster``, ``broker``,
+                              ``topic``, ``queue_id``, ``queue_offset``), or
+                              none (``.schema(StructType([]))``): the rows
+                              come from the manifests, no object is read
+``msgId``                     a message id: the broker's offset id (32 hex
+                              digits, 56 for an IPv6 store host; found by a
+                              binary search of each queue's record headers)
+                              or the client's UNIQ_KEY id (key indexes)
 ============================  ===============================================
 
 An unknown option is an error listing the valid ones; so is an option value
@@ -62,7 +74,12 @@ of the wrong type, and a URL with no archive under it.
 Pruning comes from the options (``cluster``, ``broker``, ``topics``,
 ``queues``, ``startTime``/``endTime``): the catalog and the manifests drop
 queues and segments before any data is read, a time range narrows the read
-inside a segment, and ``key`` reads only the records a key index lists. Filters in the query (``WHERE topic = ...``) are
+inside a segment, ``key`` reads only the records a key index lists and
+``msgId`` one record. Columns come from the declared schema (``columns`` or
+``.schema(...)``): Spark 4.1-4.3 give a Python source neither the columns a
+query uses nor its aggregates (``PythonScanBuilder`` pushes filters only, and
+``reader(schema)`` always gets the whole declared schema), so a ``count(*)``
+over ``load(url)`` decodes every column. Filters in the query (``WHERE topic = ...``) are
 applied by Spark to the rows, exactly, but do not prune: Spark 4.1-4.3 keep
 the plan a Python source produces for pushed filters on the loaded relation,
 shared by every scan of it (both sides of a self-join, every subquery, CTE
