@@ -259,3 +259,23 @@ def test_msg_id_of_an_ipv6_store_host_and_a_client_id(cold_url: str, open_cold, 
     client = next(r for r in records.values() if r.queue_offset == 20 and r.queue_id == 1)
     rows = read_all(reader_for(cold_url, msgId=client.unique_key)).to_pylist()
     assert [(r["queue_id"], r["queue_offset"], r["unique_key"]) for r in rows] == [(1, 20, client.unique_key)]
+
+
+def test_a_time_range_packs_by_the_bytes_it_will_read() -> None:
+    from tiered.query.scan import Bounds, Slice
+    from tiered.query.spark_source import pack, read_estimate
+
+    def sl(i: int) -> Slice:  # 100 MB over one hour each, hours one after the other
+        return Slice("c", "b", "T", 0, f"cl{i}", "cq", 0, 1000, 0, 100_000_000, i * 3_600_000,
+                     (i + 1) * 3_600_000 - 1, 0, 1000)
+
+    day = [sl(i) for i in range(24)]
+    assert [len(g) for g in pack(day, 128 << 20, 4 << 20)] == [1] * 24
+    quarter = Bounds(lo=0, hi=900_000 * 1000 - 1)  # the first 15 minutes
+    assert read_estimate(day[0], quarter) == 25_000_000 and read_estimate(day[1], quarter) == 0
+    assert read_estimate(day[5], Bounds()) == 100_000_000
+    # a range over the whole day reads every byte: a segment a partition, as without one;
+    # 15 minutes read a quarter of one segment: one partition (the others cost their open cost)
+    every = Bounds(lo=0, hi=24 * 3_600_000 * 1000)
+    assert [len(g) for g in pack(day, 128 << 20, 4 << 20, every)] == [1] * 24
+    assert [len(g) for g in pack(day, 128 << 20, 4 << 20, quarter)] == [24]
