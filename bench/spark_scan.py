@@ -1,7 +1,7 @@
 """Spark over the archive against Spark over Parquet of the same rows (issue 15).
 
-    python bench/spark_scan.py                 # 256 MiB of CommitLog (the default)
-    python bench/spark_scan.py --size-mb 1024  # closer to a real day of a queue
+    python bench/spark_scan.py                 # 512 MiB of CommitLog (the default)
+    python bench/spark_scan.py --size-mb 2048  # closer to a real day of a broker
 
 1. Writes a broker store of ``--size-mb`` of CommitLog records (JSON-like
    bodies of about 1 KiB, keys, tags, UNIQ_KEY) spread evenly over one day
@@ -11,11 +11,13 @@
 2. Writes Parquet of the same rows with Spark itself: every column, the same
    body bytes, range-partitioned by store time and sorted (the layout a
    careful export has: Parquet can skip files by their time statistics).
-3. In one Spark ``local[2]`` session, both sides cut into about the same
-   number of partitions (``--partitions``, at least 4), times each query on
-   each side (best of ``--repeat``) and prints the speed ratios (Parquet's
-   time / the archive's: 1.0x is as fast as Parquet). Then the share of the
-   archive's bytes a one-hour query reads.
+3. In one Spark ``local[2]`` session, each side split as its defaults split
+   it (128 MiB input partitions for both: at the default size, at least 4
+   partitions each; ``--partition-mb`` sets both), times each query on each
+   side (best of ``--repeat``), checks that both sides give the same answer,
+   and prints the speed ratios (Parquet's time / the archive's: 1.0x is as
+   fast as Parquet). Then the share of the archive's bytes a one-hour query
+   reads.
 
 The queries mean the same on both sides; the archive side runs each one
 over the DataFrame a user would load for it:
@@ -138,14 +140,14 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[str, Path]:
 def session(partition_bytes: int):  # noqa: ANN201 - a SparkSession
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master("local[2]").appName("tiered-bench")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.driver.memory", "3g").config("spark.sql.shuffle.partitions", "2")
-             # Parquet cut like the archive: about the same partitions on both sides
-             .config("spark.sql.files.maxPartitionBytes", str(partition_bytes))
-             .config("spark.sql.files.openCostInBytes", str(min(4 << 20, partition_bytes)))
-             .getOrCreate())
+    builder = (SparkSession.builder.master("local[2]").appName("tiered-bench")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.memory", "3g").config("spark.sql.shuffle.partitions", "2"))
+    if partition_bytes:  # Parquet split like the archive (the defaults are the same: 128 MiB, 4 MiB)
+        builder = (builder.config("spark.sql.files.maxPartitionBytes", str(partition_bytes))
+                   .config("spark.sql.files.openCostInBytes", str(min(4 << 20, partition_bytes))))
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -153,8 +155,9 @@ def session(partition_bytes: int):  # noqa: ANN201 - a SparkSession
 def views(spark, cold_url: str, out_dir: Path, args: argparse.Namespace, partition_bytes: int,
           targets: dict[str, str]) -> None:
     """Every view the queries use (see the module docstring)."""
-    base = {"verifyCrc": args.verify_crc, "maxPartitionBytes": str(partition_bytes),
-            "openCostInBytes": str(min(4 << 20, partition_bytes))}
+    base = {"verifyCrc": args.verify_crc}
+    if partition_bytes:
+        base.update(maxPartitionBytes=str(partition_bytes), openCostInBytes=str(min(4 << 20, partition_bytes)))
 
     def view(name: str, **options: str) -> None:
         spark.read.format("rocketmq").options(**base, **options).load(cold_url).createOrReplaceTempView(name)
@@ -247,8 +250,10 @@ def one_hour_share(spark, cold_url: str, cold_dir: Path, stats_dir: Path, t: dic
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size-mb", type=int, default=256, help="CommitLog bytes to archive (default 256)")
-    ap.add_argument("--partitions", type=int, default=8, help="input partitions on each side (default 8)")
+    ap.add_argument("--size-mb", type=int, default=512, help="CommitLog MiB to archive (default 512)")
+    ap.add_argument("--files", type=int, default=8, help="Parquet files written (default 8)")
+    ap.add_argument("--partition-mb", type=int, default=0,
+                    help="input partition size on both sides (default: their defaults, 128 MiB)")
     ap.add_argument("--repeat", type=int, default=2, help="runs per query; the best counts")
     ap.add_argument("--workdir", help="keep data here (default: a temp dir, removed)")
     ap.add_argument("--verify-crc", default="true", choices=["true", "false"], help="data source verifyCrc")
@@ -261,14 +266,14 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     try:
         cold_url, cold_dir = prepare(args, work)
-        partition_bytes = max(1 << 20, archive_bytes(cold_dir) // max(4, args.partitions))
+        partition_bytes = args.partition_mb << 20
         spark = session(partition_bytes)
         from tiered.query.spark_source import register
 
         register(spark)
         out_dir = work / "parquet"
         if not out_dir.exists():
-            write_parquet(spark, cold_url, out_dir, max(4, args.partitions))
+            write_parquet(spark, cold_url, out_dir, args.files)
         spark.read.parquet(str(out_dir)).createOrReplaceTempView("parquet")
         t = pick_targets(spark)
         views(spark, cold_url, out_dir, args, partition_bytes, t)

@@ -336,9 +336,8 @@ class BatchDecoder:
         next_start = _offsets(records).slice(1, n)
         pieces_off = _interleave(body_start, body_end, next_start)
         pieces = pa.Array.from_buffers(pa.large_binary(), 3 * n - 1, [None, pieces_off, records.buffers()[2]])
-        # bodies are copied (and their CRC checked) only when the body column is
-        # asked for: a scan of other columns never touches body bytes (as a
-        # Parquet scan never reads, nor checksums, the pages of unread columns)
+        # bodies copied and CRC-checked only for the body column (Parquet reads
+        # and checksums no page of an unread column either)
         bodies = pieces.take(_arange(0, n, 3)) if self._need_body else None
         tails = pieces.take(_arange(1, n, 3))
 

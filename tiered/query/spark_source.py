@@ -247,15 +247,8 @@ class SourceConfig:
         max_bytes, open_cost = sizes["maxPartitionBytes"], sizes["openCostInBytes"]
         if max_bytes <= 0:
             raise OptionError("option maxPartitionBytes: must be positive")
-        msg_id = None
-        if opts.get("msgid"):
-            try:
-                msg_id = parse_message_id(opts["msgid"])
-            except ValueError as exc:
-                raise OptionError(f"option msgId: {exc}") from None
-            if opts.get("key"):
-                raise OptionError("options key and msgId: give one of them")
-        return cls(url=url, s3=s3, spec=spec, option_store_us=bounds, msg_id=msg_id, columns=_column_list(opts),
+        return cls(url=url, s3=s3, spec=spec, option_store_us=bounds, msg_id=_msg_id(opts),
+                   columns=_column_list(opts),
                    skip_corrupt=_flag(opts, "skipCorrupt", False), verify_crc=_flag(opts, "verifyCrc", True),
                    max_partition_bytes=max_bytes, open_cost=open_cost, narrow_time=_flag(opts, "narrowTime", True),
                    decompress=_flag(opts, "decompress", True), stats_path=opts.get("statspath"),
@@ -308,7 +301,8 @@ def read_estimate(sl: Slice, store_us: Bounds) -> int:
     return sl.est_bytes * max(0, b - a + 1) // max(1, hi - lo + 1)
 
 
-def pack(slices: list[Slice], max_bytes: int, open_cost: int, store_us: Bounds = Bounds()) -> list[list[Slice]]:
+def pack(slices: list[Slice], max_bytes: int, open_cost: int,
+         store_us: Bounds | None = None) -> list[list[Slice]]:
     """Consecutive slices packed into groups of at most ``max_bytes`` (each
     slice costing at least ``open_cost``). A store-time range counts only the
     bytes it will read: a Python task costs Spark about 0.1 s whatever it
@@ -317,7 +311,7 @@ def pack(slices: list[Slice], max_bytes: int, open_cost: int, store_us: Bounds =
     current: list[Slice] = []
     size = 0
     for sl in slices:
-        est = read_estimate(sl, store_us)
+        est = read_estimate(sl, store_us or Bounds())
         cost = max(est, open_cost) if open_cost else est
         if current and size + cost > max_bytes:
             groups.append(current)
@@ -344,6 +338,18 @@ def pack_rows(slices: list[Slice], max_rows: int) -> list[list[Slice]]:
 
 
 # --- the reader ---------------------------------------------------------------------
+
+
+def _msg_id(opts: dict[str, str]) -> MessageId | None:
+    if not opts.get("msgid"):
+        return None
+    try:
+        msg_id = parse_message_id(opts["msgid"])
+    except ValueError as exc:
+        raise OptionError(f"option msgId: {exc}") from None
+    if opts.get("key"):
+        raise OptionError("options key and msgId: give one of them")
+    return msg_id
 
 
 def _column_list(opts: dict[str, str]) -> tuple[str, ...] | None:
