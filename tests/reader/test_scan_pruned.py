@@ -279,3 +279,18 @@ def test_a_time_range_packs_by_the_bytes_it_will_read() -> None:
     every = Bounds(lo=0, hi=24 * 3_600_000 * 1000)
     assert [len(g) for g in pack(day, 128 << 20, 4 << 20, every)] == [1] * 24
     assert [len(g) for g in pack(day, 128 << 20, 4 << 20, quarter)] == [24]
+
+
+@pytest.mark.parametrize("columns", [COLUMN_NAMES, ("body", "topic"), ("queue_offset",), ()])
+def test_the_reader_yields_arrow_batches_spark_passes_through(archived, columns: tuple[str, ...]) -> None:
+    """Spark's Python worker hands RecordBatches whose schema equals the one
+    it derives from the declared schema straight to the JVM (no conversion
+    row by row, pyspark/sql/worker/plan_data_source_read.py); anything else
+    fails the query."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    expected = to_arrow_schema(spark_schema(columns), timezone="UTC")
+    for options in ({}, {"startTime": "0"}, {"key": "Orders-k7"}):
+        reader = reader_for(archived.url, columns, **options)
+        batches = [b for part in reader.partitions() for b in reader.read(part)]
+        assert batches and all(isinstance(b, pa.RecordBatch) and b.schema.equals(expected) for b in batches)
