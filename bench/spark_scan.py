@@ -6,7 +6,7 @@
 1. Writes a broker store of ``--size-mb`` of CommitLog records (JSON-like
    bodies of about 1 KiB, keys, tags, UNIQ_KEY) spread evenly over one day
    of store time in 7 queues of 3 topics, and archives it with the real
-   dispatcher into a file:// cold tier (default segment size, so a segment
+   dispatcher (layout v2 unless ``--layout 1``) into a file:// cold tier (default segment size, so a segment
    spans hours: a one-hour query has to narrow inside segments).
 2. Writes Parquet of the same rows with Spark itself: every column, the same
    body bytes, range-partitioned by store time and sorted (the layout a
@@ -90,7 +90,7 @@ def write_store(root: Path, size_bytes: int, seed: int = 1) -> tuple[int, int]:
     return i, written
 
 
-def archive(store_dir: Path, cold_url: str, state_dir: Path) -> None:
+def archive(store_dir: Path, cold_url: str, state_dir: Path, layout: int) -> None:
     from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
     from tiered.archive.coldtier import ColdTier
     from tiered.store.localstore import LocalStore
@@ -99,7 +99,7 @@ def archive(store_dir: Path, cold_url: str, state_dir: Path) -> None:
     store = open_store(cold_url)
     local = LocalStore(store_dir)
     cold = ColdTier(store, CLUSTER, BROKER, state_dir=state_dir, writer="bench")
-    options = DispatchOptions(ArchiveOptions(upload_bytes=1, max_delay_ms=0), parallelism=2,
+    options = DispatchOptions(ArchiveOptions(upload_bytes=1, max_delay_ms=0, layout=layout), parallelism=2,
                               round_budget_s=float("inf"))
     d = Dispatcher(local, cold, options=options)
     for _ in range(100):
@@ -131,7 +131,7 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[str, Path]:
         messages, nbytes = write_store(store_dir, args.size_mb << 20)
         print(f"store:   {messages:,} messages, {nbytes / 2**20:,.0f} MiB in {time.perf_counter() - t:.1f}s")
         t = time.perf_counter()
-        archive(store_dir, f"file://{cold_dir}", work / "state")
+        archive(store_dir, f"file://{cold_dir}", work / "state", args.layout)
         print(f"archive: {archive_bytes(cold_dir) / 2**20:,.0f} MiB in {time.perf_counter() - t:.1f}s")
         shutil.rmtree(store_dir)
     return f"file://{cold_dir}", cold_dir
@@ -251,6 +251,8 @@ def one_hour_share(spark, cold_url: str, cold_dir: Path, stats_dir: Path, t: dic
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mb", type=int, default=512, help="CommitLog MiB to archive (default 512)")
+    ap.add_argument("--layout", type=int, default=2, choices=[1, 2],
+                    help="segment layout archived (default 2, dispatch.layout's default)")
     ap.add_argument("--files", type=int, default=8, help="Parquet files written (default 8)")
     ap.add_argument("--partition-mb", type=int, default=0,
                     help="input partition size on both sides (default: their defaults, 128 MiB)")

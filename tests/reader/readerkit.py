@@ -59,6 +59,11 @@ class Built:
     keys: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # key -> (topic, queue, offset)
 
 
+# a smaller archive for the layout variants
+SPECS_V2 = [TopicSpec("Orders", queues=2, messages=120), TopicSpec("%DLQ%billing", queues=1, messages=20,
+                                                                   ipv6_every=4)]
+
+
 def write_store(root: Path, specs: list[TopicSpec], *, seed: int = 7) -> dict[str, tuple[str, int, int]]:
     """Write the messages; returns key -> (topic, queue, offset) for every KEYS entry."""
     from tiered.format.codec import Host
@@ -85,12 +90,13 @@ def write_store(root: Path, specs: list[TopicSpec], *, seed: int = 7) -> dict[st
 
 
 def archive(local_root: Path, store: ObjectStore, state_dir: Path, *, segment_bytes: int = 16 * 1024,
-            cluster: str = CLUSTER, broker: str = BROKER, key_index: bool = True) -> LocalStore:
+            cluster: str = CLUSTER, broker: str = BROKER, key_index: bool = True, layout: int = 1,
+            compression: str = "none") -> LocalStore:
     """Archive everything in the store (as many rounds as needed)."""
     local = LocalStore(local_root)
     cold = ColdTier(store, cluster, broker, state_dir=state_dir, writer="test")
     opts = DispatchOptions(ArchiveOptions(upload_bytes=1, max_delay_ms=0, segment_bytes=segment_bytes,
-                                          key_index=key_index),
+                                          key_index=key_index, layout=layout, compression=compression),
                            parallelism=1, round_budget_s=float("inf"))
     d = Dispatcher(local, cold, options=opts, topic_filter=TopicFilter(include_system=False))
     for _ in range(20):

@@ -294,3 +294,26 @@ def test_the_reader_yields_arrow_batches_spark_passes_through(archived, columns:
         reader = reader_for(archived.url, columns, **options)
         batches = [b for part in reader.partitions() for b in reader.read(part)]
         assert batches and all(isinstance(b, pa.RecordBatch) and b.schema.equals(expected) for b in batches)
+
+
+@pytest.mark.parametrize("layout,compression", [(2, "none"), (2, "zstd")])
+def test_layout_v2_counts_prunes_and_finds_msg_ids(cold_url: str, open_cold, tmp_path: Path, layout: int,
+                                                   compression: str) -> None:
+    """The same paths over one-object segments (v2), plain and zstd-compressed."""
+    from readerkit import SPECS_V2, archive, write_store
+
+    store = open_cold(cold_url)
+    write_store(tmp_path / "s", SPECS_V2)
+    local = archive(tmp_path / "s", store, tmp_path / "st", layout=layout, compression=compression)
+    assert all(s.layout == 2 for m in (Archive(store).manifest(r) for r in Archive(store).queues())
+               for s in m.segments)
+    records = local_index(local)
+    assert read_all(reader_for(cold_url, ())).num_rows == len(records) == 140
+    narrow = ("topic", "queue_id", "queue_offset", "tags", "store_timestamp")
+    full = ordered(read_all(reader_for(cold_url)).select(list(narrow)))
+    assert ordered(read_all(reader_for(cold_url, narrow))).equals(full)
+    for key in (("Orders", 1, 33), ("%DLQ%billing", 0, 7)):
+        rec = records[key]
+        rows = read_all(reader_for(cold_url, msgId=offset_msg_id(rec.store_host, rec.physical_offset))).to_pylist()
+        assert [(r["topic"], r["queue_id"], r["queue_offset"], r["body"]) for r in rows] == \
+            [(*key, rec.body_bytes())]
