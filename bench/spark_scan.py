@@ -256,7 +256,7 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=8, help="Parquet files written (default 8)")
     ap.add_argument("--partition-mb", type=int, default=0,
                     help="input partition size on both sides (default: their defaults, 128 MiB)")
-    ap.add_argument("--repeat", type=int, default=2, help="runs per query; the best counts")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per query; the best counts (default 3)")
     ap.add_argument("--workdir", help="keep data here (default: a temp dir, removed)")
     ap.add_argument("--verify-crc", default="true", choices=["true", "false"], help="data source verifyCrc")
     args = ap.parse_args()
