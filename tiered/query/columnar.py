@@ -26,11 +26,11 @@ in it; with ``skip_corrupt`` it is dropped and counted instead.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from zlib_ng.zlib_ng import crc32
 
 from tiered.format.codec import (
     CQ_ENTRY_SIZE,
@@ -426,7 +426,7 @@ class BatchDecoder:
         data = memoryview(data_buf) if data_buf is not None else memoryview(b"")
         offs = memoryview(bodies.buffers()[1]).cast("q")[bodies.offset:bodies.offset + n + 1]
         stored = memoryview(crc.buffers()[1]).cast("i")[crc.offset:crc.offset + n]
-        f = zlib.crc32
+        f = crc32  # zlib-ng: zlib's values, SIMD (tiered.format.codec)
         mask = CRC_MASK
         ok = all(f(data[offs[i]:offs[i + 1]]) & mask == stored[i] for i in range(n))
         if ok:
