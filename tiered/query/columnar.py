@@ -142,10 +142,19 @@ class _Props:
         self.keys = keys
         self.values = values
         self.n = len(map_)
+        self._codes: pa.Array | None = None
+        self._names: dict[str, int] = {}
 
     def lookup(self, name: str) -> pa.Array:
         """The value of property ``name`` per row (null when absent)."""
-        match = pc.equal(self.keys, name)
+        if self._codes is None:  # a few names repeat in every record: compare their codes, not strings
+            enc = pc.dictionary_encode(self.keys)
+            self._codes = enc.indices
+            self._names = {v: i for i, v in enumerate(enc.dictionary.to_pylist())}
+        code = self._names.get(name)
+        if code is None:
+            return pa.nulls(self.n, pa.string())
+        match = pc.equal(self._codes, pa.scalar(code, self._codes.type))
         before = pa.concat_arrays([pa.array([0], pa.int64()), pc.cumulative_sum(match.cast(pa.int64()))])
         at = pc.take(before, self.offsets)
         per_row = pc.subtract(at.slice(1), at.slice(0, self.n))
