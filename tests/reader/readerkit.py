@@ -60,6 +60,11 @@ class Built:
     keys: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # key -> (topic, queue, offset)
 
 
+# a smaller archive for the layout variants
+SPECS_V2 = [TopicSpec("Orders", queues=2, messages=120), TopicSpec("%DLQ%billing", queues=1, messages=20,
+                                                                   ipv6_every=4)]
+
+
 def write_store(root: Path, specs: list[TopicSpec], *, seed: int = 7) -> dict[str, tuple[str, int, int]]:
     """Write the messages; returns key -> (topic, queue, offset) for every KEYS entry."""
     from tiered.format.codec import Host

@@ -26,11 +26,11 @@ in it; with ``skip_corrupt`` it is dropped and counted instead.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from zlib_ng.zlib_ng import crc32
 
 from tiered.format.codec import (
     CQ_ENTRY_SIZE,
@@ -142,10 +142,19 @@ class _Props:
         self.keys = keys
         self.values = values
         self.n = len(map_)
+        self._codes: pa.Array | None = None
+        self._names: dict[str, int] = {}
 
     def lookup(self, name: str) -> pa.Array:
         """The value of property ``name`` per row (null when absent)."""
-        match = pc.equal(self.keys, name)
+        if self._codes is None:  # a few names repeat in every record: compare their codes, not strings
+            enc = pc.dictionary_encode(self.keys)
+            self._codes = enc.indices
+            self._names = {v: i for i, v in enumerate(enc.dictionary.to_pylist())}
+        code = self._names.get(name)
+        if code is None:
+            return pa.nulls(self.n, pa.string())
+        match = pc.equal(self._codes, pa.scalar(code, self._codes.type))
         before = pa.concat_arrays([pa.array([0], pa.int64()), pc.cumulative_sum(match.cast(pa.int64()))])
         at = pc.take(before, self.offsets)
         per_row = pc.subtract(at.slice(1), at.slice(0, self.n))
@@ -219,6 +228,7 @@ class BatchDecoder:
         self._topic = topic
         need = set(self.columns)
         self._need_props = bool(need & {"tags", "keys", "unique_key", "properties", "delay_level", "real_topic"})
+        self._need_body = "body" in need
 
     # --- entry point -------------------------------------------------------------
 
@@ -261,8 +271,10 @@ class BatchDecoder:
             batch, offs = self._decode_group(records.take(idx), qoffs.take(idx), positions.take(idx), where, value)
             parts.append(batch)
             kept.append(offs)
-        table = pa.Table.from_batches(parts, schema=self.schema)
         all_kept = pa.concat_arrays(kept)
+        if not self.columns:  # nothing to reorder: the row count is all there is
+            return rows_batch([], self.schema, len(all_kept)), all_kept
+        table = pa.Table.from_batches(parts, schema=self.schema)
         perm = pc.sort_indices(all_kept)
         out = table.take(perm).combine_chunks()
         batch = out.to_batches()[0] if out.num_rows else self._empty()
@@ -333,7 +345,9 @@ class BatchDecoder:
         next_start = _offsets(records).slice(1, n)
         pieces_off = _interleave(body_start, body_end, next_start)
         pieces = pa.Array.from_buffers(pa.large_binary(), 3 * n - 1, [None, pieces_off, records.buffers()[2]])
-        bodies = pieces.take(_arange(0, n, 3))
+        # bodies copied and CRC-checked only for the body column (Parquet reads
+        # and checksums no page of an unread column either)
+        bodies = pieces.take(_arange(0, n, 3)) if self._need_body else None
         tails = pieces.take(_arange(1, n, 3))
 
         props_len = _be_int(tails, tail_fixed - 2, 2, pa.int16())
@@ -344,7 +358,7 @@ class BatchDecoder:
              "properties length does not end at the total size"),
         ]
         crc = _be_int(records, 8, 4, pa.int32())
-        if self.verify_crc:
+        if self.verify_crc and bodies is not None:
             mismatch = self._crc_mismatch(bodies, crc)
             if mismatch is not None:
                 checks.append((mismatch, "body CRC mismatch"))
@@ -353,7 +367,7 @@ class BatchDecoder:
             bad = pc.or_(bad, mask)
         if pc.any(bad).as_py():
             return self._handle_bad(records, qoffs, positions, where, bad, checks)
-        if self.decompress and "body" in self.columns:
+        if self.decompress and bodies is not None:
             try:
                 bodies = _decompressed(bodies, _be_int(records, 36, 4, pa.int32()))
             except _Bad as exc:
@@ -370,10 +384,10 @@ class BatchDecoder:
         out = self._fixed(records, n, a, b, queue_id, queue_offset, bodies, crc)
         if props_map is not None:
             out.update(self._derived(props_map, n))
-        return pa.RecordBatch.from_arrays([out[c] for c in self.columns], schema=self.schema), qoffs
+        return rows_batch([out[c] for c in self.columns], self.schema, n), qoffs
 
     def _fixed(self, records: pa.Array, n: int, a: int, b: int, queue_id: pa.Array, queue_offset: pa.Array,
-               bodies: pa.Array, crc: pa.Array) -> dict[str, pa.Array]:
+               bodies: pa.Array | None, crc: pa.Array) -> dict[str, pa.Array]:
         """The requested columns read at fixed positions (``a``, ``b``: the extra
         bytes of an IPv6 born / store host), plus the body and its CRC."""
         q = self.queue
@@ -406,7 +420,7 @@ class BatchDecoder:
                 out[name] = _hosts(pc.binary_slice(records, 64 + a, 72 + a + b))
             elif name == "reconsume_times":
                 out[name] = _be_int(records, 72 + a + b, 4, pa.int32())
-            elif name == "body":
+            elif name == "body" and bodies is not None:
                 out[name] = bodies.cast(pa.binary())
             elif name == "body_crc":
                 out[name] = crc
@@ -421,7 +435,7 @@ class BatchDecoder:
         data = memoryview(data_buf) if data_buf is not None else memoryview(b"")
         offs = memoryview(bodies.buffers()[1]).cast("q")[bodies.offset:bodies.offset + n + 1]
         stored = memoryview(crc.buffers()[1]).cast("i")[crc.offset:crc.offset + n]
-        f = zlib.crc32
+        f = crc32  # zlib-ng: zlib's values, SIMD (tiered.format.codec)
         mask = CRC_MASK
         ok = all(f(data[offs[i]:offs[i + 1]]) & mask == stored[i] for i in range(n))
         if ok:
@@ -521,6 +535,14 @@ def _hosts(packed: pa.Array) -> pa.Array:
     enc = pc.dictionary_encode(packed)
     text = pa.array([str(_host_of(v)) for v in enc.dictionary.to_pylist()], pa.string())
     return text.take(enc.indices)
+
+
+def rows_batch(arrays: list[pa.Array], schema: pa.Schema, n: int) -> pa.RecordBatch:
+    """A batch of ``n`` rows; with no column at all it still carries ``n`` (a
+    query such as count(*) over a source declared with no columns)."""
+    if arrays:
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    return pa.record_batch([pa.nulls(n, pa.int8())], names=["n"]).select([])
 
 
 def empty_batch(columns: tuple[str, ...] = COLUMN_NAMES) -> pa.RecordBatch:

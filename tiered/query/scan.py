@@ -32,12 +32,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tiered.format.codec import CQ_ENTRY_SIZE
-from tiered.query.columnar import BatchDecoder, Where, check_entries, parse_entries
+from tiered.query.columnar import BatchDecoder, Where, check_entries, parse_entries, rows_batch
+from tiered.query.columnar import _arange as queue_offsets
 from tiered.errors import CorruptRecordError, StorageError
 from tiered.archive.manifest import Manifest, Segment
 from tiered.format.keyindex import bloom_may_contain, lookup
 from tiered.query.reader import Archive, QueueRef, ReadStats, first_at_or_after, get_object, get_range, probe_store_ms
-from tiered.query.spark_schema import TIMESTAMP
+from tiered.query.spark_schema import TIMESTAMP, arrow_schema
 from tiered.archive.storage import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -443,3 +444,28 @@ def _pieces(offsets: pa.Array, first: int, m: int) -> list[tuple[int, int]]:
         out.append((start, end))
         start = end
     return out
+
+
+# --- answers from the manifests alone -----------------------------------------------
+
+# Columns a slice knows without reading a byte of it: its queue's names, and
+# the queue offsets [q_start, q_end) (a segment holds every offset of its
+# range; gaps and expired ranges lie between segments, never inside one).
+METADATA_COLUMNS = frozenset({"cluster", "broker", "topic", "queue_id", "queue_offset"})
+METADATA_ROWS = 1 << 20  # rows per batch: a few MiB of queue offsets
+
+
+def metadata_batches(sl: Slice, columns: tuple[str, ...]) -> Iterator[pa.RecordBatch]:
+    """The slice's rows of ``columns`` (all in ``METADATA_COLUMNS``, possibly
+    none: a batch of zero columns still carries its row count, which is all
+    ``count(*)`` needs) without any object-store request."""
+    bad = [c for c in columns if c not in METADATA_COLUMNS]
+    if bad:
+        raise ValueError(f"columns {bad} need the records; only {sorted(METADATA_COLUMNS)} come from manifests")
+    schema = arrow_schema(columns)
+    for start in range(sl.q_start, sl.q_end, METADATA_ROWS):
+        n = min(METADATA_ROWS, sl.q_end - start)
+        values = {"cluster": sl.cluster, "broker": sl.broker, "topic": sl.topic, "queue_id": sl.queue_id}
+        arrays = [queue_offsets(start, n) if c == "queue_offset"
+                  else pa.repeat(pa.scalar(values[c], schema.field(c).type), n) for c in columns]
+        yield rows_batch(arrays, schema, n)

@@ -54,6 +54,18 @@ Options (case-insensitive):
 ``statsPath``                 a directory on the executors: each partition
                               appends a JSON line with its object-store
                               requests, bytes, rows and skipped records
+``columns``                   the DataFrame's columns (comma-separated; as
+                              ``.schema(...)`` with a subset of the schema):
+                              only these are decoded. ``body`` unnamed: no
+                              body byte is copied or CRC-checked. Queue
+                              columns only (``cluster``, ``broker``,
+                              ``topic``, ``queue_id``, ``queue_offset``), or
+                              none (``.schema(StructType([]))``): the rows
+                              come from the manifests, no object is read
+``msgId``                     a message id: the broker's offset id (32 hex
+                              digits, 56 for an IPv6 store host; found by a
+                              binary search of each queue's record headers)
+                              or the client's UNIQ_KEY id (key indexes)
 ============================  ===============================================
 
 An unknown option is an error listing the valid ones; so is an option value
@@ -62,7 +74,12 @@ of the wrong type, and a URL with no archive under it.
 Pruning comes from the options (``cluster``, ``broker``, ``topics``,
 ``queues``, ``startTime``/``endTime``): the catalog and the manifests drop
 queues and segments before any data is read, a time range narrows the read
-inside a segment, and ``key`` reads only the records a key index lists. Filters in the query (``WHERE topic = ...``) are
+inside a segment, ``key`` reads only the records a key index lists and
+``msgId`` one record. Columns come from the declared schema (``columns`` or
+``.schema(...)``): Spark 4.1-4.3 give a Python source neither the columns a
+query uses nor its aggregates (``PythonScanBuilder`` pushes filters only, and
+``reader(schema)`` always gets the whole declared schema), so a ``count(*)``
+over ``load(url)`` decodes every column. Filters in the query (``WHERE topic = ...``) are
 applied by Spark to the rows, exactly, but do not prune: Spark 4.1-4.3 keep
 the plan a Python source produces for pushed filters on the loaded relation,
 shared by every scan of it (both sides of a self-join, every subquery, CTE
@@ -85,6 +102,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -95,7 +113,9 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from tiered.query.columnar import BatchDecoder, QueueInfo
 from tiered.config import parse_size
 from tiered.query.reader import Archive, ReadStats
-from tiered.query.scan import DEFAULT_SLICE_BYTES, Bounds, ScanSpec, Slice, SliceResult, plan, read_slice
+from tiered.query.msgid import MessageId, locate, parse_message_id
+from tiered.query.scan import (DEFAULT_SLICE_BYTES, METADATA_COLUMNS, Bounds, ScanSpec, Slice, SliceResult,
+                               metadata_batches, plan, read_slice)
 from tiered.query.spark_schema import COLUMN_NAMES, arrow_schema, spark_schema
 from tiered.archive.storage import ObjectStore, S3Options, open_store
 from tiered.timeparse import parse_time_ms
@@ -104,12 +124,15 @@ log = logging.getLogger(__name__)
 
 NAME = "rocketmq"
 DEFAULT_OPEN_COST = 4 << 20
+# Arrow bytes a row answered from the manifests costs (a queue offset and a
+# share of a topic string): partitions of such scans are sized by it
+METADATA_ROW_BYTES = 16
 # Every option the source takes (lower case: Spark's options are case-insensitive),
 # with the spelling the docs use; ``s3fs.NAME`` options are passed through.
 OPTIONS = ("path", "endpoint", "endpoint_url", "region", "access_key_id", "secret_access_key", "session_token",
            "addressing", "checksum_mode", "cluster", "broker", "topics", "queues", "startTime", "endTime",
            "skipCorrupt", "verifyCrc", "narrowTime", "maxPartitionBytes", "openCostInBytes", "statsPath",
-           "decompress", "key")
+           "decompress", "key", "msgId", "columns")
 _KNOWN = {o.lower() for o in OPTIONS} | {"paths"}
 
 
@@ -157,6 +180,8 @@ class SourceConfig:
     decompress: bool = True
     stats_path: str | None = None
     key: str | None = None
+    msg_id: MessageId | None = None
+    columns: tuple[str, ...] | None = None  # the ``columns`` option: the DataFrame's schema
 
     @classmethod
     def from_options(cls, options: Any) -> SourceConfig:
@@ -222,7 +247,8 @@ class SourceConfig:
         max_bytes, open_cost = sizes["maxPartitionBytes"], sizes["openCostInBytes"]
         if max_bytes <= 0:
             raise OptionError("option maxPartitionBytes: must be positive")
-        return cls(url=url, s3=s3, spec=spec, option_store_us=bounds,
+        return cls(url=url, s3=s3, spec=spec, option_store_us=bounds, msg_id=_msg_id(opts),
+                   columns=_column_list(opts),
                    skip_corrupt=_flag(opts, "skipCorrupt", False), verify_crc=_flag(opts, "verifyCrc", True),
                    max_partition_bytes=max_bytes, open_cost=open_cost, narrow_time=_flag(opts, "narrowTime", True),
                    decompress=_flag(opts, "decompress", True), stats_path=opts.get("statspath"),
@@ -263,14 +289,30 @@ class SlicesPartition(InputPartition):
         return f"SlicesPartition({self.index}, {len(self.slices)} slices: {', '.join(map(str, self.slices[:3]))})"
 
 
-def pack(slices: list[Slice], max_bytes: int, open_cost: int) -> list[list[Slice]]:
+def read_estimate(sl: Slice, store_us: Bounds) -> int:
+    """Bytes a read of ``sl`` is expected to fetch: all of it, or with a
+    store-time range narrowing inside it, the share of its time span the
+    range covers (times taken as evenly spread: an estimate for packing only)."""
+    if store_us.unbounded:
+        return sl.est_bytes
+    lo, hi = sl.min_store_ms * 1000, sl.max_store_ms * 1000 + 999
+    a = lo if store_us.lo is None else max(lo, store_us.lo)
+    b = hi if store_us.hi is None else min(hi, store_us.hi)
+    return sl.est_bytes * max(0, b - a + 1) // max(1, hi - lo + 1)
+
+
+def pack(slices: list[Slice], max_bytes: int, open_cost: int,
+         store_us: Bounds | None = None) -> list[list[Slice]]:
     """Consecutive slices packed into groups of at most ``max_bytes`` (each
-    slice costing at least ``open_cost``)."""
+    slice costing at least ``open_cost``). A store-time range counts only the
+    bytes it will read: a Python task costs Spark about 0.1 s whatever it
+    reads, so one hour of a day is a few partitions, not one per segment."""
     groups: list[list[Slice]] = []
     current: list[Slice] = []
     size = 0
     for sl in slices:
-        cost = max(sl.est_bytes, open_cost) if open_cost else sl.est_bytes
+        est = read_estimate(sl, store_us or Bounds())
+        cost = max(est, open_cost) if open_cost else est
         if current and size + cost > max_bytes:
             groups.append(current)
             current, size = [], 0
@@ -281,7 +323,49 @@ def pack(slices: list[Slice], max_bytes: int, open_cost: int) -> list[list[Slice
     return groups
 
 
+def pack_rows(slices: list[Slice], max_rows: int) -> list[list[Slice]]:
+    """Consecutive slices packed into groups of at most ``max_rows`` messages
+    (for scans answered from the manifests, which read no object)."""
+    groups: list[list[Slice]] = []
+    rows = 0
+    for sl in slices:
+        if not groups or rows + sl.messages > max_rows:
+            groups.append([])
+            rows = 0
+        groups[-1].append(sl)
+        rows += sl.messages
+    return groups
+
+
 # --- the reader ---------------------------------------------------------------------
+
+
+def _msg_id(opts: dict[str, str]) -> MessageId | None:
+    if not opts.get("msgid"):
+        return None
+    try:
+        msg_id = parse_message_id(opts["msgid"])
+    except ValueError as exc:
+        raise OptionError(f"option msgId: {exc}") from None
+    if opts.get("key"):
+        raise OptionError("options key and msgId: give one of them")
+    return msg_id
+
+
+def _column_list(opts: dict[str, str]) -> tuple[str, ...] | None:
+    """The ``columns`` option: the DataFrame holds only these columns (in this
+    order), so a scan decodes only them (Spark 4.1-4.3 never tell a Python
+    source which columns a query uses: the module docstring)."""
+    names = _list(opts, "columns")
+    if names is None:
+        return None
+    unknown = [n for n in names if n not in COLUMN_NAMES]
+    if unknown:
+        raise OptionError(f"option columns: unknown column{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                          f"the rocketmq source has: {', '.join(COLUMN_NAMES)}")
+    if len(set(names)) != len(names):
+        raise OptionError("option columns: a column is named twice")
+    return tuple(names)
 
 
 def _columns(schema: Any) -> tuple[str, ...]:
@@ -309,6 +393,39 @@ class RocketMQReader(DataSourceReader):
     def __init__(self, config: SourceConfig, columns: tuple[str, ...]) -> None:
         self.config = config
         self.columns = columns
+        # Columns the manifests know (or none: count(*)) need no data read,
+        # unless rows are filtered (time range, key, message id) or corrupt
+        # records are to be skipped (that needs the records read and checked).
+        self.from_manifests = (set(columns) <= METADATA_COLUMNS and config.key is None and config.msg_id is None
+                               and config.option_store_us.unbounded and not config.skip_corrupt)
+
+    def _read_records(self, store: ObjectStore, slices: list[Slice], stats: ReadStats,
+                      result: SliceResult) -> Iterator[pa.RecordBatch]:
+        """The slices' records decoded into ``self.columns`` (plus what a key
+        or message-id filter needs, dropped after it)."""
+        cfg = self.config
+        columns = self.columns
+        need: tuple[str, ...] = ()
+        if cfg.key is not None:
+            need = ("keys", "unique_key")
+        elif cfg.msg_id is not None:
+            need = ("unique_key", "commitlog_offset", "store_host")
+        columns += tuple(c for c in need if c not in columns)
+        for sl in slices:
+            decoder = BatchDecoder(QueueInfo(sl.cluster, sl.broker, sl.topic, sl.queue_id), columns,
+                                   verify_crc=cfg.verify_crc, skip_corrupt=cfg.skip_corrupt,
+                                   decompress=cfg.decompress)
+            batches = read_slice(store, sl, decoder, store_us=cfg.spec.store_us if cfg.narrow_time else Bounds(),
+                                 exact_store_us=cfg.option_store_us, stats=stats, result=result,
+                                 narrow=cfg.narrow_time)
+            if not need:
+                yield from batches
+                continue
+            for batch in batches:
+                mask = key_mask(batch, cfg.key) if cfg.key is not None else msg_id_mask(batch, cfg.msg_id)
+                batch = batch.filter(mask).select(list(self.columns))
+                if batch.num_rows:
+                    yield batch
 
     def plan(self) -> tuple[list[SlicesPartition], Any]:
         store = store_for(self.config.url, self.config.s3)
@@ -326,9 +443,40 @@ class RocketMQReader(DataSourceReader):
                                  + (f" for cluster {sorted(clusters)}" if clusters else "")
                                  + (f" broker {sorted(brokers)}" if brokers else "")
                                  + ": no <cluster>/<broker>/ prefixes under it")
-        p = plan(archive, spec, max_slice_bytes=self.config.max_partition_bytes, key=self.config.key)
-        groups = pack(p.slices, self.config.max_partition_bytes, self.config.open_cost)
+        if self.config.msg_id is not None:
+            p = self._plan_msg_id(archive, self.config.msg_id)
+        else:
+            p = plan(archive, spec, max_slice_bytes=self.config.max_partition_bytes, key=self.config.key)
+        if self.from_manifests:  # nothing read: a partition costs only the rows it emits
+            groups = pack_rows(p.slices, max(1, self.config.max_partition_bytes // METADATA_ROW_BYTES))
+        else:
+            groups = pack(p.slices, self.config.max_partition_bytes, self.config.open_cost,
+                          spec.store_us if self.config.narrow_time else Bounds())
         return [SlicesPartition(i, g) for i, g in enumerate(groups)], p
+
+    def _plan_msg_id(self, archive: Archive, mid: MessageId) -> Any:
+        """The slices that may hold message id ``mid``: as an offset id, a
+        binary search of each queue (``tiered.query.msgid``); as a client id
+        (UNIQ_KEY), the key indexes. Each record once; ``read`` keeps the rows
+        that match exactly."""
+        cfg = self.config
+        found = plan(archive, cfg.spec, max_slice_bytes=cfg.max_partition_bytes, key=mid.text)
+        slices = list(found.slices)
+        if mid.is_offset_id:
+            whole = plan(archive, cfg.spec, max_slice_bytes=cfg.max_partition_bytes)
+            by_queue: dict[Any, list[Slice]] = {}
+            for sl in whole.slices:
+                by_queue.setdefault(sl.ref, []).append(sl)
+            with ThreadPoolExecutor(8, thread_name_prefix="tiered-msgid") as pool:
+                located = pool.map(lambda q: locate(archive.store, q, mid.physical_offset), by_queue.values())
+                slices += [sl for group in located for sl in group]
+        seen: set[tuple[Any, int, int]] = set()
+        unique = []
+        for sl in slices:
+            if (sl.ref, sl.q_start, sl.q_end) not in seen:
+                seen.add((sl.ref, sl.q_start, sl.q_end))
+                unique.append(sl)
+        return replace(found, slices=unique)
 
     def partitions(self) -> list[InputPartition]:
         parts, p = self.plan()
@@ -340,27 +488,15 @@ class RocketMQReader(DataSourceReader):
         if not isinstance(partition, SlicesPartition):
             return  # the empty plan: Spark's single InputPartition(None)
         cfg = self.config
-        store = store_for(cfg.url, cfg.s3)
         stats = ReadStats()
         result = SliceResult()
         started = time.perf_counter()
-        columns = self.columns
-        if cfg.key is not None:  # the key filter needs both key columns
-            columns += tuple(c for c in ("keys", "unique_key") if c not in columns)
-        for sl in partition.slices:
-            decoder = BatchDecoder(QueueInfo(sl.cluster, sl.broker, sl.topic, sl.queue_id), columns,
-                                   verify_crc=cfg.verify_crc, skip_corrupt=cfg.skip_corrupt,
-                                   decompress=cfg.decompress)
-            batches = read_slice(store, sl, decoder, store_us=cfg.spec.store_us if cfg.narrow_time else Bounds(),
-                                 exact_store_us=cfg.option_store_us, stats=stats, result=result,
-                                 narrow=cfg.narrow_time)
-            if cfg.key is None:
-                yield from batches
-                continue
-            for batch in batches:
-                batch = batch.filter(key_mask(batch, cfg.key)).select(list(self.columns))
-                if batch.num_rows:
-                    yield batch
+        if self.from_manifests:  # no object-store request at all
+            for sl in partition.slices:
+                result.rows += sl.messages
+                yield from metadata_batches(sl, self.columns)
+        else:
+            yield from self._read_records(store_for(cfg.url, cfg.s3), partition.slices, stats, result)
         if result.skipped:
             log.warning("rocketmq partition %d: skipped %d corrupt records: %s", partition.index, result.skipped,
                         "; ".join(result.problems[:3]))
@@ -369,6 +505,17 @@ class RocketMQReader(DataSourceReader):
                 "partition": partition.index, "slices": [str(s) for s in partition.slices],
                 "requests": stats.gets, "bytes": stats.bytes, "rows": result.rows, "skipped": result.skipped,
                 "problems": result.problems[:10], "seconds": round(time.perf_counter() - started, 4)})
+
+
+def msg_id_mask(batch: pa.RecordBatch, mid: MessageId) -> pa.Array:
+    """Rows whose client id (UNIQ_KEY) is ``mid`` or, for an offset id, whose
+    store host and CommitLog offset are the ones it encodes."""
+    mask = pc.fill_null(pc.equal(batch.column("unique_key"), mid.text), False)
+    if mid.is_offset_id:
+        at = pc.and_(pc.equal(batch.column("commitlog_offset"), mid.physical_offset),
+                     pc.equal(batch.column("store_host"), str(mid.store_host)))
+        mask = pc.or_(mask, pc.fill_null(at, False))
+    return mask
 
 
 def key_mask(batch: pa.RecordBatch, key: str) -> pa.Array:
@@ -399,8 +546,8 @@ class RocketMQDataSource(DataSource):
     def schema(self) -> Any:
         # Spark asks for the schema at load(): options are checked there, so a
         # misspelt or ill-typed option fails the load, not a later action
-        SourceConfig.from_options(self.options)
-        return spark_schema()
+        config = SourceConfig.from_options(self.options)
+        return spark_schema(config.columns or COLUMN_NAMES)
 
     def reader(self, schema: Any) -> DataSourceReader:
         return RocketMQReader(SourceConfig.from_options(self.options), _columns(schema))
