@@ -101,7 +101,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -406,10 +406,14 @@ class RocketMQReader(DataSourceReader):
         cfg = self.config
         columns = self.columns
         need: tuple[str, ...] = ()
-        if cfg.key is not None:
+        key, mid = cfg.key, cfg.msg_id
+        match: Callable[[pa.RecordBatch], Any] | None = None
+        if key is not None:
             need = ("keys", "unique_key")
-        elif cfg.msg_id is not None:
+            match = lambda batch: key_mask(batch, key)  # noqa: E731
+        elif mid is not None:
             need = ("unique_key", "commitlog_offset", "store_host")
+            match = lambda batch: msg_id_mask(batch, mid)  # noqa: E731
         columns += tuple(c for c in need if c not in columns)
         for sl in slices:
             decoder = BatchDecoder(QueueInfo(sl.cluster, sl.broker, sl.topic, sl.queue_id), columns,
@@ -418,12 +422,11 @@ class RocketMQReader(DataSourceReader):
             batches = read_slice(store, sl, decoder, store_us=cfg.spec.store_us if cfg.narrow_time else Bounds(),
                                  exact_store_us=cfg.option_store_us, stats=stats, result=result,
                                  narrow=cfg.narrow_time)
-            if not need:
+            if match is None:
                 yield from batches
                 continue
             for batch in batches:
-                mask = key_mask(batch, cfg.key) if cfg.key is not None else msg_id_mask(batch, cfg.msg_id)
-                batch = batch.filter(mask).select(list(self.columns))
+                batch = batch.filter(match(batch)).select(list(self.columns))
                 if batch.num_rows:
                     yield batch
 
@@ -462,13 +465,14 @@ class RocketMQReader(DataSourceReader):
         cfg = self.config
         found = plan(archive, cfg.spec, max_slice_bytes=cfg.max_partition_bytes, key=mid.text)
         slices = list(found.slices)
-        if mid.is_offset_id:
+        offset = mid.physical_offset
+        if mid.is_offset_id and offset is not None:
             whole = plan(archive, cfg.spec, max_slice_bytes=cfg.max_partition_bytes)
             by_queue: dict[Any, list[Slice]] = {}
             for sl in whole.slices:
                 by_queue.setdefault(sl.ref, []).append(sl)
             with ThreadPoolExecutor(8, thread_name_prefix="tiered-msgid") as pool:
-                located = pool.map(lambda q: locate(archive.store, q, mid.physical_offset), by_queue.values())
+                located = pool.map(lambda q: locate(archive.store, q, offset), by_queue.values())
                 slices += [sl for group in located for sl in group]
         seen: set[tuple[Any, int, int]] = set()
         unique = []
