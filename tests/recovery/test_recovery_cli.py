@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from tiered.archive import segmeta
 from tiered.cli import app
+from tiered.archive.coldtier import ColdTier
 from tiered.archive.manifest import Manifest, queue_prefix
 from tiered.archive.storage import ObjectStore, S3Options, open_store
 from tiered.store.storewriter import StoreWriter
@@ -52,7 +53,9 @@ def dispatch(env: dict[str, str], store: Path, cold_url: str) -> tuple[int, str]
 
 
 def manifest(objects: ObjectStore, topic: str) -> Manifest:
-    return Manifest.from_bytes(objects.get(f"{queue_prefix('C', 'b', topic, 0)}/manifest.json"))
+    m = ColdTier(objects, "C", "b").fetch(topic, 0)  # a chunked head is read with its chunks
+    assert m is not None
+    return m
 
 
 def data_keys(objects: ObjectStore, topic: str) -> set[str]:
