@@ -203,9 +203,15 @@ class ColdTier:
             doc = read_json(path)
             if not isinstance(doc, dict):
                 raise ValueError(f"{path}: not an object")
-            m = Manifest.from_dict(doc["manifest"], str(path))
-            m = replace(m, chunks=tuple(ChunkRef.of(r) for r in doc.get("chunks", [])),
-                        chunk_keys=tuple(str(k) for k in doc.get("chunk_keys", [])))
+            head = doc["manifest"]
+            refs = Manifest.chunk_refs(head, str(path))
+            if refs:  # the head as committed; its chunks from the local copies (or the bucket)
+                topic, qid = str(head["topic"]), int(head["queue_id"])
+                load, qp = self._chunk_loader(topic, qid), queue_prefix(self.cluster, self.broker, topic, qid)
+                m = Manifest.from_dict(head, str(path), prefix=chunks.flatten(refs, load))
+                m = replace(m, chunks=refs, chunk_keys=tuple(chunk_key(qp, n) for n in chunks.reachable(refs, load)))
+            else:
+                m = Manifest.from_dict(head, str(path))
             entries[(m.topic, m.queue_id)] = _Entry(m, doc["etag"], True)
         self._entries = entries
 
@@ -248,6 +254,7 @@ class ColdTier:
                     path.unlink()
             for (topic, qid), entry in entries.items():
                 self._persist(topic, qid, entry)
+            self._prune_local_chunks(entries)
         log.info("manifest cache rebuilt from the bucket: %d queues", len(entries))
 
     def _persist(self, topic: str, queue_id: int, entry: _Entry) -> None:
@@ -255,10 +262,39 @@ class ColdTier:
             return
         # No fsync: a cache entry lost or torn by a power cut is rebuilt (or
         # found one commit behind, which the conditional commit detects).
+        # The head as committed, not the whole manifest: a commit's local write
+        # stays as small as its bucket write (chunks are copied once, below).
         m = entry.manifest
         write_json(self.cache_dir / _cache_name(topic, queue_id),
-                   {"manifest": m.to_dict(), "etag": entry.etag, "chunks": [r.to_dict() for r in m.chunks],
-                    "chunk_keys": list(m.chunk_keys)}, fsync=False)
+                   {"manifest": m.head_dict(m.chunks, sum(r.live for r in m.chunks)), "etag": entry.etag},
+                   fsync=False)
+
+    def _local_chunks(self, topic: str, queue_id: int) -> Path | None:
+        """Where the local cache keeps copies of a queue's chunk objects
+        (the bucket's bytes: immutable, checked by their hash when read)."""
+        if self.cache_dir is None:
+            return None
+        return self.cache_dir / "_chunks" / _cache_name(topic, queue_id).removesuffix(".json")
+
+    def _save_chunk(self, topic: str, queue_id: int, name: str, body: bytes) -> None:
+        folder = self._local_chunks(topic, queue_id)
+        if folder is None:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{name}.tmp"
+        tmp.write_bytes(body)  # no fsync: a torn copy fails its hash and is read from the bucket
+        tmp.replace(folder / name)
+
+    def _prune_local_chunks(self, entries: dict[QueueKey, _Entry]) -> None:
+        """Drop local chunk copies no cached manifest reaches (after a rebuild)."""
+        root = self.cache_dir / "_chunks" if self.cache_dir is not None else None
+        if root is None or not root.is_dir():
+            return
+        keep = {(self._local_chunks(t, q), k.rsplit("/", 1)[-1])
+                for (t, q), e in entries.items() if e.manifest is not None for k in e.manifest.chunk_keys}
+        for path in root.glob("*/*"):
+            if (path.parent, path.name) not in keep:
+                path.unlink(missing_ok=True)
 
     # --- reading -----------------------------------------------------------------
 
@@ -315,9 +351,16 @@ class ColdTier:
     def _chunk_loader(self, topic: str, queue_id: int) -> Callable[[ChunkRef], chunks.Chunk]:
         qp = queue_prefix(self.cluster, self.broker, topic, queue_id)
 
+        local = self._local_chunks(topic, queue_id)
+
         def load(ref: ChunkRef) -> chunks.Chunk:
             key = chunk_key(qp, ref.name)
             chunk = self._chunks.get(key)
+            if chunk is None and local is not None:
+                try:
+                    chunk = chunks.decode((local / ref.name).read_bytes(), key, ref, topic, queue_id)
+                except (OSError, ManifestChunkError):
+                    chunk = None  # no local copy, or a torn one: the bucket has it
             if chunk is None:
                 try:
                     data = self.store.get(key)
@@ -325,6 +368,8 @@ class ColdTier:
                     raise ManifestChunkError(key, 0, "manifest chunk missing; `tiered repair` rebuilds the "
                                                      "manifest from the segment objects") from None
                 chunk = chunks.decode(data, key, ref, topic, queue_id)
+                self._save_chunk(topic, queue_id, ref.name, data)
+            if key not in self._chunks:
                 self._chunks[key] = chunk
             elif chunk.total != ref.total or chunk.level != ref.level:
                 raise ManifestChunkError(key, 0, f"manifest chunk holds {chunk.total} segments at level "
@@ -344,13 +389,17 @@ class ColdTier:
                 got = [load(frontier[0])]
             frontier = [k for c in got for k in c.refs]
 
-    def _forget_chunks(self, old: Manifest | None, new: Manifest | None) -> None:
-        """Drop cached chunks the queue's new manifest no longer reaches."""
+    def _forget_chunks(self, topic: str, queue_id: int, old: Manifest | None, new: Manifest | None) -> None:
+        """Drop cached chunks (in memory and local copies) the queue's new
+        manifest no longer reaches."""
         if old is not None and old.chunk_keys:
             keep = set(new.chunk_keys) if new is not None else set()
+            local = self._local_chunks(topic, queue_id)
             for k in old.chunk_keys:
                 if k not in keep:
                     self._chunks.pop(k, None)
+                    if local is not None:
+                        (local / k.rsplit("/", 1)[-1]).unlink(missing_ok=True)
 
     def current(self, topic: str, queue_id: int) -> Manifest | None:
         """The manifest to build on: cached, or looked up once for a queue the
@@ -501,7 +550,7 @@ class ColdTier:
                 self.fetch(topic, queue_id)
                 continue
             committed = _Entry(new, etag, True)
-            self._forget_chunks(base, new)
+            self._forget_chunks(topic, queue_id, base, new)
             self._entries[(topic, queue_id)] = committed
             self._persist(topic, queue_id, committed)
             return new
@@ -518,6 +567,7 @@ class ColdTier:
                            topic, queue_id, load)
         for name, body in plan.writes:
             self.store.put(chunk_key(qp, name), body)
+            self._save_chunk(topic, queue_id, name, body)
         for name, chunk in plan.made.items():
             self._chunks[chunk_key(qp, name)] = chunk
         new = replace(new, chunks=plan.refs,
