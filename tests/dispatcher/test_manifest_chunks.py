@@ -206,3 +206,45 @@ def test_a_lost_or_damaged_chunk_is_a_typed_error_naming_the_object(tmp_path) ->
     with pytest.raises(ManifestChunkError, match="missing") as err:
         ColdTier(store, CLUSTER, BROKER).fetch(TOPIC, QID)
     assert err.value.source == first
+
+
+def test_the_local_cache_keeps_the_head_and_copies_of_its_chunks(tmp_path) -> None:
+    store = FileStore(str(tmp_path / "cold"))
+    gets: list[str] = []
+    raw_get = store._raw_get
+
+    def get(key: str, start: int | None, end: int | None) -> bytes:
+        gets.append(key)
+        return raw_get(key, start, end)
+
+    store._raw_get = get  # type: ignore[method-assign]
+    state = tmp_path / "state"
+    cold = ColdTier(store, CLUSTER, BROKER, state_dir=state, writer="w", clock=ManualClock())
+    cold.load()
+    segments = tuple(seg(i) for i in range(40))
+    for n in range(1, 41):
+        commit_segments(cold, segments[:n])
+    cache_dir = state / "manifests" / CLUSTER / BROKER
+    doc = json.loads((cache_dir / f"{TOPIC}.{QID}.json").read_bytes())
+    # the committed head, not the whole manifest: the local write is as small as the bucket's
+    assert doc["manifest"] == json.loads(store.get(HEAD))
+    copies = {p.name: p.read_bytes() for p in (cache_dir / "_chunks" / f"{TOPIC}.{QID}").iterdir()}
+    assert copies == {k.rsplit("/", 1)[1]: store.get(k) for k in cold.cached(TOPIC, QID).chunk_keys}
+    # a restart reads the chunks from the local copies: no chunk GET
+    gets.clear()
+    again = ColdTier(store, CLUSTER, BROKER, state_dir=state, writer="w", clock=ManualClock())
+    again.load()
+    assert again.cached(TOPIC, QID) == cold.cached(TOPIC, QID)
+    assert again.cached(TOPIC, QID).chunk_keys == cold.cached(TOPIC, QID).chunk_keys
+    assert not [k for k in gets if f"/{CHUNK_DIR}/" in k]
+    # a torn copy fails its hash and is read from the bucket (and copied again)
+    first = sorted(copies)[0]
+    (cache_dir / "_chunks" / f"{TOPIC}.{QID}" / first).write_bytes(b"{torn")
+    third = ColdTier(store, CLUSTER, BROKER, state_dir=state, writer="w", clock=ManualClock())
+    third.load()
+    assert third.cached(TOPIC, QID) == cold.cached(TOPIC, QID)
+    assert [k for k in gets if f"/{CHUNK_DIR}/" in k] == [f"{PREFIX}/{CHUNK_DIR}/{first}"]
+    assert (cache_dir / "_chunks" / f"{TOPIC}.{QID}" / first).read_bytes() == copies[first]
+    # expiry past the first chunk drops its local copy
+    third.commit(TOPIC, QID, lambda m: replace(m, segments=m.segments[20:]))
+    assert sorted(p.name for p in (cache_dir / "_chunks" / f"{TOPIC}.{QID}").iterdir()) == sorted(copies)[1:]
