@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 import uuid
 import urllib.parse
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -332,12 +332,13 @@ class ColdTier:
         the chunks a head references are read (in parallel, cached)."""
         doc = Manifest.document(data, key)
         refs = Manifest.chunk_refs(doc, key)
-        if not refs or (doc.get("topic"), doc.get("queue_id")) != (topic, queue_id):
-            m = Manifest.from_dict(doc, key) if not refs else None
-            if m is None or (m.topic, m.queue_id) != (topic, queue_id):
-                raise CorruptRecordError(key, 0, f"foreign manifest: it describes {doc.get('topic')}/"
-                                                 f"{doc.get('queue_id')}")
+        if not refs:
+            m = Manifest.from_dict(doc, key)
+            if (m.topic, m.queue_id) != (topic, queue_id):
+                raise CorruptRecordError(key, 0, f"foreign manifest: it describes {m.topic}/{m.queue_id}")
             return m
+        if (doc.get("topic"), doc.get("queue_id")) != (topic, queue_id):  # before reading its chunks
+            raise CorruptRecordError(key, 0, f"foreign manifest: it describes {doc.get('topic')}/{doc.get('queue_id')}")
         load = self._chunk_loader(topic, queue_id)
         self._prefetch(refs, load)
         m = Manifest.from_dict(doc, key, prefix=chunks.flatten(refs, load))
@@ -350,7 +351,6 @@ class ColdTier:
 
     def _chunk_loader(self, topic: str, queue_id: int) -> Callable[[ChunkRef], chunks.Chunk]:
         qp = queue_prefix(self.cluster, self.broker, topic, queue_id)
-
         local = self._local_chunks(topic, queue_id)
 
         def load(ref: ChunkRef) -> chunks.Chunk:
