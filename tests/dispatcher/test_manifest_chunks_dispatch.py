@@ -12,11 +12,14 @@ import pytest
 
 from cleaner.orphans import collect_orphans
 from cleaner.report import CleanReport
-from dispatchkit import BROKER, CLUSTER, CountingRecorder, assert_exact, new_dispatcher, new_writer, produce
+from dispatchkit import (BROKER, CLUSTER, CountingRecorder, assert_exact, local_records, new_dispatcher, new_writer,
+                         produce)
 from tiered.archive.chunks import CHUNK_DIR, CHUNK_FANOUT, CHUNK_SEGMENTS, ManifestChunkError
 from tiered.archive.coldtier import ColdTier
 from tiered.archive.manifest import MANIFEST, queue_prefix
 from tiered.archive.storage import ObjectStore
+from tiered.ops.verify import verify
+from tiered.query.reader import ColdReader, ReadStatus
 from tiered.recorder import NullRecorder
 from tiered.store.localstore import LocalStore
 
@@ -111,6 +114,15 @@ def test_commit_bytes_stay_flat_over_330_segments(cold_url, open_cold, tmp_path,
     assert fresh.to_bytes() == m.to_bytes()
     assert chunk_objects(store) == set(fresh.chunk_keys) == set(m.chunk_keys)
     assert_exact(store, local, [(TOPIC, 0)])
+    # the query reader and verify find every segment through the chunks
+    reader = ColdReader(store, cluster=CLUSTER, broker=BROKER)
+    ref = reader.queue(TOPIC, 0)
+    expected = dict(local_records(local, TOPIC, 0))
+    for offset in (0, 15, 16, 200, 329):
+        got = reader.read(ref, offset, max_count=1)
+        assert got.status == ReadStatus.FOUND and bytes(got.records[0].raw) == expected[offset]
+    report = verify(ColdTier(store, CLUSTER, BROKER), local)
+    assert report.ok and report.segments == 330 and report.records == 330 and not report.orphans, report.problems
 
 
 def orphan_pass(store: ObjectStore) -> list[str]:
