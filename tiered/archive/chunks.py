@@ -146,24 +146,27 @@ def _dropped(prev: Sequence[Segment], segments: Sequence[Segment]) -> int:
     assumed and references are matched one by one)."""
     if not segments:
         return len(prev)
-    starts = [s.q_start for s in prev]
-    i = bisect.bisect_left(starts, segments[0].q_start)
+    i = bisect.bisect_left(prev, segments[0].q_start, key=_q_start)
     return i if i < len(prev) and prev[i] == segments[0] else 0
+
+
+def _q_start(s: Segment) -> int:
+    return s.q_start
 
 
 class _Planner:
     def __init__(self, topic: str, queue_id: int, segments: Sequence[Segment], size: int, fanout: int) -> None:
         self.topic, self.queue_id = topic, queue_id
         self.segments = segments
-        self.starts = [s.q_start for s in segments]
         self.size, self.fanout = size, fanout
         self.out: list[tuple[ChunkRef, int, int]] = []  # reference, [a, b) in segments
         self.writes: list[tuple[str, bytes]] = []
         self.made: dict[str, Chunk] = {}
 
     def find(self, seg: Segment, lo: int) -> int | None:
-        j = bisect.bisect_left(self.starts, seg.q_start, lo)
-        return j if j < len(self.starts) and self.starts[j] == seg.q_start else None
+        # segments are in queue-offset order (Manifest.check): no list of starts built per commit
+        j = bisect.bisect_left(self.segments, seg.q_start, lo, key=_q_start)
+        return j if j < len(self.segments) and self.segments[j].q_start == seg.q_start else None
 
     def write(self, chunk: Chunk, a: int, b: int) -> ChunkRef:
         name, body = encode(self.topic, self.queue_id, chunk, self.segments[a].q_start, self.segments[b - 1].q_end)

@@ -328,8 +328,10 @@ class Manifest:
         """The manifest as a head: ``refs`` stand for ``segments[:tail]``,
         the rest is inline. Format 3.0 when it references a chunk."""
         # Field by field, not asdict(self): that deep-copies every segment.
-        version = (FORMAT_VERSION_CHUNKED if refs else FORMAT_VERSION_V2 if any(s.layout == 2 for s in self.segments)
-                   else self.format_version)
+        if refs:
+            version = FORMAT_VERSION_CHUNKED  # (no walk over the history on a chunked commit)
+        else:
+            version = FORMAT_VERSION_V2 if any(s.layout == 2 for s in self.segments) else self.format_version
         d = {
             "topic": self.topic, "queue_id": self.queue_id, "next_offset": self.next_offset,
             "cl_next": self.cl_next, "generation": self.generation, "writer": self.writer,
