@@ -4,10 +4,12 @@
     python bench/commit_growth.py --segments 1000
 
 Archives ``--segments`` one-message segments of one queue with the real
-dispatcher into a temporary file:// cold tier and records the size of every
-manifest write (the commit). Prints the commit size at segment 10 and at the
-last segment, their ratio, and the data bytes per segment, per layout.
-A commit that does not grow with history would print a ratio near 1.
+dispatcher into a temporary file:// cold tier and records the bytes of every
+commit: the manifest head plus the manifest chunks written with it
+(tiered/archive/chunks.py; one commit in 16 writes a chunk). Prints the
+commit size at segments 10, 100 and 300 (and the last), the mean and the
+largest over the last 100 commits, and the data bytes per segment, per
+layout. A commit that does not grow with history prints flat figures.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter 
 from tiered.clock import ManualClock  # noqa: E402
 from tiered.archive.coldtier import ColdTier  # noqa: E402
 from tiered.store.localstore import LocalStore  # noqa: E402
+from tiered.archive.chunks import CHUNK_DIR  # noqa: E402
 from tiered.archive.manifest import MANIFEST  # noqa: E402
 from tiered.archive.storage import FileStore  # noqa: E402
 from tiered.store.storewriter import StoreWriter  # noqa: E402
@@ -39,11 +42,15 @@ def run(root: Path, segments: int, layout: int) -> tuple[list[int], int]:
     store = FileStore(str(root / "cold"))
     commits: list[int] = []
     data = [0]
+    chunk_bytes = [0]  # written since the last head: part of the next commit
 
     def wrap(raw: Callable) -> Callable:  # noqa: ANN202
         def call(key, body, *args):  # noqa: ANN001, ANN202
             if key.endswith("/" + MANIFEST):
-                commits.append(len(body))
+                commits.append(len(body) + chunk_bytes[0])
+                chunk_bytes[0] = 0
+            elif f"/{CHUNK_DIR}/" in key:
+                chunk_bytes[0] += len(body)
             elif "/_" not in key:
                 data[0] += len(body)
             return raw(key, body, *args)
@@ -70,10 +77,10 @@ def main() -> None:
     for layout in (1, 2):
         with tempfile.TemporaryDirectory() as tmp:
             commits, per_segment = run(Path(tmp), args.segments, layout)
-        at10, last = commits[9], commits[-1]
-        print(f"layout v{layout}: commit bytes at segment 10: {at10}, at segment {len(commits)}: {last} "
-              f"({last / at10:.1f}x), {(last - at10) / (len(commits) - 10):.0f} bytes more per segment; "
-              f"data objects {per_segment} bytes per segment")
+        at = ", ".join(f"{n}: {commits[n - 1]}" for n in sorted({10, 100, 300, len(commits)}) if n <= len(commits))
+        recent = commits[-100:]
+        print(f"layout v{layout}: commit bytes at segment {at}; last {len(recent)} commits mean "
+              f"{sum(recent) / len(recent):.0f}, max {max(recent)}; data objects {per_segment} bytes per segment")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from cleaner.retention import Retention
+from tiered.archive.chunks import CHUNK_DIR
 from tiered.archive.manifest import Gap, Manifest, PendingDelete, Segment, topic_of_dir
 from tiered.archive.segmeta import Descriptor
 from tiered.archive.storage import ObjectInfo
@@ -324,6 +325,19 @@ def parse_data_key(prefix: str, key: str) -> tuple[str, int, str] | None:
     return topic_of_dir(parts[0]), int(parts[1]), parts[2]
 
 
+def parse_chunk_key(prefix: str, key: str) -> tuple[str, int, str] | None:
+    """(topic, queue id, "manifest") of a manifest chunk object
+    ``{prefix}/{topic}/{qid}/manifest/chunk-...`` (tiered/archive/chunks.py), else None.
+    An unreferenced chunk is an orphan like an unreferenced segment object."""
+    if not key.startswith(prefix + "/"):
+        return None
+    parts = key[len(prefix) + 1:].split("/")
+    if len(parts) != 4 or parts[2] != CHUNK_DIR or not parts[1].isdigit() or not parts[0] \
+            or not parts[3].startswith("chunk-"):
+        return None
+    return topic_of_dir(parts[0]), int(parts[1]), parts[2]
+
+
 @dataclass(frozen=True)
 class OrphanPlan:
     """Data objects older than the grace period that the known manifests do
@@ -361,7 +375,7 @@ def plan_orphans(
     candidates: dict[QueueKey, list[ObjectInfo]] = {}
     unmanaged: dict[QueueKey, int] = {}
     for obj in objects:
-        parsed = parse_data_key(prefix, obj.key)
+        parsed = parse_data_key(prefix, obj.key) or parse_chunk_key(prefix, obj.key)
         if parsed is None:
             continue
         if obj.mtime_ms > now_ms - grace_ms:
@@ -394,6 +408,12 @@ def accountable_orphans(
     named: set[str] = set()
     others = []
     for obj in objects:
+        folder, name = (["", ""] + obj.key.rsplit("/", 2))[-2:]
+        if folder == CHUNK_DIR and name.startswith("chunk-"):
+            # a manifest chunk the fresh head does not reach: only a head can
+            # reference one, and this queue's head was just read
+            deletable.append(obj.key)
+            continue
         if "/consumequeue/" not in obj.key:
             others.append(obj)
             continue

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from dispatchkit import BROKER, CLUSTER, archived_records, assert_exact, new_dispatcher, new_writer, produce, \
     read_manifest
 from tiered.archive import layout, segmeta
+from tiered.archive.chunks import CHUNK_DIR, CHUNK_SEGMENTS
 from tiered.cli import app
 from tiered.archive.coldtier import ColdTier
 from tiered.errors import CorruptRecordError
@@ -51,20 +52,24 @@ def test_v2_segment_is_one_object_and_one_commit(compression, cold_url, open_col
     d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, segment_bytes=3000,
                        max_delay_ms=0, parallelism=1, layout=2, compression=compression)
     d.run_round()  # identity, lease, first manifest lookups: not per segment
+    first = len(d.cold.cached(*Q).segments)
     puts = _count_puts(store)
     with new_writer(tmp_path / "store") as w:
         produce(w, *Q, 90, clock=clock, body_size=200, seed=1)
     res = d.run_round()
     assert res.ok, res.errors
     assert res.segments >= 5
-    # exactly two requests per segment: the segment object and the commit
-    assert puts == Counter({"segment": res.segments, MANIFEST: res.segments, CATALOG: 1})  # + one catalog a round
+    # exactly two requests per segment: the segment object and the commit, plus
+    # one manifest chunk per 16 segments committed (tiered/archive/chunks.py)
+    sealed = (first + res.segments) // CHUNK_SEGMENTS - first // CHUNK_SEGMENTS
+    assert puts == Counter({"segment": res.segments, MANIFEST: res.segments, CATALOG: 1,  # + one catalog a round
+                            CHUNK_DIR: sealed})
     m = read_manifest(store, *Q)
     assert m.format_version == "2.0" and all(s.layout == 2 and s.bloom is None for s in m.segments)
     prefix = queue_prefix(CLUSTER, BROKER, *Q)
     listed = sorted(o.key for o in store.list_keys(prefix + "/") if not o.key.endswith(MANIFEST))
-    assert listed == sorted(k for s in m.segments for k in s.keys())
-    assert all(k.endswith(".zst") == (compression == "zstd") for k in listed)
+    assert listed == sorted([k for s in m.segments for k in s.keys()] + list(m.chunk_keys))
+    assert all(k.endswith(".zst") == (compression == "zstd") for k in listed if f"/{CHUNK_DIR}/" not in k)
     assert assert_exact(store, local, [Q]) == {Q: 150}
     report = verify(ColdTier(store, CLUSTER, BROKER), local)
     assert report.ok and report.records == 150 and report.compared_locally == 150, report.problems

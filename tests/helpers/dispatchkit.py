@@ -115,7 +115,8 @@ def read_manifest(store: ObjectStore, topic: str, queue_id: int, cluster: str = 
     key = f"{queue_prefix(cluster, broker, topic, queue_id)}/{MANIFEST}"
     if store.head(key) is None:
         return None
-    return Manifest.from_bytes(store.get(key), key)
+    # through a fresh ColdTier: a chunked head (format 3.0) is read with its chunks
+    return ColdTier(store, cluster, broker).fetch(topic, queue_id)
 
 
 def archived_records(store: ObjectStore, topic: str, queue_id: int, cluster: str = CLUSTER,

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from tiered.archive import segmeta
 from tiered.cli import app
+from tiered.archive.coldtier import ColdTier
 from tiered.archive.manifest import Manifest, queue_prefix
 from tiered.archive.storage import ObjectStore, S3Options, open_store
 from tiered.store.storewriter import StoreWriter
@@ -52,7 +53,9 @@ def dispatch(env: dict[str, str], store: Path, cold_url: str) -> tuple[int, str]
 
 
 def manifest(objects: ObjectStore, topic: str) -> Manifest:
-    return Manifest.from_bytes(objects.get(f"{queue_prefix('C', 'b', topic, 0)}/manifest.json"))
+    m = ColdTier(objects, "C", "b").fetch(topic, 0)  # a chunked head is read with its chunks
+    assert m is not None
+    return m
 
 
 def data_keys(objects: ObjectStore, topic: str) -> set[str]:
@@ -357,3 +360,42 @@ def test_a_local_store_behind_its_archive_is_reported_never_archived_backwards(
     assert manifest(objects, "U").next_offset == 8  # U's new records continue its archive at 6
     code, out = invoke(env, "status", "--store", str(store), "--cold", cold_url)
     assert code == 1 and "the local store ends at offset 4" in out.replace("\n", "")
+
+
+def test_a_lost_manifest_chunk_stops_its_queue_and_repair_rebuilds_it(
+        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
+    """A head whose chunk (tiered/archive/chunks.py) is gone: status and
+    dispatch name the chunk and exit 1, the other queue goes on; `tiered
+    repair` rebuilds the segment list from the segment objects."""
+    store = tmp_path / "store"
+    w = StoreWriter(store, commitlog_file_size=1 << 20, cq_entries_per_file=1000)
+    for batch in range(20):  # 20 segments: one chunk of 16 and a head holding 4
+        produce(w, "T", 2, batch * 2)
+        w.flush()
+        assert dispatch(env, store, cold_url)[0] == 0
+    before = manifest(objects, "T")
+    [chunk] = before.chunk_keys
+    objects.delete_many([chunk])
+    produce(w, "T", 2, 40)
+    produce(w, "U", 3)
+    w.flush()
+    import shutil
+
+    shutil.rmtree(tmp_path / "state")  # the cache is rebuilt from the bucket: the head's chunk is looked for
+    code, out = dispatch(env, store, cold_url)
+    assert code == 1 and "T/0" in out and chunk in out, out
+    assert manifest(objects, "U").next_offset == 3  # the other queue went on
+    code, out = invoke(env, "status", "--store", str(store), "--cold", cold_url)
+    assert code == 1 and "PROBLEM T/0: manifest unreadable" in out and chunk in out, out
+    code, out = invoke(env, "repair", "--cold", cold_url, "--dry-run", "--json")
+    assert code == 0 and sorted(json.loads(out)["adopted"]) == ["T/0"], out
+    assert objects.head(chunk) is None  # a dry run writes nothing
+    code, out = invoke(env, "repair", "--cold", cold_url)
+    assert code == 0 and "rebuilt T/0: 20 segments, offsets [0,40)" in out, out
+    rebuilt = manifest(objects, "T")
+    assert rebuilt.segments == before.segments and rebuilt.history == before.history
+    assert dispatch(env, store, cold_url)[0] == 0
+    assert manifest(objects, "T").next_offset == 42
+    code, out = invoke(env, "verify", "--store", str(store), "--cold", cold_url)
+    assert code == 0, out
+    w.close()

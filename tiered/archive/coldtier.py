@@ -22,6 +22,7 @@ import threading
 import uuid
 import urllib.parse
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,10 @@ from tiered.clock import Clock, SystemClock
 from tiered.errors import (CorruptRecordError, FormatVersionError, ObjectNotFoundError, PreconditionFailedError,
                            TieredError)
 from tiered.format.jsonfile import read_json, write_json
-from tiered.archive.manifest import (CATALOG, IDENTITY, MANIFEST, Catalog, CatalogEntry, Gap, Manifest, Segment, broker_prefix,
-                             history_id, queue_prefix)
+from tiered.archive import chunks
+from tiered.archive.chunks import ManifestChunkError, chunk_key
+from tiered.archive.manifest import (CATALOG, IDENTITY, MANIFEST, Catalog, CatalogEntry, ChunkRef, Gap, Manifest, Segment,
+                                     broker_prefix, history_id, queue_prefix)
 from tiered.archive.rebuild import RebuildPlan, RepairReport, UnaccountedObjectsError, plan_rebuild, queues_in, scan_queue
 from tiered.recorder import NullRecorder, Recorder
 from tiered.archive.segmeta import Descriptor
@@ -98,6 +101,7 @@ class ColdTier:
         self._locks: dict[QueueKey, threading.Lock] = {}
         self._guard = threading.Lock()
         self._catalog_lock = threading.Lock()
+        self._chunks: dict[str, chunks.Chunk] = {}  # key -> content; chunks are immutable
         self.loaded = False
 
     # --- cache -----------------------------------------------------------------
@@ -199,7 +203,15 @@ class ColdTier:
             doc = read_json(path)
             if not isinstance(doc, dict):
                 raise ValueError(f"{path}: not an object")
-            m = Manifest.from_dict(doc["manifest"], str(path))
+            head = doc["manifest"]
+            refs = Manifest.chunk_refs(head, str(path))
+            if refs:  # the head as committed; its chunks from the local copies (or the bucket)
+                topic, qid = str(head["topic"]), int(head["queue_id"])
+                load, qp = self._chunk_loader(topic, qid), queue_prefix(self.cluster, self.broker, topic, qid)
+                m = Manifest.from_dict(head, str(path), prefix=chunks.flatten(refs, load))
+                m = replace(m, chunks=refs, chunk_keys=tuple(chunk_key(qp, n) for n in chunks.reachable(refs, load)))
+            else:
+                m = Manifest.from_dict(head, str(path))
             entries[(m.topic, m.queue_id)] = _Entry(m, doc["etag"], True)
         self._entries = entries
 
@@ -242,6 +254,7 @@ class ColdTier:
                     path.unlink()
             for (topic, qid), entry in entries.items():
                 self._persist(topic, qid, entry)
+            self._prune_local_chunks(entries)
         log.info("manifest cache rebuilt from the bucket: %d queues", len(entries))
 
     def _persist(self, topic: str, queue_id: int, entry: _Entry) -> None:
@@ -249,8 +262,39 @@ class ColdTier:
             return
         # No fsync: a cache entry lost or torn by a power cut is rebuilt (or
         # found one commit behind, which the conditional commit detects).
+        # The head as committed, not the whole manifest: a commit's local write
+        # stays as small as its bucket write (chunks are copied once, below).
+        m = entry.manifest
         write_json(self.cache_dir / _cache_name(topic, queue_id),
-                   {"manifest": entry.manifest.to_dict(), "etag": entry.etag}, fsync=False)
+                   {"manifest": m.head_dict(m.chunks, sum(r.live for r in m.chunks)), "etag": entry.etag},
+                   fsync=False)
+
+    def _local_chunks(self, topic: str, queue_id: int) -> Path | None:
+        """Where the local cache keeps copies of a queue's chunk objects
+        (the bucket's bytes: immutable, checked by their hash when read)."""
+        if self.cache_dir is None:
+            return None
+        return self.cache_dir / "_chunks" / _cache_name(topic, queue_id).removesuffix(".json")
+
+    def _save_chunk(self, topic: str, queue_id: int, name: str, body: bytes) -> None:
+        folder = self._local_chunks(topic, queue_id)
+        if folder is None:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{name}.tmp"
+        tmp.write_bytes(body)  # no fsync: a torn copy fails its hash and is read from the bucket
+        tmp.replace(folder / name)
+
+    def _prune_local_chunks(self, entries: dict[QueueKey, _Entry]) -> None:
+        """Drop local chunk copies no cached manifest reaches (after a rebuild)."""
+        root = self.cache_dir / "_chunks" if self.cache_dir is not None else None
+        if root is None or not root.is_dir():
+            return
+        keep = {(self._local_chunks(t, q), k.rsplit("/", 1)[-1])
+                for (t, q), e in entries.items() if e.manifest is not None for k in e.manifest.chunk_keys}
+        for path in root.glob("*/*"):
+            if (path.parent, path.name) not in keep:
+                path.unlink(missing_ok=True)
 
     # --- reading -----------------------------------------------------------------
 
@@ -283,13 +327,79 @@ class ColdTier:
         self._persist(topic, queue_id, entry)
         return m
 
-    @staticmethod
-    def _parse(data: bytes, key: str, topic: str, queue_id: int) -> Manifest:
-        """A manifest read from ``key``, which must be the one of ``topic``/``queue_id``."""
-        m = Manifest.from_bytes(data, key)
-        if (m.topic, m.queue_id) != (topic, queue_id):
-            raise CorruptRecordError(key, 0, f"foreign manifest: it describes {m.topic}/{m.queue_id}")
-        return m
+    def _parse(self, data: bytes, key: str, topic: str, queue_id: int) -> Manifest:
+        """A manifest read from ``key``, which must be the one of ``topic``/``queue_id``;
+        the chunks a head references are read (in parallel, cached)."""
+        doc = Manifest.document(data, key)
+        refs = Manifest.chunk_refs(doc, key)
+        if not refs:
+            m = Manifest.from_dict(doc, key)
+            if (m.topic, m.queue_id) != (topic, queue_id):
+                raise CorruptRecordError(key, 0, f"foreign manifest: it describes {m.topic}/{m.queue_id}")
+            return m
+        if (doc.get("topic"), doc.get("queue_id")) != (topic, queue_id):  # before reading its chunks
+            raise CorruptRecordError(key, 0, f"foreign manifest: it describes {doc.get('topic')}/{doc.get('queue_id')}")
+        load = self._chunk_loader(topic, queue_id)
+        self._prefetch(refs, load)
+        m = Manifest.from_dict(doc, key, prefix=chunks.flatten(refs, load))
+        try:
+            m.check()
+        except ValueError as exc:
+            raise ManifestChunkError(key, 0, f"the chunks and the head do not tile the archive: {exc}") from None
+        qp = queue_prefix(self.cluster, self.broker, topic, queue_id)
+        return replace(m, chunks=refs, chunk_keys=tuple(chunk_key(qp, n) for n in chunks.reachable(refs, load)))
+
+    def _chunk_loader(self, topic: str, queue_id: int) -> Callable[[ChunkRef], chunks.Chunk]:
+        qp = queue_prefix(self.cluster, self.broker, topic, queue_id)
+        local = self._local_chunks(topic, queue_id)
+
+        def load(ref: ChunkRef) -> chunks.Chunk:
+            key = chunk_key(qp, ref.name)
+            chunk = self._chunks.get(key)
+            if chunk is None and local is not None:
+                try:
+                    chunk = chunks.decode((local / ref.name).read_bytes(), key, ref, topic, queue_id)
+                except (OSError, ManifestChunkError):
+                    chunk = None  # no local copy, or a torn one: the bucket has it
+            if chunk is None:
+                try:
+                    data = self.store.get(key)
+                except ObjectNotFoundError:
+                    raise ManifestChunkError(key, 0, "manifest chunk missing; `tiered repair` rebuilds the "
+                                                     "manifest from the segment objects") from None
+                chunk = chunks.decode(data, key, ref, topic, queue_id)
+                self._save_chunk(topic, queue_id, ref.name, data)
+            if key not in self._chunks:
+                self._chunks[key] = chunk
+            elif chunk.total != ref.total or chunk.level != ref.level:
+                raise ManifestChunkError(key, 0, f"manifest chunk holds {chunk.total} segments at level "
+                                                 f"{chunk.level}; its reference promises {ref.total} at {ref.level}")
+            return chunk
+        return load
+
+    def _prefetch(self, refs: tuple[ChunkRef, ...], load: Callable[[ChunkRef], chunks.Chunk]) -> None:
+        """Read the chunks under ``refs`` level by level, in parallel (a
+        reader of a long history waits for a few round trips, not one per chunk)."""
+        frontier = list(refs)
+        while frontier:
+            if len(frontier) > 1:
+                with ThreadPoolExecutor(min(8, len(frontier))) as pool:
+                    got = list(pool.map(load, frontier))
+            else:
+                got = [load(frontier[0])]
+            frontier = [k for c in got for k in c.refs]
+
+    def _forget_chunks(self, topic: str, queue_id: int, old: Manifest | None, new: Manifest | None) -> None:
+        """Drop cached chunks (in memory and local copies) the queue's new
+        manifest no longer reaches."""
+        if old is not None and old.chunk_keys:
+            keep = set(new.chunk_keys) if new is not None else set()
+            local = self._local_chunks(topic, queue_id)
+            for k in old.chunk_keys:
+                if k not in keep:
+                    self._chunks.pop(k, None)
+                    if local is not None:
+                        (local / k.rsplit("/", 1)[-1]).unlink(missing_ok=True)
 
     def current(self, topic: str, queue_id: int) -> Manifest | None:
         """The manifest to build on: cached, or looked up once for a queue the
@@ -341,6 +451,17 @@ class ColdTier:
                 if self.fetch(topic, qid) is not None:
                     intact += 1
                     continue
+            except ManifestChunkError as exc:
+                # the head is there, a chunk it references is not: rebuild the
+                # segment list from the segment objects, under the same head
+                plan = self.plan_recovery(topic, qid)
+                if not plan.ok or plan.manifest is None:
+                    problems[where] = (f"manifest chunk unreadable: {exc}",) + plan.problems
+                    continue
+                adopted[where] = plan
+                if not dry_run:
+                    self._replace_head(topic, qid, plan.manifest, exc)
+                continue
             except TieredError as exc:
                 problems[where] = (f"manifest unreadable: {exc}; move it aside and run repair again "
                                    "to rebuild it from the segments",)
@@ -353,6 +474,33 @@ class ColdTier:
                 if not dry_run:
                     self.recover(topic, qid)
         return RepairReport(adopted=adopted, problems=problems, intact=intact)
+
+    def _replace_head(self, topic: str, queue_id: int, rebuilt: Manifest, cause: TieredError) -> Manifest:
+        """Commit ``rebuilt`` (from the segment objects) over a head whose
+        chunks are lost, keeping what only the head knows: pending deletes and
+        gaps recorded after the last segment. Conditional on the head read
+        here, so a writer that committed meanwhile wins."""
+        key = f"{queue_prefix(self.cluster, self.broker, topic, queue_id)}/{MANIFEST}"
+        data, etag = self.store.get_with_etag(key)
+        doc = Manifest.document(data, key)
+        head = Manifest.from_dict({**doc, "chunks": [], "segments": []}, key)
+        m = replace(rebuilt, pending_deletes=head.pending_deletes)
+        for gap in sorted(head.gaps, key=lambda g: g.q_start):
+            if gap.q_start == m.next_offset:
+                m = m.with_gap(gap)
+        m = replace(m, generation=head.generation + 1, writer=self.writer, updated_ms=self.clock.now_ms())
+        m.check()
+        m, body = self._store_chunks(topic, queue_id, None, m)
+        etag = self.store.put_if_match(key, body, etag)
+        entry = _Entry(m, etag, True)
+        self._entries[(topic, queue_id)] = entry
+        self.broken.pop((topic, queue_id), None)
+        self._persist(topic, queue_id, entry)
+        self.recorder.recovery("manifest_rebuilt", topic)
+        log.warning("manifest of %s/%s had a lost or damaged chunk (%s); rebuilt from %d segment objects, "
+                    "archive continues at %d", topic, queue_id, cause, len(rebuilt.segments), m.next_offset,
+                    extra={"topic": topic, "queue": queue_id, "key": key})
+        return m
 
     def history_for(self, topic: str, queue_id: int, start: int) -> str:
         return history_id(self.identity, self.cluster, self.broker, topic, queue_id, start)
@@ -389,11 +537,12 @@ class ColdTier:
             new = replace(new, generation=(base.generation if base else 0) + 1, writer=self.writer,
                           updated_ms=self.clock.now_ms())
             new.check()
+            new, head = self._store_chunks(topic, queue_id, base, new)
             try:
                 if base is None:
-                    etag = self.store.put_if_absent(key, new.to_bytes())
+                    etag = self.store.put_if_absent(key, head)
                 else:
-                    etag = self.store.put_if_match(key, new.to_bytes(), entry.etag or "")
+                    etag = self.store.put_if_match(key, head, entry.etag or "")
             except (PreconditionFailedError, ObjectNotFoundError):
                 # another writer, our own write whose response was lost, or a
                 # manifest deleted under a stale cache: re-read and re-apply
@@ -401,10 +550,30 @@ class ColdTier:
                 self.fetch(topic, queue_id)
                 continue
             committed = _Entry(new, etag, True)
+            self._forget_chunks(topic, queue_id, base, new)
             self._entries[(topic, queue_id)] = committed
             self._persist(topic, queue_id, committed)
             return new
         raise ConflictError(f"{key}: manifest kept changing under us; will retry next round")
+
+    def _store_chunks(self, topic: str, queue_id: int, base: Manifest | None, new: Manifest) -> tuple[Manifest, bytes]:
+        """Write the chunk objects ``new`` needs beyond ``base``'s (plain PUTs
+        of immutable, content-named objects, before the head that names
+        them: a crash in between leaves an orphan, never a dangling
+        reference); return ``new`` with its chunk references and the head's bytes."""
+        qp = queue_prefix(self.cluster, self.broker, topic, queue_id)
+        load = self._chunk_loader(topic, queue_id)
+        plan = chunks.plan(base.chunks if base else (), base.segments if base else (), new.segments,
+                           topic, queue_id, load)
+        for name, body in plan.writes:
+            self.store.put(chunk_key(qp, name), body)
+            self._save_chunk(topic, queue_id, name, body)
+        for name, chunk in plan.made.items():
+            self._chunks[chunk_key(qp, name)] = chunk
+        new = replace(new, chunks=plan.refs,
+                      chunk_keys=tuple(chunk_key(qp, n) for n in chunks.reachable(plan.refs, load)))
+        head = json.dumps(new.head_dict(plan.refs, plan.tail), separators=(",", ":"), sort_keys=True)
+        return new, head.encode("utf-8")
 
     # --- catalog -----------------------------------------------------------------
 

@@ -29,13 +29,17 @@ from typing import Any
 
 from tiered.errors import CorruptRecordError, FormatVersionError
 
-FORMAT_MAJOR = 2
+FORMAT_MAJOR = 3
 # 1.1: manifests carry a history id, ConsumeQueue objects a descriptor trailer
 FORMAT_VERSION = "1.1"
 # 2.0: segments in layout v2 (one object each, tiered/archive/layout.py). A manifest
 # is written as 2.0 only when it holds a v2 segment, so a 1.x reader refuses
 # it loudly instead of misreading a section key as an object.
 FORMAT_VERSION_V2 = "2.0"
+# 3.0: the manifest is a bounded head that references immutable manifest
+# chunks (tiered/archive/chunks.py). Written only when it references one, so
+# a 2.x reader refuses it loudly instead of seeing only the head's tail.
+FORMAT_VERSION_CHUNKED = "3.0"
 
 MANIFEST = "manifest.json"
 CATALOG = "_catalog.json"
@@ -143,6 +147,43 @@ class Segment:
 _SEGMENT_FIELDS = tuple(f.name for f in fields(Segment))
 
 
+def segment_doc(s: Segment) -> dict[str, Any]:
+    return {f: getattr(s, f) for f in _SEGMENT_FIELDS}
+
+
+def segment_of(d: dict[str, Any]) -> Segment:
+    # fields added by a newer minor version are ignored, not fatal
+    return Segment(**{k: v for k, v in d.items() if k in _SEGMENT_FIELDS})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChunkRef:
+    """A head's reference to an immutable manifest chunk object
+    ``{queue}/manifest/{name}`` (tiered/archive/chunks.py): level 0 holds
+    segments, level L > 0 holds references of level L - 1. The chunk yields
+    ``total`` segments; this reference drops the first ``skip`` of them
+    (expired), so expiry needs no chunk rewrite."""
+
+    name: str
+    level: int
+    total: int
+    skip: int = 0
+
+    @property
+    def live(self) -> int:
+        return self.total - self.skip
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "level": self.level, "total": self.total, "skip": self.skip}
+
+    @classmethod
+    def of(cls, d: dict[str, Any]) -> ChunkRef:
+        ref = cls(name=str(d["name"]), level=int(d["level"]), total=int(d["total"]), skip=int(d.get("skip", 0)))
+        if ref.level < 0 or not 0 <= ref.skip < ref.total or "/" in ref.name or not ref.name:
+            raise ValueError(f"bad chunk reference {d!r}")
+        return ref
+
+
 @dataclass(frozen=True, slots=True)
 class Gap:
     """Offsets [q_start, q_end) that will never be in the archive, and why:
@@ -183,6 +224,12 @@ class Manifest:
     format_version: str = FORMAT_VERSION
     # id of this archive history; "" for manifests written before 1.1
     history: str = ""
+    # How the committed head stores ``segments`` (format 3.0): references to
+    # immutable chunks holding a prefix of them, and every chunk object those
+    # reach. Storage detail, not content: equality ignores them, and the next
+    # commit re-derives them from ``segments`` (tiered/archive/chunks.py).
+    chunks: tuple[ChunkRef, ...] = field(default=(), compare=False)
+    chunk_keys: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
     def empty(cls, topic: str, queue_id: int, start_offset: int, history: str = "") -> Manifest:
@@ -225,6 +272,7 @@ class Manifest:
     def referenced_keys(self) -> set[str]:
         keys = {k for s in self.segments for k in s.keys()}
         keys.update(k for p in self.pending_deletes for k in p.keys)
+        keys.update(self.chunk_keys)
         return keys
 
     def with_segment(self, seg: Segment) -> Manifest:
@@ -272,50 +320,88 @@ class Manifest:
     # --- JSON ----------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        # Field by field, not asdict(self): that deep-copies every segment, and
-        # big manifests are written on every commit.
-        return {
+        """The whole manifest, every segment inline (format 1.1 / 2.0): the
+        local cache's form, and what a head without chunks is."""
+        return self.head_dict((), 0)
+
+    def head_dict(self, refs: tuple[ChunkRef, ...], tail: int) -> dict[str, Any]:
+        """The manifest as a head: ``refs`` stand for ``segments[:tail]``,
+        the rest is inline. Format 3.0 when it references a chunk."""
+        # Field by field, not asdict(self): that deep-copies every segment.
+        if refs:
+            version = FORMAT_VERSION_CHUNKED  # (no walk over the history on a chunked commit)
+        else:
+            version = FORMAT_VERSION_V2 if any(s.layout == 2 for s in self.segments) else self.format_version
+        d = {
             "topic": self.topic, "queue_id": self.queue_id, "next_offset": self.next_offset,
             "cl_next": self.cl_next, "generation": self.generation, "writer": self.writer,
-            "updated_ms": self.updated_ms, "history": self.history,
-            "format_version": (FORMAT_VERSION_V2 if any(s.layout == 2 for s in self.segments)
-                               else self.format_version),
-            "segments": [{f: getattr(s, f) for f in _SEGMENT_FIELDS} for s in self.segments],
+            "updated_ms": self.updated_ms, "history": self.history, "format_version": version,
+            "segments": [segment_doc(s) for s in self.segments[tail:]],
             "gaps": [asdict(g) for g in self.gaps],
             "pending_deletes": [{"keys": list(p.keys), "after_ms": p.after_ms} for p in self.pending_deletes],
         }
+        if refs:
+            d["chunks"] = [r.to_dict() for r in refs]
+        return d
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True).encode("utf-8")
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], source: str = MANIFEST) -> Manifest:
-        check_version(d, source)
+    @staticmethod
+    def chunk_refs(d: dict[str, Any], source: str = MANIFEST) -> tuple[ChunkRef, ...]:
+        """The chunk references of a head document (none in 1.x / 2.0)."""
         try:
+            return tuple(ChunkRef.of(r) for r in d.get("chunks", []))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptRecordError(source, 0, f"malformed chunk reference: {exc}") from None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = MANIFEST,
+                  prefix: tuple[Segment, ...] | None = None) -> Manifest:
+        """A manifest from its document. A head that references chunks needs
+        the segments they hold, in order, as ``prefix`` (ColdTier resolves
+        them): without it, it is refused rather than read as its tail alone."""
+        check_version(d, source)
+        if d.get("chunks") and prefix is None:
+            raise CorruptRecordError(source, 0, "a chunked manifest (format 3.0) read without its chunks")
+        try:
+            segments = (prefix or ()) + tuple(segment_of(s) for s in d.get("segments", []))
+            version = str(d["format_version"])
+            if version.startswith("3."):
+                # 3.x names how the head is stored, not what it holds: in memory
+                # the manifest has the 1.x/2.0 version its content calls for
+                version = FORMAT_VERSION_V2 if any(s.layout == 2 for s in segments) else FORMAT_VERSION
             return cls(
                 topic=d["topic"], queue_id=int(d["queue_id"]), next_offset=int(d["next_offset"]),
                 cl_next=int(d["cl_next"]), generation=int(d["generation"]),
-                # fields added by a newer minor version are ignored, not fatal
-                segments=tuple(Segment(**{k: v for k, v in s.items() if k in _SEGMENT_FIELDS})
-                               for s in d.get("segments", [])),
+                segments=segments,
                 gaps=tuple(Gap(**{k: v for k, v in g.items() if k in _GAP_FIELDS}) for g in d.get("gaps", [])),
                 pending_deletes=tuple(PendingDelete(tuple(p["keys"]), int(p["after_ms"]))
                                       for p in d.get("pending_deletes", [])),
                 writer=d.get("writer", ""), updated_ms=int(d.get("updated_ms", 0)),
-                format_version=d["format_version"], history=str(d.get("history", "")),
+                format_version=version,
+                history=str(d.get("history", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptRecordError(source, 0, f"malformed manifest: {type(exc).__name__}: {exc}") from None
 
-    @classmethod
-    def from_bytes(cls, data: bytes, source: str = MANIFEST) -> Manifest:
+    @staticmethod
+    def document(data: bytes, source: str = MANIFEST) -> dict[str, Any]:
+        """The JSON object of a manifest (whole or head), its version checked."""
         try:
             d = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise CorruptRecordError(source, 0, f"manifest is not JSON ({type(exc).__name__})") from None
         if not isinstance(d, dict):
             raise CorruptRecordError(source, 0, "manifest is not a JSON object")
-        return cls.from_dict(d, source)
+        check_version(d, source)
+        return d
+
+    @classmethod
+    def from_bytes(cls, data: bytes, source: str = MANIFEST) -> Manifest:
+        """A whole manifest (1.x, 2.0, or a head without chunks); a head with
+        chunks is read by ColdTier, which resolves them."""
+        return cls.from_dict(cls.document(data, source), source)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from tiered.errors import CorruptRecordError, ExpiredLocallyError, TieredError
 from tiered.format.keyindex import lookup
 from tiered.store.localstore import LocalStore
 from tiered.archive.manifest import CATALOG, IDENTITY, LEASE, MANIFEST, Manifest, Segment
+from tiered.archive.rebuild import queues_in
 from tiered.query.reader import list_dirs
 
 
@@ -200,11 +201,15 @@ def verify(cold: ColdTier, local: LocalStore | None = None, *, orphans: bool = T
     for obj in listing:
         if not obj.key.endswith("/" + MANIFEST):
             continue
+        queue = next(iter(queues_in([obj.key], cold.prefix)), None)
         try:
-            m = Manifest.from_bytes(cold.store.get(obj.key), obj.key)
+            # through the cold tier: a head's chunks are read and checked with it
+            m = cold.fetch(*queue) if queue is not None else Manifest.from_bytes(cold.store.get(obj.key), obj.key)
         except TieredError as exc:
             report.problems.append(f"{obj.key}: {exc}")
             continue
+        if m is None:
+            continue  # deleted since the listing
         if topics is None or topics(m.topic):
             manifests[(m.topic, m.queue_id)] = m
     if topics is not None:
