@@ -68,6 +68,9 @@ class DispatchOptions:
     # Worker processes building segments (dispatcher.buildpool); None: one
     # per core, at most ``parallelism``; 0 or 1: built in this process.
     build_processes: int | None = None
+    # Build the due queues' segments in one CommitLog pass per wave
+    # (dispatcher.commitpass); False: each queue reads the CommitLog on its own.
+    single_pass: bool = True
 
     def resolved_build_processes(self) -> int:
         if self.build_processes is not None:
@@ -283,10 +286,12 @@ class Dispatcher:
 
     def _archive(self, queues: list[tuple[str, int]], deadline: float,
                  outcomes: dict[tuple[str, int], QueueResult]) -> None:
-        """Round robin: every queue gets one step (a segment) in turn; a queue
-        with more to do goes to the back of the line while the budget lasts.
-        At most ``parallelism`` segments are built at once, so memory stays
-        within parallelism x segment size."""
+        """Round robin in waves: every queue gets one step (a segment) in turn;
+        a queue with more to do goes to the back of the line while the budget
+        lasts. A wave is as many queues as their next segments fit in
+        ``parallelism`` x segment size (the memory bound); their segments are
+        built in one CommitLog pass, then uploaded, at most ``parallelism``
+        at once."""
         def merge(r: QueueResult) -> bool:
             key = (r.topic, r.queue_id)
             prev = outcomes.get(key)
@@ -299,19 +304,46 @@ class Dispatcher:
             outcomes[key] = r
             return r.more and r.error is None and self.clock.monotonic() < deadline
 
-        if self.options.parallelism <= 1 or len(queues) <= 1:
-            line = deque(queues)
-            while line:
-                key = line.popleft()
-                if merge(self._step(key[0], key[1], deadline)):
-                    line.append(key)
-            return
-        # At most `parallelism` queues are in flight; the line holds the rest,
-        # and completions come back through one queue (no per-completion scan
-        # of every pending future: a round over 10,000 queues stays linear).
         line = deque(queues)
+        while line:
+            wave = self._wave(line)
+            try:
+                results = self._steps(wave, deadline)
+            finally:
+                self.archiver.drop_prebuilt()
+            for r in results:
+                if merge(r):
+                    line.append((r.topic, r.queue_id))
+
+    def _wave(self, line: deque[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The next queues of the line whose next segments fit the memory
+        bound (at least one), those segments built ahead in one pass."""
+        if not self.options.single_pass:
+            return [line.popleft() for _ in range(min(len(line), max(1, self.options.parallelism)))]
+        budget = max(1, self.options.parallelism) * self.options.archive.segment_bytes
+        wave: list[tuple[str, int]] = []
+        jobs = []
+        used = 0
+        while line and (not wave or used < budget):
+            key = line.popleft()
+            wave.append(key)
+            planned = self.archiver.next_job(*key)
+            if planned is not None:
+                jobs.append(planned[0])
+                used += planned[1]
+        self.archiver.prebuild(jobs)
+        return wave
+
+    def _steps(self, wave: list[tuple[str, int]], deadline: float) -> list[QueueResult]:
+        """One step of each queue of the wave, ``parallelism`` at a time."""
+        if self.options.parallelism <= 1 or len(wave) <= 1:
+            return [self._step(topic, qid, deadline) for topic, qid in wave]
+        # completions come back through one queue (no per-completion scan of
+        # every pending future: a wave of 10,000 queues stays linear)
+        line = deque(wave)
         done: SimpleQueue[Future[QueueResult]] = SimpleQueue()
         fenced: FencedError | None = None
+        results: list[QueueResult] = []
         inflight = 0
         with ThreadPoolExecutor(self.options.parallelism, thread_name_prefix="dispatch") as pool:
             def fill() -> None:
@@ -326,15 +358,13 @@ class Dispatcher:
                 fut = done.get()
                 inflight -= 1
                 try:
-                    r = fut.result()
+                    results.append(fut.result())
                 except FencedError as exc:
                     fenced = fenced or exc
-                else:
-                    if merge(r):
-                        line.append((r.topic, r.queue_id))
                 fill()
         if fenced is not None:
             raise fenced
+        return results
 
     def _finish_fenced(self, result: RoundResult, message: str) -> RoundResult:
         self._fenced = None

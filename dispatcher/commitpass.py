@@ -1,0 +1,245 @@
+"""One sequential CommitLog pass that builds the next segment of every due queue.
+
+Reading each queue on its own (``LocalStore.iter_batches``) walks the
+CommitLog once per queue: with interleaved queues every pass maps, faults
+and gives back the same pages again, and at 1,000 queues a batch holds a
+dozen records. This pass reads the CommitLog once, in the broker's own
+write (reput) order, for all the queues of a round's wave:
+
+1. ``_gather``: each queue's pending ConsumeQueue entries from its job's
+   start offset, in the ConsumeQueue file of that offset, up to the
+   segment's byte budget. The ConsumeQueue is the authority on what belongs
+   to a queue: records in no ConsumeQueue (transaction half and rollback
+   messages) are never read, a record dispatched to several queues (LMQ)
+   is read for each. Only *plain* entries enter the pass: a size that can
+   be a record, below the confirmed offset, physical offsets growing. The
+   queue's last written entry never does (the broker may be writing it).
+2. ``_walk``: every queue's entries merged by physical offset (one argsort),
+   cut into windows of one CommitLog file, each window's pages mapped in one
+   call and given back behind it. In a window each queue's entries are
+   checked by ``batch.check_run``, exactly as the per-queue read checks
+   them, and added to the queue's ``SegmentBuilder``.
+3. ``_finish``: where the pass left a queue short of its budget (a record
+   ``check_run`` does not accept, a filler, the last entry, the end of a
+   ConsumeQueue file, a CommitLog file gone), the per-queue read continues
+   from that offset with the rest of the budget. It decides tails, races and
+   errors as it always has: a corrupt record stops its queue with the typed
+   error naming file and offset, and no other queue.
+
+The segments are those the per-queue build makes: same records, same
+boundaries (the budget rule of ``QueueCursor`` is kept, including "the
+first record of a segment is taken whatever its size"), same bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dispatcher.buildpool import BuildJob
+from dispatcher.segment import BuiltSegment, SegmentBuilder
+from tiered.errors import CorruptRecordError, ExpiredLocallyError
+from tiered.format.batch import CQ_DTYPE, check_run
+from tiered.format.codec import CQ_ENTRY_SIZE, CQ_FILLER_SIZE
+from tiered.store.localstore import LocalStore
+from tiered.store.queuecursor import NO_LIMIT, _written_end
+
+# a window of one CommitLog file: mapped in one call, given back behind the pass
+WINDOW = 32 << 20
+# a window's pages are mapped at once when the records read fill at least 1/_DENSE of it
+_DENSE = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class PassStats:
+    """What one pass read: for benchmarks and for the tests that prove the
+    CommitLog is read once."""
+
+    queues: int = 0
+    records: int = 0  # read by the pass itself
+    nbytes: int = 0
+    windows: int = 0
+    continued: int = 0  # queues the per-queue read finished
+    seconds: float = 0.0
+
+
+@dataclass
+class _Queue:
+    job: BuildJob
+    builder: SegmentBuilder
+    entries: np.ndarray  # CQ_DTYPE, the plain entries the pass reads
+    limit: int  # entries[:limit] still to be taken; lowered where the pass must stop
+    taken: int = 0
+    full: bool = False  # the entry after ``entries`` would pass the budget: the segment ends there
+    stop: Exception | None = None
+    source: str = field(default="")
+
+
+def build_pass(local: LocalStore, jobs: list[BuildJob], now_ms: int
+               ) -> tuple[dict[tuple[str, int], tuple[BuildJob, BuiltSegment | None, Exception | None]], PassStats]:
+    """The next segment of every job's queue, as ``buildpool.build_segment``
+    builds it, from one CommitLog pass. Returns (topic, queue) -> (job, built,
+    stop) and what the pass read. Raises nothing for a queue's data: its
+    error is its ``stop``, as in ``build_segment``."""
+    started = time.perf_counter()
+    confirmed = local.confirmed_offset()
+    phys_limit = confirmed if confirmed is not None else NO_LIMIT
+    local.commitlog.refresh()  # files the broker started or deleted since the last look
+    queues = [_gather(local, job, phys_limit) for job in jobs]
+    records, nbytes, windows = _walk(local, queues)
+    out: dict[tuple[str, int], tuple[BuildJob, BuiltSegment | None, Exception | None]] = {}
+    continued = 0
+    for q in queues:
+        continued += _finish(local, q)
+        built = q.builder.build(now_ms) if q.builder.count else None
+        out[(q.job.topic, q.job.queue_id)] = (q.job, built, q.stop)
+        local.release_queue(q.job.topic, q.job.queue_id)
+    stats = PassStats(queues=len(jobs), records=records, nbytes=nbytes, windows=windows, continued=continued,
+                      seconds=time.perf_counter() - started)
+    return out, stats
+
+
+def _gather(local: LocalStore, job: BuildJob, phys_limit: int) -> _Queue:
+    builder = SegmentBuilder(job.prefix, job.start, job.cl_start, key_index=job.key_index, layout=job.layout,
+                             compression=job.compression)
+    none = np.zeros(0, CQ_DTYPE)
+    files = local._queue(job.topic, job.queue_id)
+    byte = job.start * CQ_ENTRY_SIZE
+    start = files.locate(byte)
+    if start is None:
+        return _Queue(job, builder, none, 0)  # the per-queue read says why (expired, nothing yet)
+    try:
+        view = files.view(start, byte - start + CQ_ENTRY_SIZE)
+    except FileNotFoundError:
+        return _Queue(job, builder, none, 0)
+    rel = byte - start
+    end = min(len(view), files.entries_per_file(start, view) * CQ_ENTRY_SIZE)
+    if rel + CQ_ENTRY_SIZE > end:
+        return _Queue(job, builder, none, 0)
+    first = rel // CQ_ENTRY_SIZE
+    hi = _written_end(view, first, end // CQ_ENTRY_SIZE)
+    # copied: 20 bytes a record, and the ConsumeQueue pages can be given back
+    entries = np.frombuffer(view, CQ_DTYPE, count=hi - first, offset=rel).copy()
+    phys = entries["phys"].astype(np.int64)
+    size = entries["size"].astype(np.int64)
+    # the checks of QueueCursor._fast_run and _one_entry, in their order
+    can_be = (size > 0) & (size != CQ_FILLER_SIZE) & (phys >= 0) & (phys + size <= phys_limit)
+    in_budget = np.cumsum(size) <= job.segment_bytes
+    growing = np.ones(len(phys), bool)
+    growing[1:] = phys[1:] >= phys[:-1] + size[:-1]  # merged by physical offset, a queue keeps its order
+    plain = can_be & in_budget & growing
+    if len(plain):
+        plain[-1] = False  # the last written entry may be the one the broker is writing
+    k = int(np.argmin(plain)) if not plain.all() else len(plain)
+    # the per-queue read stops before a record passing the budget, except the
+    # segment's first; a pass stopped there must not hand it on
+    full = 0 < k < len(plain) and bool(can_be[k]) and not bool(in_budget[k])
+    return _Queue(job, builder, entries[:k], k, full=full)
+
+
+def _walk(local: LocalStore, queues: list[_Queue]) -> tuple[int, int, int]:
+    """Every queue's plain entries read in physical order, window by window.
+    Returns (records, bytes, windows) read."""
+    counts = [q.limit for q in queues]
+    if not sum(counts):
+        return 0, 0, 0
+    phys = np.concatenate([q.entries["phys"].astype(np.int64) for q in queues])
+    size = np.concatenate([q.entries["size"].astype(np.int64) for q in queues])
+    owner = np.repeat(np.arange(len(queues)), counts)
+    index = np.concatenate([np.arange(n) for n in counts])  # in its queue's entries
+    order = np.argsort(phys, kind="stable")
+    phys, size, owner, index = phys[order], size[order], owner[order], index[order]
+    commitlog = local.commitlog
+    starts = np.asarray(commitlog.starts, np.int64)
+    file_at = np.searchsorted(starts, phys, side="right") - 1
+    # windows: one CommitLog file each, cut every WINDOW bytes of it
+    key = file_at * (1 << 40) + np.where(file_at >= 0, phys - starts[np.maximum(file_at, 0)], 0) // WINDOW
+    cuts = np.flatnonzero(key[1:] != key[:-1]) + 1
+    records = nbytes = windows = 0
+    for lo, hi in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(phys)])).tolist()):
+        f = int(file_at[lo])
+        w_phys, w_size, w_owner, w_index = phys[lo:hi], size[lo:hi], owner[lo:hi], index[lo:hi]
+        if f < 0:
+            _stop_at(queues, w_owner, w_index)  # before the first file: the per-queue read reports it
+            continue
+        base = int(starts[f])
+        try:
+            view = commitlog.view(base, int((w_phys + w_size).max()) - base)
+        except FileNotFoundError:
+            _stop_at(queues, w_owner, w_index)  # deleted meanwhile: the per-queue read reports the gap
+            continue
+        inside = w_phys + w_size - base <= len(view)
+        if not inside.all():  # the file ends before them: a tail, which the per-queue read decides
+            _stop_at(queues, w_owner[~inside], w_index[~inside])
+        r_lo, r_hi = int(w_phys[0]) - base, int((w_phys + w_size).max()) - base
+        if int(w_size.sum()) * _DENSE >= r_hi - r_lo:
+            commitlog.populate(base, r_lo, r_hi)
+        source = str(commitlog.path(base))
+        try:
+            n, b = _window(queues, view, base, source, w_owner, w_index)
+        finally:
+            commitlog.release(base, r_lo, r_hi)  # the builders copied what they keep
+        records += n
+        nbytes += b
+        windows += 1
+    return records, nbytes, windows
+
+
+def _stop_at(queues: list[_Queue], owners: np.ndarray, indices: np.ndarray) -> None:
+    for qi, i in zip(owners.tolist(), indices.tolist()):
+        queues[qi].limit = min(queues[qi].limit, i)
+
+
+def _window(queues: list[_Queue], view: memoryview, base: int, source: str, owners: np.ndarray,
+            indices: np.ndarray) -> tuple[int, int]:
+    """Each queue's entries of one window, checked and added, queue by queue
+    (a queue's entries in a window are consecutive). Returns (records, bytes)."""
+    by_queue = np.argsort(owners, kind="stable")
+    owners, indices = owners[by_queue], indices[by_queue]
+    cuts = np.flatnonzero(owners[1:] != owners[:-1]) + 1
+    records = nbytes = 0
+    for lo, hi in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(owners)])).tolist()):
+        q = queues[int(owners[lo])]
+        i0, i1 = int(indices[lo]), min(int(indices[hi - 1]) + 1, q.limit)
+        if q.stop is not None or i0 != q.taken or i1 <= i0:
+            continue  # stopped earlier in the pass: the rest is the per-queue read's
+        run = q.entries[i0:i1]
+        batch = check_run(view, base, run, topic=q.job.topic.encode("utf-8"), queue_id=q.job.queue_id,
+                          first_offset=q.job.start + i0, source=source)
+        got = batch.count if batch is not None else 0
+        if got:
+            before = q.builder.count
+            try:
+                q.builder.add(batch)
+            except CorruptRecordError as exc:
+                q.stop = exc  # properties that are not UTF-8: the records before it are kept
+            got = q.builder.count - before
+            records += got
+            nbytes += int(batch.sizes[:got].sum())
+        q.taken = i0 + got
+        if got < i1 - i0:
+            q.limit = q.taken  # the record it did not accept: the per-queue read decides it
+    return records, nbytes
+
+
+def _finish(local: LocalStore, q: _Queue) -> int:
+    """The per-queue read from where the pass left the queue, with the rest of
+    its budget; 1 when it ran."""
+    q.limit = q.taken
+    # full: the pass took every entry up to the one passing the budget
+    if q.stop is not None or (q.full and q.taken == len(q.entries)):
+        return 0
+    job, builder = q.job, q.builder
+    if builder.nbytes >= job.segment_bytes:
+        return 0
+    try:
+        for batch in local.iter_batches(job.topic, job.queue_id, builder.next_offset,
+                                        max_bytes=job.segment_bytes - builder.nbytes):
+            if builder.count and builder.nbytes + int(batch.sizes[0]) > job.segment_bytes:
+                break  # only a segment's first record may pass the budget
+            builder.add(batch)
+    except (CorruptRecordError, ExpiredLocallyError) as exc:
+        q.stop = exc
+    return 1
