@@ -105,7 +105,7 @@ class QueueArchiver:
         # segments a CommitLog pass built ahead (dispatcher.commitpass), taken
         # by ``_build`` when its job is exactly the one the pass built
         self._prebuilt: dict[tuple[str, int], tuple[BuildJob, BuiltSegment | None, Exception | None]] = {}
-        self.last_pass: PassStats | None = None
+        self.passes: list[PassStats] = []  # this round's (the dispatcher clears it), for benchmarks and tests
 
     def _local(self, fn: Callable[..., T], *args: object, **kw: object) -> T:
         """A LocalStore read, once more after a rescan when a file it knew of
@@ -375,12 +375,13 @@ class QueueArchiver:
         if not jobs:
             return
         try:
-            built, self.last_pass = build_pass(self.local, jobs, self.clock.now_ms())
+            built, stats = build_pass(self.local, jobs, self.clock.now_ms())
         except Exception as exc:  # noqa: BLE001 - each queue's own build reads and reports it
             log.warning("the CommitLog pass over %d queues failed (%s: %s); building them one by one",
                         len(jobs), type(exc).__name__, exc)
             return
         self._prebuilt.update(built)
+        self.passes.append(stats)
 
     def drop_prebuilt(self) -> None:
         """Forget what was built ahead and not taken (memory; a later round reads again)."""

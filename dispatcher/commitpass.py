@@ -87,7 +87,12 @@ def build_pass(local: LocalStore, jobs: list[BuildJob], now_ms: int
     confirmed = local.confirmed_offset()
     phys_limit = confirmed if confirmed is not None else NO_LIMIT
     local.commitlog.refresh()  # files the broker started or deleted since the last look
-    queues = [_gather(local, job, phys_limit) for job in jobs]
+    queues = []
+    for job in jobs:
+        try:
+            queues.append(_gather(local, job, phys_limit))
+        finally:
+            local.release_queue(job.topic, job.queue_id)  # the entries are copied
     records, nbytes, windows = _walk(local, queues)
     out: dict[tuple[str, int], tuple[BuildJob, BuiltSegment | None, Exception | None]] = {}
     continued = 0

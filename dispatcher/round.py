@@ -237,6 +237,7 @@ class Dispatcher:
         deadline = now + self.options.round_budget_s
         self._checked_at = None  # the lease is read again before this round's first write
         self.local.commitlog.refresh()  # files the broker deleted or started since the last round
+        self.archiver.passes.clear()
         queues = [k for k in self.eligible_queues() if self._failures.get(k, (0, 0.0))[1] <= now]
         result.queues = len(queues)
         # Idle queues are settled here, without a thread hop, a lock or a request.
@@ -327,7 +328,10 @@ class Dispatcher:
         while line and (not wave or used < budget):
             key = line.popleft()
             wave.append(key)
-            planned = self.archiver.next_job(*key)
+            try:
+                planned = self.archiver.next_job(*key)
+            finally:
+                self.local.release_queue(*key)  # a wave of 1,000 queues must not keep their pages
             if planned is not None:
                 jobs.append(planned[0])
                 used += planned[1]
