@@ -65,8 +65,9 @@ class DispatchOptions:
     lease_check_s: float = 5.0
     # recorded per topic in the catalog, for a cleaner without the store
     retention: RetentionSettings = field(default_factory=RetentionSettings)
-    # Worker processes building segments (dispatcher.buildpool); None: one
-    # per core, at most ``parallelism``; 0 or 1: built in this process.
+    # Worker processes building segments (dispatcher.buildpool); None: none
+    # with the single pass (it builds), else one per core, at most
+    # ``parallelism``; 0 or 1: built in this process.
     build_processes: int | None = None
     # Build the due queues' segments in one CommitLog pass per wave
     # (dispatcher.commitpass); False: each queue reads the CommitLog on its own.
@@ -75,6 +76,8 @@ class DispatchOptions:
     def resolved_build_processes(self) -> int:
         if self.build_processes is not None:
             return self.build_processes
+        if self.single_pass:
+            return 0  # idle workers would only hold memory: the pass builds (per-queue builds are rare)
         return min(self.parallelism, os.cpu_count() or 1)
 
 
