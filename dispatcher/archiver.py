@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from dispatcher.buildpool import BuildJob, ProcessBuilds, build_segment
-from dispatcher.commitpass import PassStats, build_pass
+from dispatcher.commitpass import PassStats, Planned, build_pass
 from dispatcher.firststarts import FirstStarts, starts_path
 from dispatcher.segment import BuiltSegment
 from tiered.clock import Clock
@@ -104,7 +104,7 @@ class QueueArchiver:
         self._build_lock = threading.Lock()
         # segments a CommitLog pass built ahead (dispatcher.commitpass), taken
         # by ``_build`` when its job is exactly the one the pass built
-        self._prebuilt: dict[tuple[str, int], tuple[BuildJob, BuiltSegment | None, Exception | None]] = {}
+        self._prebuilt: dict[tuple[str, int], Planned] = {}
         self.passes: list[PassStats] = []  # this round's (the dispatcher clears it), for benchmarks and tests
 
     def _local(self, fn: Callable[..., T], *args: object, **kw: object) -> T:
@@ -360,13 +360,15 @@ class QueueArchiver:
                 topic, queue_id, rng.min_offset, rng.max_offset)
             if rng.max_offset <= start or start < rng.min_offset:
                 return None
-            count, nbytes = self._local(self.local.pending, topic, queue_id, start,
-                                        max_entries=max(1, self.options.upload_bytes // 16))
+            most = max(1, self.options.upload_bytes // 16)
+            count, nbytes = self._local(self.local.pending, topic, queue_id, start, max_entries=most)
             if count == 0 or (nbytes < self.options.upload_bytes and not self._old_enough(topic, queue_id, start)):
                 return None
         except (OSError, TieredError):
             return None
-        return self._job(topic, queue_id, start, manifest), min(nbytes, self.options.segment_bytes)
+        # counted up to ``most`` entries: the rest estimated at their average size
+        planned = min(self.options.segment_bytes, nbytes * max(count, rng.max_offset - start) // count)
+        return self._job(topic, queue_id, start, manifest), planned
 
     def prebuild(self, jobs: list[BuildJob]) -> None:
         """Build these jobs' segments now, in one CommitLog pass; ``run`` takes
@@ -375,7 +377,7 @@ class QueueArchiver:
         if not jobs:
             return
         try:
-            built, stats = build_pass(self.local, jobs, self.clock.now_ms())
+            built, stats = build_pass(self.local, jobs)
         except Exception as exc:  # noqa: BLE001 - each queue's own build reads and reports it
             log.warning("the CommitLog pass over %d queues failed (%s: %s); building them one by one",
                         len(jobs), type(exc).__name__, exc)
@@ -393,7 +395,8 @@ class QueueArchiver:
         job = self._job(topic, queue_id, start, manifest)
         ahead = self._prebuilt.pop((topic, queue_id), None)
         if ahead is not None and ahead[0] == job:
-            return ahead[1], ahead[2]
+            builder, stop = ahead[1], ahead[2]
+            return (builder.build(self.clock.now_ms()) if builder.count else None), stop
         if self.builds is not None:
             built, stop = self.builds.build(self.local, job, self.clock.now_ms())
         else:

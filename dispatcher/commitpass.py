@@ -18,7 +18,10 @@ write (reput) order, for all the queues of a round's wave:
    cut into windows of one CommitLog file, each window's pages mapped in one
    call and given back behind it. In a window each queue's entries are
    checked by ``batch.check_run``, exactly as the per-queue read checks
-   them, and added to the queue's ``SegmentBuilder``.
+   them, and added to the queue's ``SegmentBuilder`` (one copy, while the
+   pages are mapped: copying later, at the upload, would map every page
+   again for every queue whose records it holds; measured 0.19 s more for
+   64 MiB over 16 queues).
 3. ``_finish``: where the pass left a queue short of its budget (a record
    ``check_run`` does not accept, a filler, the last entry, the end of a
    ConsumeQueue file, a CommitLog file gone), the per-queue read continues
@@ -39,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dispatcher.buildpool import BuildJob
-from dispatcher.segment import BuiltSegment, SegmentBuilder
+from dispatcher.segment import SegmentBuilder
 from tiered.errors import CorruptRecordError, ExpiredLocallyError
 from tiered.format.batch import CQ_DTYPE, check_run
 from tiered.format.codec import CQ_ENTRY_SIZE, CQ_FILLER_SIZE
@@ -77,12 +80,16 @@ class _Queue:
     source: str = field(default="")
 
 
-def build_pass(local: LocalStore, jobs: list[BuildJob], now_ms: int
-               ) -> tuple[dict[tuple[str, int], tuple[BuildJob, BuiltSegment | None, Exception | None]], PassStats]:
+Planned = tuple[BuildJob, SegmentBuilder, Exception | None]
+
+
+def build_pass(local: LocalStore, jobs: list[BuildJob]) -> tuple[dict[tuple[str, int], Planned], PassStats]:
     """The next segment of every job's queue, as ``buildpool.build_segment``
-    builds it, from one CommitLog pass. Returns (topic, queue) -> (job, built,
-    stop) and what the pass read. Raises nothing for a queue's data: its
-    error is its ``stop``, as in ``build_segment``."""
+    builds it, from one CommitLog pass. Returns (topic, queue) -> (job,
+    builder, stop) and what the pass read: ``builder.build()`` (when it holds
+    records) gives the segment; ``stop`` is the corrupt record or expired
+    offset that ended it early, as in ``build_segment``. Raises nothing for
+    a queue's data."""
     started = time.perf_counter()
     confirmed = local.confirmed_offset()
     phys_limit = confirmed if confirmed is not None else NO_LIMIT
@@ -94,12 +101,11 @@ def build_pass(local: LocalStore, jobs: list[BuildJob], now_ms: int
         finally:
             local.release_queue(job.topic, job.queue_id)  # the entries are copied
     records, nbytes, windows = _walk(local, queues)
-    out: dict[tuple[str, int], tuple[BuildJob, BuiltSegment | None, Exception | None]] = {}
+    out: dict[tuple[str, int], Planned] = {}
     continued = 0
     for q in queues:
         continued += _finish(local, q)
-        built = q.builder.build(now_ms) if q.builder.count else None
-        out[(q.job.topic, q.job.queue_id)] = (q.job, built, q.stop)
+        out[(q.job.topic, q.job.queue_id)] = (q.job, q.builder, q.stop)
         local.release_queue(q.job.topic, q.job.queue_id)
     stats = PassStats(queues=len(jobs), records=records, nbytes=nbytes, windows=windows, continued=continued,
                       seconds=time.perf_counter() - started)

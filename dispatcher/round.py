@@ -72,6 +72,9 @@ class DispatchOptions:
     # Build the due queues' segments in one CommitLog pass per wave
     # (dispatcher.commitpass); False: each queue reads the CommitLog on its own.
     single_pass: bool = True
+    # Record bytes one pass builds at most (a wave), held until their upload;
+    # None: parallelism x segment size, the memory bound of the per-queue builds
+    pass_bytes: int | None = None
 
     def resolved_build_processes(self) -> int:
         if self.build_processes is not None:
@@ -293,9 +296,8 @@ class Dispatcher:
         """Round robin in waves: every queue gets one step (a segment) in turn;
         a queue with more to do goes to the back of the line while the budget
         lasts. A wave is as many queues as their next segments fit in
-        ``parallelism`` x segment size (the memory bound); their segments are
-        built in one CommitLog pass, then uploaded, at most ``parallelism``
-        at once."""
+        ``pass_bytes`` (the memory bound); their segments are built in one
+        CommitLog pass, then uploaded, at most ``parallelism`` at once."""
         def merge(r: QueueResult) -> bool:
             key = (r.topic, r.queue_id)
             prev = outcomes.get(key)
@@ -320,11 +322,11 @@ class Dispatcher:
                     line.append((r.topic, r.queue_id))
 
     def _wave(self, line: deque[tuple[str, int]]) -> list[tuple[str, int]]:
-        """The next queues of the line whose next segments fit the memory
-        bound (at least one), those segments built ahead in one pass."""
+        """The next queues of the line whose next segments fit ``pass_bytes``
+        (at least one), those segments built ahead in one pass."""
         if not self.options.single_pass:
             return [line.popleft() for _ in range(min(len(line), max(1, self.options.parallelism)))]
-        budget = max(1, self.options.parallelism) * self.options.archive.segment_bytes
+        budget = self.options.pass_bytes or max(1, self.options.parallelism) * self.options.archive.segment_bytes
         wave: list[tuple[str, int]] = []
         jobs = []
         used = 0

@@ -104,9 +104,9 @@ def _watched(local: LocalStore, monkeypatch) -> dict[str, list[tuple[int, int, i
     return calls
 
 
-@pytest.mark.parametrize("segment_bytes", [1 << 20, 2000])
+@pytest.mark.parametrize(("segment_bytes", "pass_bytes"), [(1 << 20, 1 << 30), (2000, 1 << 30), (2000, 5000)])
 def test_one_pass_builds_the_per_queue_segments(tmp_path, clock, recorder, monkeypatch, counted, caplog,
-                                                 segment_bytes):
+                                                 segment_bytes, pass_bytes):
     sd = tmp_path / "store"
     _make_store(sd, clock)
     _flip_body_byte(sd, *BAD, BAD_OFFSET)
@@ -119,7 +119,7 @@ def test_one_pass_builds_the_per_queue_segments(tmp_path, clock, recorder, monke
         watched[single] = _watched(local, monkeypatch)
         d = new_dispatcher(store, local, tmp_path / f"state-{single}", clock, recorder=recorder if single else None,
                            upload_bytes=1, max_delay_ms=0, segment_bytes=segment_bytes, layout=2,
-                           single_pass=single, parallelism=2, build_processes=0)
+                           single_pass=single, parallelism=2, build_processes=0, pass_bytes=pass_bytes)
         result = d.run_round()
         watched[single] = {k: list(v) for k, v in watched[single].items()}  # not what the checks below read
         # only the corrupt queue stops, at the corrupt record, with its typed error
@@ -131,9 +131,13 @@ def test_one_pass_builds_the_per_queue_segments(tmp_path, clock, recorder, monke
         assert read_manifest(store, *LATE).first_offset == LATE_START
         if single:
             segments = result.segments
-            # one pass when every queue's segment fits parallelism x segment size;
-            # else one per wave of queues that do (the memory bound)
-            assert (len(d.archiver.passes) == 1) == (segment_bytes == 1 << 20), d.archiver.passes
+            # one pass for the first segment of every queue when they fit pass_bytes;
+            # else one per wave of queues that do; one more per later segment
+            if segment_bytes == 1 << 20:
+                assert len(d.archiver.passes) == 1, d.archiver.passes
+            else:
+                assert len(d.archiver.passes) > (1 if pass_bytes == 1 << 30 else 4), d.archiver.passes
+                assert d.archiver.passes[0].queues == (len(QUEUES) if pass_bytes == 1 << 30 else 3)
             stats = d.archiver.passes[0]
             assert stats.records > 0
     assert recorder.corrupt[BAD] == 1
@@ -176,10 +180,11 @@ def test_pass_and_per_queue_build_agree_on_every_start(tmp_path, clock):
             jobs = [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=start + (LATE_START if (t, q) == LATE
                                                                                           else 0),
                              cl_start=100, segment_bytes=budget, key_index=True, layout=2) for t, q in QUEUES]
-            built, _stats = commitpass.build_pass(local, jobs, 5)
+            planned, _stats = commitpass.build_pass(local, jobs)
             for job in jobs:
                 want, want_stop = build_segment(local, job, 5)
-                got_job, got, got_stop = built[(job.topic, job.queue_id)]
+                got_job, builder, got_stop = planned[(job.topic, job.queue_id)]
+                got = builder.build(5) if builder.count else None
                 assert got_job == job
                 assert (got is None) == (want is None), (job, start, budget)
                 if want is not None:
