@@ -13,7 +13,9 @@ write (reput) order, for all the queues of a round's wave:
    messages) are never read, a record dispatched to several queues (LMQ)
    is read for each. Only *plain* entries enter the pass: a size that can
    be a record, below the confirmed offset, physical offsets growing. The
-   queue's last written entry never does (the broker may be writing it).
+   queue's last written entry is read again after its record, as the
+   per-queue read does (the broker may have been writing it): when it
+   changed, the queue is read again by the per-queue read.
 2. ``_walk``: every queue's entries merged by physical offset (one argsort),
    cut into windows of one CommitLog file, each window's pages mapped in one
    call and given back behind it. In a window each queue's entries are
@@ -37,7 +39,7 @@ first record of a segment is taken whatever its size"), same bytes.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -77,7 +79,13 @@ class _Queue:
     taken: int = 0
     full: bool = False  # the entry after ``entries`` would pass the budget: the segment ends there
     stop: Exception | None = None
-    source: str = field(default="")
+    # When ``entries`` are all the written ones of their ConsumeQueue file:
+    # the last one's (file start, byte, bytes), read again after its record
+    # (the broker may have been writing it), and whether the written data
+    # ends inside that file (then nothing more is to be read this round).
+    last: tuple[int, int, bytes] | None = None
+    at_end: bool = False
+    redo: bool = False  # the last entry changed: the queue is read again, by the per-queue read
 
 
 Planned = tuple[BuildJob, SegmentBuilder, Exception | None]
@@ -104,6 +112,7 @@ def build_pass(local: LocalStore, jobs: list[BuildJob]) -> tuple[dict[tuple[str,
     out: dict[tuple[str, int], Planned] = {}
     continued = 0
     for q in queues:
+        _recheck_last(local, q)
         continued += _finish(local, q)
         out[(q.job.topic, q.job.queue_id)] = (q.job, q.builder, q.stop)
         local.release_queue(q.job.topic, q.job.queue_id)
@@ -141,13 +150,32 @@ def _gather(local: LocalStore, job: BuildJob, phys_limit: int) -> _Queue:
     growing = np.ones(len(phys), bool)
     growing[1:] = phys[1:] >= phys[:-1] + size[:-1]  # merged by physical offset, a queue keeps its order
     plain = can_be & in_budget & growing
-    if len(plain):
-        plain[-1] = False  # the last written entry may be the one the broker is writing
     k = int(np.argmin(plain)) if not plain.all() else len(plain)
     # the per-queue read stops before a record passing the budget, except the
     # segment's first; a pass stopped there must not hand it on
     full = 0 < k < len(plain) and bool(can_be[k]) and not bool(in_budget[k])
-    return _Queue(job, builder, entries[:k], k, full=full)
+    q = _Queue(job, builder, entries[:k], k, full=full)
+    if k and k == len(plain):
+        # the last written entry may be the one the broker is writing: it is
+        # read again after its record, as QueueCursor._one_entry does
+        q.last = (start, (hi - 1) * CQ_ENTRY_SIZE, bytes(view[(hi - 1) * CQ_ENTRY_SIZE:hi * CQ_ENTRY_SIZE]))
+        q.at_end = hi * CQ_ENTRY_SIZE < end
+    return q
+
+
+def _recheck_last(local: LocalStore, q: _Queue) -> None:
+    """The queue's last entry read again now that its record was read: when
+    it changed, it was being written, and what the pass took from it is
+    not to be trusted; the per-queue read does the queue again."""
+    if q.last is None or q.taken != len(q.entries):
+        return
+    start, at, seen = q.last
+    try:
+        view = local._queue(q.job.topic, q.job.queue_id).view(start, at + CQ_ENTRY_SIZE)
+        now = bytes(view[at:at + CQ_ENTRY_SIZE])
+    except FileNotFoundError:
+        now = b""
+    q.redo = now != seen
 
 
 def _walk(local: LocalStore, queues: list[_Queue]) -> tuple[int, int, int]:
@@ -239,10 +267,16 @@ def _finish(local: LocalStore, q: _Queue) -> int:
     """The per-queue read from where the pass left the queue, with the rest of
     its budget; 1 when it ran."""
     q.limit = q.taken
-    # full: the pass took every entry up to the one passing the budget
-    if q.stop is not None or (q.full and q.taken == len(q.entries)):
+    job = q.job
+    if q.redo:
+        q.builder = SegmentBuilder(job.prefix, job.start, job.cl_start, key_index=job.key_index,
+                                   layout=job.layout, compression=job.compression)
+        q.stop = None
+    elif q.stop is not None or (q.taken == len(q.entries) and (q.full or q.at_end)):
+        # full: the pass took every entry up to the one passing the budget;
+        # at_end: every entry written when the pass began
         return 0
-    job, builder = q.job, q.builder
+    builder = q.builder
     if builder.nbytes >= job.segment_bytes:
         return 0
     try:

@@ -193,3 +193,43 @@ def test_pass_and_per_queue_build_agree_on_every_start(tmp_path, clock):
                 assert type(got_stop) is type(want_stop) and str(got_stop) == str(want_stop), (job, start)
     assert [(t, q) for t, q in local.queues()] == sorted(QUEUES)  # the half messages are in no queue
 
+
+
+def test_a_last_entry_written_during_the_pass_is_read_again(tmp_path, clock, monkeypatch):
+    """The broker may be writing a queue's last ConsumeQueue entry while the
+    pass reads it (its tags code last): the entry is read again after its
+    record; when it changed, the queue is read again by the per-queue read,
+    which sees the completed entry."""
+    from dispatcher.buildpool import BuildJob, build_segment
+    from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE
+
+    sd = tmp_path / "store"
+    _make_store(sd, clock)
+    local = LocalStore(sd)
+    last = local.max_offset(*A1) - 1
+    cq = sd / "consumequeue" / A1[0] / str(A1[1]) / f"{0:020d}"
+    phys, size, tags = CQ_ENTRY.unpack_from(cq.read_bytes(), last * CQ_ENTRY_SIZE)
+    real_walk = commitpass._walk
+
+    def walk_then_complete(local_, queues):  # noqa: ANN001, ANN202
+        out = real_walk(local_, queues)
+        with open(cq, "r+b") as fh:  # the broker completes the entry: its tags code lands now
+            fh.seek(last * CQ_ENTRY_SIZE)
+            fh.write(CQ_ENTRY.pack(phys, size, tags ^ 0x5A5A))
+        return out
+
+    monkeypatch.setattr(commitpass, "_walk", walk_then_complete)
+    jobs = [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=0, cl_start=0, segment_bytes=1 << 20,
+                     key_index=True, layout=2) for t, q in (A0, A1)]
+    planned, stats = commitpass.build_pass(local, jobs)
+    assert stats.continued == 1  # A1 only, read again; A0 ended in the pass
+    built = {}
+    for job in jobs:
+        want, want_stop = build_segment(LocalStore(sd), job, 5)
+        _job, builder, stop = planned[(job.topic, job.queue_id)]
+        got = built[(job.topic, job.queue_id)] = builder.build(5)
+        assert stop is None and want_stop is None
+        assert got.segment == want.segment and got.consumequeue == want.consumequeue
+        assert bytes(got.commitlog) == bytes(want.commitlog)
+    assert built[A1].segment.messages == last + 1
+    assert CQ_ENTRY.unpack_from(built[A1].consumequeue, last * CQ_ENTRY_SIZE)[2] == tags ^ 0x5A5A
