@@ -44,9 +44,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from dispatcher.buildpool import BuildJob
-from dispatcher.segment import SegmentBuilder
+from dispatcher.segment import BadProperties, SegmentBuilder, batch_keys
 from tiered.errors import CorruptRecordError, ExpiredLocallyError
-from tiered.format.batch import CQ_DTYPE, check_run
+from tiered.format.batch import CQ_DTYPE, RecordBatch, check_run
+from tiered.format.keyindex import hash_spans
 from tiered.format.codec import CQ_ENTRY_SIZE, CQ_FILLER_SIZE
 from tiered.store.localstore import LocalStore
 from tiered.store.queuecursor import NO_LIMIT, _written_end
@@ -233,34 +234,61 @@ def _stop_at(queues: list[_Queue], owners: np.ndarray, indices: np.ndarray) -> N
 
 def _window(queues: list[_Queue], view: memoryview, base: int, source: str, owners: np.ndarray,
             indices: np.ndarray) -> tuple[int, int]:
-    """Each queue's entries of one window, checked and added, queue by queue
-    (a queue's entries in a window are consecutive). Returns (records, bytes)."""
+    """Each queue's entries of one window, checked queue by queue (a queue's
+    entries in a window are consecutive), their keys found at once for the
+    whole window, then added. Returns (records, bytes)."""
     by_queue = np.argsort(owners, kind="stable")
     owners, indices = owners[by_queue], indices[by_queue]
     cuts = np.flatnonzero(owners[1:] != owners[:-1]) + 1
-    records = nbytes = 0
+    checked: list[tuple[_Queue, RecordBatch, int, int]] = []
     for lo, hi in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(owners)])).tolist()):
         q = queues[int(owners[lo])]
         i0, i1 = int(indices[lo]), min(int(indices[hi - 1]) + 1, q.limit)
         if q.stop is not None or i0 != q.taken or i1 <= i0:
             continue  # stopped earlier in the pass: the rest is the per-queue read's
-        run = q.entries[i0:i1]
-        batch = check_run(view, base, run, topic=q.job.topic.encode("utf-8"), queue_id=q.job.queue_id,
-                          first_offset=q.job.start + i0, source=source)
-        got = batch.count if batch is not None else 0
-        if got:
-            before = q.builder.count
-            try:
-                q.builder.add(batch)
-            except CorruptRecordError as exc:
-                q.stop = exc  # properties that are not UTF-8: the records before it are kept
-            got = q.builder.count - before
-            records += got
-            nbytes += int(batch.sizes[:got].sum())
+        batch = check_run(view, base, q.entries[i0:i1], topic=q.job.topic.encode("utf-8"),
+                          queue_id=q.job.queue_id, first_offset=q.job.start + i0, source=source)
+        if batch is None or batch.count < i1 - i0:
+            q.limit = i0 + (batch.count if batch is not None else 0)  # the per-queue read decides the next
+        if batch is not None:
+            checked.append((q, batch, i0, i1))
+    keys = _window_keys(view, [b for q, b, _i0, _i1 in checked if q.job.key_index])
+    records = nbytes = 0
+    for q, batch, i0, _i1 in checked:
+        before = q.builder.count
+        try:
+            q.builder.add(batch, keys=keys.get(id(batch)))
+        except CorruptRecordError as exc:
+            q.stop = exc  # properties that are not UTF-8: the records before it are kept
+        got = q.builder.count - before
+        records += got
+        nbytes += int(batch.sizes[:got].sum())
         q.taken = i0 + got
-        if got < i1 - i0:
-            q.limit = q.taken  # the record it did not accept: the per-queue read decides it
     return records, nbytes
+
+
+def _window_keys(view: memoryview, batches: list[RecordBatch]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """The keys of every record of ``batches`` (all read from ``view``), found
+    in one go: id(batch) -> (record index in the batch, key hash), as
+    ``SegmentBuilder.add`` would find them batch by batch. Empty when a
+    record's properties are not UTF-8: each builder then finds its own keys
+    and stops its queue at that record."""
+    if not batches:
+        return {}
+    counts = [b.count for b in batches]
+    props_at = np.concatenate([b.props_at for b in batches])
+    ends = np.concatenate([b.positions + b.sizes for b in batches])
+    try:
+        owners, blob, key_at, key_end = batch_keys(view, props_at, ends)
+    except BadProperties:
+        return {}
+    hashes = hash_spans(blob, key_at, key_end)
+    order = np.argsort(owners, kind="stable")
+    owners, hashes = owners[order], hashes[order]
+    bounds = np.concatenate(([0], np.cumsum(counts)))
+    cut = np.searchsorted(owners, bounds)
+    return {id(b): (owners[cut[i]:cut[i + 1]] - bounds[i], hashes[cut[i]:cut[i + 1]])
+            for i, b in enumerate(batches)}
 
 
 def _finish(local: LocalStore, q: _Queue) -> int:

@@ -149,9 +149,12 @@ class SegmentBuilder:
     def next_offset(self) -> int:
         return self.q_start + self.count
 
-    def add(self, batch: RecordBatch) -> None:
+    def add(self, batch: RecordBatch, *, keys: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """Adds ``batch``; when a record's properties are corrupt, adds the
-        records before it and raises CorruptRecordError."""
+        records before it and raises CorruptRecordError. ``keys``: the
+        batch's keys found already (record index in the batch, key hash), as
+        ``batch_keys`` and ``hash_spans`` find them (dispatcher.commitpass
+        finds those of many queues' batches at once)."""
         if batch.first_offset != self.next_offset:
             raise ValueError(f"record {batch.first_offset} does not follow {self.next_offset - 1}")
         positions, sizes = batch.positions, batch.sizes
@@ -161,7 +164,11 @@ class SegmentBuilder:
         at = np.cumsum(sizes) - sizes  # of each record in chunk
         n = batch.count
         error: CorruptRecordError | None = None
-        if self.key_index:
+        if self.key_index and keys is not None:
+            if len(keys[0]):
+                self._key_offsets.append(keys[0] + (batch.first_offset - self.q_start))
+                self._key_hashes.append(keys[1])
+        elif self.key_index:
             props_at, ends = at + (batch.props_at - positions), at + sizes
             try:
                 owners, blob, key_at, key_end = batch_keys(chunk, props_at, ends)

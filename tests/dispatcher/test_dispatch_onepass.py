@@ -56,6 +56,19 @@ def _flip_body_byte(sd: Path, topic: str, qid: int, offset: int) -> None:
         fh.write(bytes([b[0] ^ 0x5A]))
 
 
+def _spoil_properties(sd: Path, topic: str, qid: int, offset: int) -> None:
+    """A byte of the record's KEYS that is not UTF-8 (the body CRC does not
+    cover properties: the record is whole, its properties are corrupt)."""
+    local = LocalStore(sd)
+    rec = next(iter(local.iter_queue(topic, qid, offset, max_count=1))).record
+    at = rec.physical_offset + bytes(rec.raw).index(b"KEYS\x01") + 6
+    local.close()
+    start = max(int(f.name) for f in (sd / "commitlog").iterdir() if int(f.name) <= at)
+    with open(sd / "commitlog" / f"{start:020d}", "r+b") as fh:
+        fh.seek(at - start)
+        fh.write(b"\xff")
+
+
 def _segments(store, topic: str, qid: int) -> list[tuple]:  # noqa: ANN001
     """Every segment of a queue: its manifest entry (minus what names the
     bucket) and its stored parts, byte for byte."""
@@ -168,13 +181,16 @@ def test_one_pass_builds_the_per_queue_segments(tmp_path, clock, recorder, monke
 
 def test_pass_and_per_queue_build_agree_on_every_start(tmp_path, clock):
     """The pass's segment from any offset (mid-store, mid-file, at the
-    corrupt record) equals ``build_segment``'s, record and stop alike."""
+    corrupt record, at properties that are not UTF-8) equals
+    ``build_segment``'s, record and stop alike."""
     from dispatcher.buildpool import BuildJob, build_segment
 
     sd = tmp_path / "store"
     _make_store(sd, clock)
     _flip_body_byte(sd, *BAD, BAD_OFFSET)
+    _spoil_properties(sd, *B0, BAD_OFFSET)
     local = LocalStore(sd)
+    stops = set()
     for start in (0, 7, BAD_OFFSET - 3, BAD_OFFSET, 59):
         for budget in (1500, 1 << 20):
             jobs = [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=start + (LATE_START if (t, q) == LATE
@@ -191,7 +207,9 @@ def test_pass_and_per_queue_build_agree_on_every_start(tmp_path, clock):
                     assert got.segment == want.segment and bytes(got.commitlog) == bytes(want.commitlog)
                     assert got.consumequeue == want.consumequeue and got.index == want.index
                 assert type(got_stop) is type(want_stop) and str(got_stop) == str(want_stop), (job, start)
+                stops.add(str(got_stop))
     assert [(t, q) for t, q in local.queues()] == sorted(QUEUES)  # the half messages are in no queue
+    assert any("CRC" in x for x in stops) and any("UTF-8" in x for x in stops), stops
 
 
 
