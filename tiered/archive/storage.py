@@ -366,6 +366,10 @@ class FileStore(ObjectStore):
     def _raw_list(self, prefix: str) -> list[ObjectInfo]:
         base = Path(self.root)
         top = base / prefix if prefix else base
+        if prefix.endswith("/") and not top.is_dir():
+            # keys under "x/" are files under directory x: none without it (a
+            # queue archived for the first time must not walk its 999 siblings)
+            return []
         start = top if top.is_dir() else top.parent
         out: list[ObjectInfo] = []
         for dirpath, dirs, files in os.walk(start):
