@@ -385,9 +385,13 @@ class QueueArchiver:
         self._prebuilt.update(built)
         self.passes.append(stats)
 
-    def drop_prebuilt(self) -> None:
-        """Forget what was built ahead and not taken (memory; a later round reads again)."""
-        self._prebuilt.clear()
+    def drop_prebuilt(self, keys: list[tuple[str, int]] | None = None) -> None:
+        """Forget what was built ahead for ``keys`` (None: all) and not taken
+        (memory; a later round reads again)."""
+        if keys is None:
+            self._prebuilt.clear()
+        for key in keys or ():
+            self._prebuilt.pop(key, None)
 
     def _build(
         self, topic: str, queue_id: int, start: int, manifest: Manifest | None

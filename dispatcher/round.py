@@ -297,7 +297,8 @@ class Dispatcher:
         a queue with more to do goes to the back of the line while the budget
         lasts. A wave is as many queues as their next segments fit in
         ``pass_bytes`` (the memory bound); their segments are built in one
-        CommitLog pass, then uploaded, at most ``parallelism`` at once."""
+        CommitLog pass, then uploaded, at most ``parallelism`` at once, while
+        the next wave's pass runs."""
         def merge(r: QueueResult) -> bool:
             key = (r.topic, r.queue_id)
             prev = outcomes.get(key)
@@ -311,22 +312,31 @@ class Dispatcher:
             return r.more and r.error is None and self.clock.monotonic() < deadline
 
         line = deque(queues)
-        while line:
-            wave = self._wave(line)
-            try:
-                results = self._steps(wave, deadline)
-            finally:
-                self.archiver.drop_prebuilt()
-            for r in results:
-                if merge(r):
-                    line.append((r.topic, r.queue_id))
+        pipelined = self.options.single_pass
+        try:
+            with ThreadPoolExecutor(1, thread_name_prefix="dispatch-wave") as runner:
+                wave = self._wave(line, pipelined)
+                while wave:
+                    # the next wave's pass reads the CommitLog while this one uploads
+                    running = runner.submit(self._steps, wave, deadline)
+                    nxt = self._wave(line, pipelined) if pipelined and line else []
+                    results = running.result()
+                    self.archiver.drop_prebuilt(wave)
+                    for r in results:
+                        if merge(r):
+                            line.append((r.topic, r.queue_id))
+                    wave = nxt or (self._wave(line, pipelined) if line else [])
+        finally:
+            self.archiver.drop_prebuilt()  # a fenced round leaves nothing built behind
 
-    def _wave(self, line: deque[tuple[str, int]]) -> list[tuple[str, int]]:
+    def _wave(self, line: deque[tuple[str, int]], pipelined: bool) -> list[tuple[str, int]]:
         """The next queues of the line whose next segments fit ``pass_bytes``
-        (at least one), those segments built ahead in one pass."""
+        (half of it when two waves are held at once: one uploading, the next
+        built meanwhile), at least one, those segments built ahead in one pass."""
         if not self.options.single_pass:
             return [line.popleft() for _ in range(min(len(line), max(1, self.options.parallelism)))]
         budget = self.options.pass_bytes or max(1, self.options.parallelism) * self.options.archive.segment_bytes
+        budget = max(1, budget // 2) if pipelined else budget
         wave: list[tuple[str, int]] = []
         jobs = []
         used = 0
