@@ -103,20 +103,16 @@ def build_pass(local: LocalStore, jobs: list[BuildJob]) -> tuple[dict[tuple[str,
     confirmed = local.confirmed_offset()
     phys_limit = confirmed if confirmed is not None else NO_LIMIT
     local.commitlog.refresh()  # files the broker started or deleted since the last look
-    queues = []
-    for job in jobs:
-        try:
-            queues.append(_gather(local, job, phys_limit))
-        finally:
-            local.release_queue(job.topic, job.queue_id)  # the entries are copied
+    queues = [_gather(local, job, phys_limit) for job in jobs]
     records, nbytes, windows = _walk(local, queues)
     out: dict[tuple[str, int], Planned] = {}
     continued = 0
     for q in queues:
         _recheck_last(local, q)
-        continued += _finish(local, q)
+        if _finish(local, q):
+            continued += 1
+            local.release_queue(q.job.topic, q.job.queue_id)  # what the per-queue read mapped
         out[(q.job.topic, q.job.queue_id)] = (q.job, q.builder, q.stop)
-        local.release_queue(q.job.topic, q.job.queue_id)
     stats = PassStats(queues=len(jobs), records=records, nbytes=nbytes, windows=windows, continued=continued,
                       seconds=time.perf_counter() - started)
     return out, stats
@@ -140,9 +136,12 @@ def _gather(local: LocalStore, job: BuildJob, phys_limit: int) -> _Queue:
     if rel + CQ_ENTRY_SIZE > end:
         return _Queue(job, builder, none, 0)
     first = rel // CQ_ENTRY_SIZE
-    hi = _written_end(view, first, end // CQ_ENTRY_SIZE)
-    # copied: 20 bytes a record, and the ConsumeQueue pages can be given back
-    entries = np.frombuffer(view, CQ_DTYPE, count=hi - first, offset=rel).copy()
+    try:
+        hi = _written_end(view, first, end // CQ_ENTRY_SIZE)
+        # copied: 20 bytes a record, and the ConsumeQueue pages read are given back
+        entries = np.frombuffer(view, CQ_DTYPE, count=hi - first, offset=rel).copy()
+    finally:
+        files.release(start, rel, end)
     phys = entries["phys"].astype(np.int64)
     size = entries["size"].astype(np.int64)
     # the checks of QueueCursor._fast_run and _one_entry, in their order
@@ -171,9 +170,11 @@ def _recheck_last(local: LocalStore, q: _Queue) -> None:
     if q.last is None or q.taken != len(q.entries):
         return
     start, at, seen = q.last
+    files = local._queue(q.job.topic, q.job.queue_id)
     try:
-        view = local._queue(q.job.topic, q.job.queue_id).view(start, at + CQ_ENTRY_SIZE)
+        view = files.view(start, at + CQ_ENTRY_SIZE)
         now = bytes(view[at:at + CQ_ENTRY_SIZE])
+        files.release(start, at, at + CQ_ENTRY_SIZE)
     except FileNotFoundError:
         now = b""
     q.redo = now != seen
