@@ -164,7 +164,7 @@ def test_one_pass_builds_the_per_queue_segments(tmp_path, clock, recorder, monke
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "a CommitLog record was read twice"
     if segment_bytes == 1 << 20:
         # one pass, window after window in physical order, as the broker wrote them
-        windows = [(f, lo // commitpass.WINDOW) for f, lo, _hi in counted]
+        windows = [(f, lo // commitpass.window_bytes(len(QUEUES))) for f, lo, _hi in counted]
         assert windows == sorted(windows)
         # the pass read every record but the tails the per-queue read completes
         # (each queue's last entry, the corrupt record and what follows)
@@ -252,3 +252,9 @@ def test_a_last_entry_written_during_the_pass_is_read_again(tmp_path, clock, mon
         assert bytes(got.commitlog) == bytes(want.commitlog)
     assert built[A1].segment.messages == last + 1
     assert CQ_ENTRY.unpack_from(built[A1].consumequeue, last * CQ_ENTRY_SIZE)[2] == tags ^ 0x5A5A
+
+
+def test_window_widens_with_the_queues_of_a_pass():
+    assert commitpass.window_bytes(1) == commitpass.window_bytes(256) == 32 << 20
+    assert commitpass.window_bytes(257) == 64 << 20
+    assert commitpass.window_bytes(1000) == commitpass.window_bytes(10_000) == 128 << 20
