@@ -69,6 +69,7 @@ class AnonPeak:
     def __init__(self, every: float = 0.02) -> None:
         self.every = every
         self.peak_kib = 0
+        self.cpu_seconds = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -85,6 +86,7 @@ class AnonPeak:
     def _run(self) -> None:
         while not self._stop.wait(self.every):
             self._sample()
+        self.cpu_seconds = time.thread_time()  # the sampler's own CPU, not the phase's
 
     def __enter__(self) -> AnonPeak:
         self._sample()
@@ -107,6 +109,7 @@ class PssPeak:
     def __init__(self, every: float = 0.02) -> None:
         self.every = every
         self.peak_kib = 0
+        self.cpu_seconds = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -123,6 +126,7 @@ class PssPeak:
     def _run(self) -> None:
         while not self._stop.wait(self.every):
             self._sample()
+        self.cpu_seconds = time.thread_time()  # the sampler's own CPU, not the phase's
 
     def __enter__(self) -> PssPeak:
         self._sample()
@@ -232,6 +236,7 @@ def phase_dispatch(args: argparse.Namespace) -> dict:
         result = d.run_round()
         seconds = time.perf_counter() - started
         cpu = time.process_time() - cpu
+    cpu -= anon.cpu_seconds + pss.cpu_seconds  # reading /proc/PID/smaps_rollup is not dispatching
     if not result.ok or result.lag_messages:
         raise SystemExit(f"dispatch round incomplete: {result}")
     workers_cpu, workers_rss = worker_usage(build_workers())
