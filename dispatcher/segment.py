@@ -158,17 +158,22 @@ class SegmentBuilder:
         if batch.first_offset != self.next_offset:
             raise ValueError(f"record {batch.first_offset} does not follow {self.next_offset - 1}")
         positions, sizes = batch.positions, batch.sizes
+        if keys is not None or not self.key_index:
+            # nothing to read from the records: copied once, straight into the segment
+            for span in _spans(batch.view, positions, positions + sizes):
+                self._cl += span
+            if keys is not None and len(keys[0]):
+                self._key_offsets.append(keys[0] + (batch.first_offset - self.q_start))
+                self._key_hashes.append(keys[1])
+            self._add_arrays(batch, batch.count)
+            return
         # copied first: the keys are then read from memory just written, not
         # from pages of the mapped CommitLog all over again
         chunk = b"".join(_spans(batch.view, positions, positions + sizes))
         at = np.cumsum(sizes) - sizes  # of each record in chunk
         n = batch.count
         error: CorruptRecordError | None = None
-        if self.key_index and keys is not None:
-            if len(keys[0]):
-                self._key_offsets.append(keys[0] + (batch.first_offset - self.q_start))
-                self._key_hashes.append(keys[1])
-        elif self.key_index:
+        if self.key_index:
             props_at, ends = at + (batch.props_at - positions), at + sizes
             try:
                 owners, blob, key_at, key_end = batch_keys(chunk, props_at, ends)
@@ -182,13 +187,17 @@ class SegmentBuilder:
                 self._key_hashes.append(hash_spans(blob, key_at, key_end))
         if n:
             self._cl += chunk if n == batch.count else chunk[:int(at[n])]
-            self._sizes.append(sizes[:n])
-            self._tags.append(batch.tags[:n])
-            self._store.append(batch.store_ms[:n])
-            self._born.append(batch.born_ms[:n])
-            self.count += n
+            self._add_arrays(batch, n)
         if error is not None:
             raise error
+
+    def _add_arrays(self, batch: RecordBatch, n: int) -> None:
+        """The first ``n`` records' sizes, tags and times (their bytes are in)."""
+        self._sizes.append(batch.sizes[:n])
+        self._tags.append(batch.tags[:n])
+        self._store.append(batch.store_ms[:n])
+        self._born.append(batch.born_ms[:n])
+        self.count += n
 
     def build(self, now_ms: int) -> BuiltSegment:
         if not self.count:
