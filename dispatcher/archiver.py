@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from dispatcher.buildpool import BuildJob, ProcessBuilds, build_segment
+from dispatcher.commitpass import PassStats, Planned, build_pass
 from dispatcher.firststarts import FirstStarts, starts_path
 from dispatcher.segment import BuiltSegment
 from tiered.clock import Clock
@@ -101,6 +102,10 @@ class QueueArchiver:
         # The other threads upload and commit meanwhile.
         self.builds = builds
         self._build_lock = threading.Lock()
+        # segments a CommitLog pass built ahead (dispatcher.commitpass), taken
+        # by ``_build`` when its job is exactly the one the pass built
+        self._prebuilt: dict[tuple[str, int], Planned] = {}
+        self.passes: list[PassStats] = []  # this round's (the dispatcher clears it), for benchmarks and tests
 
     def _local(self, fn: Callable[..., T], *args: object, **kw: object) -> T:
         """A LocalStore read, once more after a rescan when a file it knew of
@@ -332,13 +337,70 @@ class QueueArchiver:
         age = max(now - seen[1], now - ts if ts is not None else self.options.max_delay_ms)
         return age >= self.options.max_delay_ms
 
+    def _job(self, topic: str, queue_id: int, start: int, manifest: Manifest | None) -> BuildJob:
+        return BuildJob(prefix=queue_prefix(self.cold.cluster, self.cold.broker, topic, queue_id), topic=topic,
+                        queue_id=queue_id, start=start, cl_start=manifest.cl_next if manifest else 0,
+                        segment_bytes=self.options.segment_bytes, key_index=self.options.key_index,
+                        layout=self.options.layout, compression=self.options.compression)
+
+    # --- building ahead, in one CommitLog pass --------------------------------------
+
+    def next_job(self, topic: str, queue_id: int) -> tuple[BuildJob, int] | None:
+        """The segment ``run`` would build first for this queue now, with its
+        pending bytes (at most the segment's); None when its first step is
+        something else (idle, a gap, not due yet, unreadable: ``run`` deals
+        with it). The same decisions as ``_run``, made without a request."""
+        try:
+            manifest = self.cold.cached(topic, queue_id)
+            max_offset = self._local(self.local.max_offset, topic, queue_id)
+            if manifest is not None and max_offset <= manifest.next_offset:
+                return None
+            rng = self._local(self.local.queue_range, topic, queue_id)
+            start = manifest.next_offset if manifest else self._first_start(
+                topic, queue_id, rng.min_offset, rng.max_offset)
+            if rng.max_offset <= start or start < rng.min_offset:
+                return None
+            most = max(1, self.options.upload_bytes // 16)
+            count, nbytes = self._local(self.local.pending, topic, queue_id, start, max_entries=most)
+            if count == 0 or (nbytes < self.options.upload_bytes and not self._old_enough(topic, queue_id, start)):
+                return None
+        except (OSError, TieredError):
+            return None
+        # counted up to ``most`` entries: the rest estimated at their average size
+        planned = min(self.options.segment_bytes, nbytes * max(count, rng.max_offset - start) // count)
+        return self._job(topic, queue_id, start, manifest), planned
+
+    def prebuild(self, jobs: list[BuildJob]) -> None:
+        """Build these jobs' segments now, in one CommitLog pass; ``run`` takes
+        them instead of building. Never raises: a pass that fails leaves
+        every queue to its own build, which reports what is wrong."""
+        if not jobs:
+            return
+        try:
+            built, stats = build_pass(self.local, jobs)
+        except Exception as exc:  # noqa: BLE001 - each queue's own build reads and reports it
+            log.warning("the CommitLog pass over %d queues failed (%s: %s); building them one by one",
+                        len(jobs), type(exc).__name__, exc)
+            return
+        self._prebuilt.update(built)
+        self.passes.append(stats)
+
+    def drop_prebuilt(self, keys: list[tuple[str, int]] | None = None) -> None:
+        """Forget what was built ahead for ``keys`` (None: all) and not taken
+        (memory; a later round reads again)."""
+        if keys is None:
+            self._prebuilt.clear()
+        for key in keys or ():
+            self._prebuilt.pop(key, None)
+
     def _build(
         self, topic: str, queue_id: int, start: int, manifest: Manifest | None
     ) -> tuple[BuiltSegment | None, Exception | None]:
-        job = BuildJob(prefix=queue_prefix(self.cold.cluster, self.cold.broker, topic, queue_id), topic=topic,
-                       queue_id=queue_id, start=start, cl_start=manifest.cl_next if manifest else 0,
-                       segment_bytes=self.options.segment_bytes, key_index=self.options.key_index,
-                       layout=self.options.layout, compression=self.options.compression)
+        job = self._job(topic, queue_id, start, manifest)
+        ahead = self._prebuilt.pop((topic, queue_id), None)
+        if ahead is not None and ahead[0] == job:
+            builder, stop = ahead[1], ahead[2]
+            return (builder.build(self.clock.now_ms()) if builder.count else None), stop
         if self.builds is not None:
             built, stop = self.builds.build(self.local, job, self.clock.now_ms())
         else:

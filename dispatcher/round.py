@@ -65,13 +65,22 @@ class DispatchOptions:
     lease_check_s: float = 5.0
     # recorded per topic in the catalog, for a cleaner without the store
     retention: RetentionSettings = field(default_factory=RetentionSettings)
-    # Worker processes building segments (dispatcher.buildpool); None: one
-    # per core, at most ``parallelism``; 0 or 1: built in this process.
+    # Worker processes building segments (dispatcher.buildpool); None: none
+    # with the single pass (it builds), else one per core, at most
+    # ``parallelism``; 0 or 1: built in this process.
     build_processes: int | None = None
+    # Build the due queues' segments in one CommitLog pass per wave
+    # (dispatcher.commitpass); False: each queue reads the CommitLog on its own.
+    single_pass: bool = True
+    # Record bytes one pass builds at most (a wave), held until their upload;
+    # None: parallelism x segment size, the memory bound of the per-queue builds
+    pass_bytes: int | None = None
 
     def resolved_build_processes(self) -> int:
         if self.build_processes is not None:
             return self.build_processes
+        if self.single_pass:
+            return 0  # idle workers would only hold memory: the pass builds (per-queue builds are rare)
         return min(self.parallelism, os.cpu_count() or 1)
 
 
@@ -234,6 +243,7 @@ class Dispatcher:
         deadline = now + self.options.round_budget_s
         self._checked_at = None  # the lease is read again before this round's first write
         self.local.commitlog.refresh()  # files the broker deleted or started since the last round
+        self.archiver.passes.clear()
         queues = [k for k in self.eligible_queues() if self._failures.get(k, (0, 0.0))[1] <= now]
         result.queues = len(queues)
         # Idle queues are settled here, without a thread hop, a lock or a request.
@@ -283,10 +293,12 @@ class Dispatcher:
 
     def _archive(self, queues: list[tuple[str, int]], deadline: float,
                  outcomes: dict[tuple[str, int], QueueResult]) -> None:
-        """Round robin: every queue gets one step (a segment) in turn; a queue
-        with more to do goes to the back of the line while the budget lasts.
-        At most ``parallelism`` segments are built at once, so memory stays
-        within parallelism x segment size."""
+        """Round robin in waves: every queue gets one step (a segment) in turn;
+        a queue with more to do goes to the back of the line while the budget
+        lasts. A wave is as many queues as their next segments fit in
+        ``pass_bytes`` (the memory bound); their segments are built in one
+        CommitLog pass, then uploaded, at most ``parallelism`` at once, while
+        the next wave's pass runs."""
         def merge(r: QueueResult) -> bool:
             key = (r.topic, r.queue_id)
             prev = outcomes.get(key)
@@ -299,19 +311,58 @@ class Dispatcher:
             outcomes[key] = r
             return r.more and r.error is None and self.clock.monotonic() < deadline
 
-        if self.options.parallelism <= 1 or len(queues) <= 1:
-            line = deque(queues)
-            while line:
-                key = line.popleft()
-                if merge(self._step(key[0], key[1], deadline)):
-                    line.append(key)
-            return
-        # At most `parallelism` queues are in flight; the line holds the rest,
-        # and completions come back through one queue (no per-completion scan
-        # of every pending future: a round over 10,000 queues stays linear).
         line = deque(queues)
+        pipelined = self.options.single_pass
+        try:
+            with ThreadPoolExecutor(1, thread_name_prefix="dispatch-wave") as runner:
+                wave = self._wave(line, pipelined)
+                while wave:
+                    # the next wave's pass reads the CommitLog while this one uploads
+                    running = runner.submit(self._steps, wave, deadline)
+                    nxt = self._wave(line, pipelined) if pipelined and line else []
+                    results = running.result()
+                    self.archiver.drop_prebuilt(wave)
+                    for r in results:
+                        if merge(r):
+                            line.append((r.topic, r.queue_id))
+                    wave = nxt or (self._wave(line, pipelined) if line else [])
+        finally:
+            self.archiver.drop_prebuilt()  # a fenced round leaves nothing built behind
+
+    def _wave(self, line: deque[tuple[str, int]], pipelined: bool) -> list[tuple[str, int]]:
+        """The next queues of the line whose next segments fit ``pass_bytes``
+        (half of it when two waves are held at once: one uploading, the next
+        built meanwhile), at least one, those segments built ahead in one pass."""
+        if not self.options.single_pass:
+            return [line.popleft() for _ in range(min(len(line), max(1, self.options.parallelism)))]
+        budget = self.options.pass_bytes or max(1, self.options.parallelism) * self.options.archive.segment_bytes
+        budget = max(1, budget // 2) if pipelined else budget
+        wave: list[tuple[str, int]] = []
+        jobs = []
+        used = 0
+        while line and (not wave or used < budget):
+            key = line.popleft()
+            wave.append(key)
+            try:
+                planned = self.archiver.next_job(*key)
+            finally:
+                self.local.release_queue(*key)  # a wave of 1,000 queues must not keep their pages
+            if planned is not None:
+                jobs.append(planned[0])
+                used += planned[1]
+        self.archiver.prebuild(jobs)
+        return wave
+
+    def _steps(self, wave: list[tuple[str, int]], deadline: float) -> list[QueueResult]:
+        """One step of each queue of the wave, ``parallelism`` at a time."""
+        if self.options.parallelism <= 1 or len(wave) <= 1:
+            return [self._step(topic, qid, deadline) for topic, qid in wave]
+        # completions come back through one queue (no per-completion scan of
+        # every pending future: a wave of 10,000 queues stays linear)
+        line = deque(wave)
         done: SimpleQueue[Future[QueueResult]] = SimpleQueue()
         fenced: FencedError | None = None
+        results: list[QueueResult] = []
         inflight = 0
         with ThreadPoolExecutor(self.options.parallelism, thread_name_prefix="dispatch") as pool:
             def fill() -> None:
@@ -326,15 +377,13 @@ class Dispatcher:
                 fut = done.get()
                 inflight -= 1
                 try:
-                    r = fut.result()
+                    results.append(fut.result())
                 except FencedError as exc:
                     fenced = fenced or exc
-                else:
-                    if merge(r):
-                        line.append((r.topic, r.queue_id))
                 fill()
         if fenced is not None:
             raise fenced
+        return results
 
     def _finish_fenced(self, result: RoundResult, message: str) -> RoundResult:
         self._fenced = None

@@ -161,8 +161,12 @@ class DispatchSettings(_Section):
     round_budget: Duration = 15.0
     quarantine_corrupt: bool = False
     key_index: bool = True
-    # worker processes that build segments; null: one per core, at most parallelism
+    # worker processes that build segments; null: none with single_pass, else
+    # one per core, at most parallelism
     build_processes: int | None = Field(default=None, ge=0, le=256)
+    # one CommitLog pass builds the next segment of every due queue; false:
+    # each queue reads the CommitLog on its own
+    single_pass: bool = True
     # Segment layout written: 2 (one object per segment) or 1 (three objects,
     # readable by tiered before 2.0). Both are always read.
     layout: int = Field(default=2, ge=1, le=2)

@@ -37,7 +37,8 @@ def _archive(tmp_path: Path, name: str, clock, processes: int) -> FileStore:  # 
     cold = FileStore(tmp_path / name)
     local = LocalStore(tmp_path / "store")
     d = new_dispatcher(cold, local, tmp_path / f"state-{name}", clock, upload_bytes=1, max_delay_ms=0,
-                       segment_bytes=9000, parallelism=2, build_processes=processes)
+                       segment_bytes=9000, parallelism=2, build_processes=processes,
+                       single_pass=False)  # the workers build, not the single pass
     assert (d.archiver.builds is not None) == (processes > 1)
     result = d.run_round()
     assert result.ok, result.errors

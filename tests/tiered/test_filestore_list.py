@@ -23,3 +23,28 @@ def test_list_is_exactly_the_keys_with_the_prefix(tmp_path: Path, prefix: str) -
     for key in KEYS:
         store.put(key, key.encode())
     assert [o.key for o in store.list_keys(prefix)] == sorted(k for k in KEYS if k.startswith(prefix))
+
+
+def test_directories_are_made_only_when_a_write_finds_them_missing(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    import shutil
+
+    store = FileStore(tmp_path)
+    made: list[Path] = []
+    real = Path.mkdir
+
+    def mkdir(self: Path, *args, **kw) -> None:  # noqa: ANN002, ANN003
+        made.append(self)
+        real(self, *args, **kw)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    store.put("C/B/T/0/seg/1", b"one")
+    assert made[0] == tmp_path / "C/B/T/0/seg"  # then its parents, as mkdir(parents=True) does
+    made.clear()
+    store.put("C/B/T/0/seg/2", b"two")  # the directory exists: no mkdir at all
+    store.put_if_absent("C/B/T/0/seg/3", b"three")
+    assert made == []
+    shutil.rmtree(tmp_path / "C")  # removed behind the store's back: made again
+    store.put("C/B/T/0/seg/4", b"four")
+    assert made[0] == tmp_path / "C/B/T/0/seg"
+    assert [o.key for o in store.list_keys("C/")] == ["C/B/T/0/seg/4"]
+    assert store.get("C/B/T/0/seg/4") == b"four"

@@ -315,9 +315,16 @@ class FileStore(ObjectStore):
         return data, _md5(data)
 
     def _write_tmp(self, path: Path, data: bytes) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        with open(tmp, "wb") as fh:
+        try:
+            fh = open(tmp, "wb")
+        except FileNotFoundError:
+            # the directory is created on the first write into it only: a
+            # mkdir per object costs as much as the write itself (measured
+            # at 1,000 queues: 5,000 mkdir calls for 2,000 objects)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(tmp, "wb")
+        with fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
@@ -359,6 +366,10 @@ class FileStore(ObjectStore):
     def _raw_list(self, prefix: str) -> list[ObjectInfo]:
         base = Path(self.root)
         top = base / prefix if prefix else base
+        if prefix.endswith("/") and not top.is_dir():
+            # keys under "x/" are files under directory x: none without it (a
+            # queue archived for the first time must not walk its 999 siblings)
+            return []
         start = top if top.is_dir() else top.parent
         out: list[ObjectInfo] = []
         for dirpath, dirs, files in os.walk(start):

@@ -1,0 +1,260 @@
+"""One CommitLog pass for every due queue (dispatcher.commitpass).
+
+The pass must build exactly the segments each queue's own read builds
+(same records, boundaries and bytes), read the CommitLog once in physical
+order instead of once per queue, and leave bad data to the per-queue read:
+a corrupt record stops its queue with the typed error, the others go on."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import dispatcher.commitpass as commitpass
+from dispatchkit import assert_exact, new_dispatcher, new_writer, produce, read_manifest
+from tiered.archive import segmeta
+from tiered.archive.storage import open_store
+from tiered.store.localstore import LocalStore
+
+A0, A1, B0 = ("Inter", 0), ("Inter", 1), ("Other", 0)
+BAD = ("Broken", 0)
+LATE = ("Late", 0)  # created half way through the store, starting above offset 0
+HALF = "TxHalf"  # transaction half messages: in the CommitLog, in no ConsumeQueue
+QUEUES = [A0, A1, B0, BAD, LATE]
+BAD_OFFSET = 23
+LATE_START = 300
+
+
+def _make_store(sd: Path, clock) -> None:  # noqa: ANN001
+    with new_writer(sd, commitlog_file_size=16 * 1024) as w:
+        w.fill_queue_head(*LATE, LATE_START)
+        for i in range(60):
+            for q in (A0, A1, B0, BAD):
+                produce(w, *q, 1, clock=clock, body_size=150, seed=i)
+            if i % 3 == 0:  # prepared (0x4) then rolled back (0xC): never dispatched to a queue
+                w.put(HALF, 0, b"half" * 40, sys_flag=0x4)
+                w.put(HALF, 0, b"rollback", sys_flag=0xC)
+            if i >= 30:
+                produce(w, *LATE, 1, clock=clock, body_size=150, seed=i)
+    # the broker's reput never writes their ConsumeQueue entries
+    shutil.rmtree(sd / "consumequeue" / HALF)
+
+
+def _flip_body_byte(sd: Path, topic: str, qid: int, offset: int) -> None:
+    local = LocalStore(sd)
+    phys = next(iter(local.iter_queue(topic, qid, offset, max_count=1))).record.physical_offset
+    local.close()
+    start = max(int(f.name) for f in (sd / "commitlog").iterdir() if int(f.name) <= phys)
+    with open(sd / "commitlog" / f"{start:020d}", "r+b") as fh:
+        fh.seek(phys - start + 100)  # in the body: the CRC no longer matches
+        b = fh.read(1)
+        fh.seek(phys - start + 100)
+        fh.write(bytes([b[0] ^ 0x5A]))
+
+
+def _spoil_properties(sd: Path, topic: str, qid: int, offset: int) -> None:
+    """A byte of the record's KEYS that is not UTF-8 (the body CRC does not
+    cover properties: the record is whole, its properties are corrupt)."""
+    local = LocalStore(sd)
+    rec = next(iter(local.iter_queue(topic, qid, offset, max_count=1))).record
+    at = rec.physical_offset + bytes(rec.raw).index(b"KEYS\x01") + 6
+    local.close()
+    start = max(int(f.name) for f in (sd / "commitlog").iterdir() if int(f.name) <= at)
+    with open(sd / "commitlog" / f"{start:020d}", "r+b") as fh:
+        fh.seek(at - start)
+        fh.write(b"\xff")
+
+
+def _segments(store, topic: str, qid: int) -> list[tuple]:  # noqa: ANN001
+    """Every segment of a queue: its manifest entry (minus what names the
+    bucket) and its stored parts, byte for byte."""
+    m = read_manifest(store, topic, qid)
+    out = []
+    for seg in m.segments:
+        parts = segmeta.read_parts(store, seg)
+        out.append((replace(seg, created_ms=0), parts.commitlog, parts.entries, parts.index,
+                    replace(parts.descriptor.segment, created_ms=0)))
+    return out
+
+
+@pytest.fixture
+def counted(monkeypatch):  # noqa: ANN001, ANN201
+    """The records the pass validated, in the order it did: (file start, start, end)."""
+    seen: list[tuple[int, int, int]] = []
+    real = commitpass.check_run
+
+    def check_run(view, base, entries, **kw):  # noqa: ANN001, ANN003, ANN202
+        batch = real(view, base, entries, **kw)
+        if batch is not None:
+            file_start = int(Path(kw["source"]).name)
+            seen.extend((file_start, p, p + n) for p, n in zip(batch.positions.tolist(), batch.sizes.tolist()))
+        return batch
+
+    monkeypatch.setattr(commitpass, "check_run", check_run)
+    return seen
+
+
+def _watched(local: LocalStore, monkeypatch) -> dict[str, list[tuple[int, int, int]]]:  # noqa: ANN001
+    """Pages mapped ahead (populate) and CommitLog files entered by a per-queue
+    read (``_commitlog_window``: once per file per queue read)."""
+    calls: dict[str, list[tuple[int, int, int]]] = {"populate": [], "entered": []}
+    populate, window = local.commitlog.populate, local._commitlog_window
+
+    def watch_populate(start: int, lo: int, hi: int) -> None:
+        calls["populate"].append((start, lo, hi))
+        populate(start, lo, hi)
+
+    def watch_window(phys: int, size: int):  # noqa: ANN202
+        calls["entered"].append((phys, size, 0))
+        return window(phys, size)
+
+    monkeypatch.setattr(local.commitlog, "populate", watch_populate)
+    monkeypatch.setattr(local, "_commitlog_window", watch_window)
+    return calls
+
+
+@pytest.mark.parametrize(("segment_bytes", "pass_bytes"), [(1 << 20, 1 << 30), (2000, 1 << 30), (2000, 5000)])
+def test_one_pass_builds_the_per_queue_segments(tmp_path, clock, recorder, monkeypatch, counted, caplog,
+                                                 segment_bytes, pass_bytes):
+    sd = tmp_path / "store"
+    _make_store(sd, clock)
+    _flip_body_byte(sd, *BAD, BAD_OFFSET)
+    clock.advance(1)
+    stores, locals_, watched, segments = {}, {}, {}, 0
+    caplog.set_level(logging.ERROR, logger="dispatcher")
+    for single in (True, False):
+        store = stores[single] = open_store(f"file://{tmp_path / f'cold-{single}'}")
+        local = locals_[single] = LocalStore(sd)
+        watched[single] = _watched(local, monkeypatch)
+        d = new_dispatcher(store, local, tmp_path / f"state-{single}", clock, recorder=recorder if single else None,
+                           upload_bytes=1, max_delay_ms=0, segment_bytes=segment_bytes, layout=2,
+                           single_pass=single, parallelism=2, build_processes=0, pass_bytes=pass_bytes)
+        result = d.run_round()
+        watched[single] = {k: list(v) for k, v in watched[single].items()}  # not what the checks below read
+        # only the corrupt queue stops, at the corrupt record, with its typed error
+        assert list(result.errors) == [f"{BAD[0]}/{BAD[1]}"], result.errors
+        assert "CRC" in result.errors[f"{BAD[0]}/{BAD[1]}"]
+        assert read_manifest(store, *BAD).next_offset == BAD_OFFSET
+        assert_exact(store, local, [A0, A1, B0, LATE])
+        assert_exact(store, local, [BAD], complete=False)
+        assert read_manifest(store, *LATE).first_offset == LATE_START
+        if single:
+            segments = result.segments
+            # one pass for the first segment of every queue when they fit pass_bytes;
+            # else one per wave of queues that do; one more per later segment
+            if segment_bytes == 1 << 20:
+                assert len(d.archiver.passes) == 1, d.archiver.passes
+            else:
+                assert len(d.archiver.passes) > (1 if pass_bytes == 1 << 30 else 4), d.archiver.passes
+                # two waves at once (one uploading): each holds half of pass_bytes
+                assert d.archiver.passes[0].queues == (len(QUEUES) if pass_bytes == 1 << 30 else 2)
+            stats = d.archiver.passes[0]
+            assert stats.records > 0
+    assert recorder.corrupt[BAD] == 1
+    assert any("stopped at offset 23" in r.getMessage() for r in caplog.records)
+    # byte for byte the segments the per-queue reads build
+    for q in QUEUES:
+        assert _segments(stores[True], *q) == _segments(stores[False], *q), q
+    # Read once: no byte of the CommitLog is validated twice
+    spans = sorted((f + lo, f + hi) for f, lo, hi in counted)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "a CommitLog record was read twice"
+    if segment_bytes == 1 << 20:
+        # one pass, window after window in physical order, as the broker wrote them
+        windows = [(f, lo // commitpass.window_bytes(len(QUEUES))) for f, lo, _hi in counted]
+        assert windows == sorted(windows)
+        # the pass read every record but the tails the per-queue read completes
+        # (each queue's last entry, the corrupt record and what follows)
+        assert stats.records >= 4 * 60 + 30 - len(QUEUES) - (60 - BAD_OFFSET)
+        # each page mapped ahead once, in order (all queues together fill the windows)
+        mapped = [(f + lo, f + hi) for f, lo, hi in watched[True]["populate"]]
+        assert mapped and all(a[1] <= b[0] for a, b in zip(mapped, mapped[1:])), str(mapped)
+        # per-queue reads enter every CommitLog file once per queue; with the pass
+        # only the tail reads do (at most one per queue step)
+        files = len(list((sd / "commitlog").iterdir()))
+        assert files >= 3
+        assert len(watched[True]["entered"]) <= segments + 1
+        assert len(watched[False]["entered"]) >= 4 * (files - 1)
+
+
+def test_pass_and_per_queue_build_agree_on_every_start(tmp_path, clock):
+    """The pass's segment from any offset (mid-store, mid-file, at the
+    corrupt record, at properties that are not UTF-8) equals
+    ``build_segment``'s, record and stop alike."""
+    from dispatcher.buildpool import BuildJob, build_segment
+
+    sd = tmp_path / "store"
+    _make_store(sd, clock)
+    _flip_body_byte(sd, *BAD, BAD_OFFSET)
+    _spoil_properties(sd, *B0, BAD_OFFSET)
+    local = LocalStore(sd)
+    stops = set()
+    for start in (0, 7, BAD_OFFSET - 3, BAD_OFFSET, 59):
+        for budget in (1500, 1 << 20):
+            jobs = [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=start + (LATE_START if (t, q) == LATE
+                                                                                          else 0),
+                             cl_start=100, segment_bytes=budget, key_index=True, layout=2) for t, q in QUEUES]
+            planned, _stats = commitpass.build_pass(local, jobs)
+            for job in jobs:
+                want, want_stop = build_segment(local, job, 5)
+                got_job, builder, got_stop = planned[(job.topic, job.queue_id)]
+                got = builder.build(5) if builder.count else None
+                assert got_job == job
+                assert (got is None) == (want is None), (job, start, budget)
+                if want is not None:
+                    assert got.segment == want.segment and bytes(got.commitlog) == bytes(want.commitlog)
+                    assert got.consumequeue == want.consumequeue and got.index == want.index
+                assert type(got_stop) is type(want_stop) and str(got_stop) == str(want_stop), (job, start)
+                stops.add(str(got_stop))
+    assert [(t, q) for t, q in local.queues()] == sorted(QUEUES)  # the half messages are in no queue
+    assert any("CRC" in x for x in stops) and any("UTF-8" in x for x in stops), stops
+
+
+
+def test_a_last_entry_written_during_the_pass_is_read_again(tmp_path, clock, monkeypatch):
+    """The broker may be writing a queue's last ConsumeQueue entry while the
+    pass reads it (its tags code last): the entry is read again after its
+    record; when it changed, the queue is read again by the per-queue read,
+    which sees the completed entry."""
+    from dispatcher.buildpool import BuildJob, build_segment
+    from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE
+
+    sd = tmp_path / "store"
+    _make_store(sd, clock)
+    local = LocalStore(sd)
+    last = local.max_offset(*A1) - 1
+    cq = sd / "consumequeue" / A1[0] / str(A1[1]) / f"{0:020d}"
+    phys, size, tags = CQ_ENTRY.unpack_from(cq.read_bytes(), last * CQ_ENTRY_SIZE)
+    real_walk = commitpass._walk
+
+    def walk_then_complete(local_, queues):  # noqa: ANN001, ANN202
+        out = real_walk(local_, queues)
+        with open(cq, "r+b") as fh:  # the broker completes the entry: its tags code lands now
+            fh.seek(last * CQ_ENTRY_SIZE)
+            fh.write(CQ_ENTRY.pack(phys, size, tags ^ 0x5A5A))
+        return out
+
+    monkeypatch.setattr(commitpass, "_walk", walk_then_complete)
+    jobs = [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=0, cl_start=0, segment_bytes=1 << 20,
+                     key_index=True, layout=2) for t, q in (A0, A1)]
+    planned, stats = commitpass.build_pass(local, jobs)
+    assert stats.continued == 1  # A1 only, read again; A0 ended in the pass
+    built = {}
+    for job in jobs:
+        want, want_stop = build_segment(LocalStore(sd), job, 5)
+        _job, builder, stop = planned[(job.topic, job.queue_id)]
+        got = built[(job.topic, job.queue_id)] = builder.build(5)
+        assert stop is None and want_stop is None
+        assert got.segment == want.segment and got.consumequeue == want.consumequeue
+        assert bytes(got.commitlog) == bytes(want.commitlog)
+    assert built[A1].segment.messages == last + 1
+    assert CQ_ENTRY.unpack_from(built[A1].consumequeue, last * CQ_ENTRY_SIZE)[2] == tags ^ 0x5A5A
+
+
+def test_window_widens_with_the_queues_of_a_pass():
+    assert commitpass.window_bytes(1) == commitpass.window_bytes(256) == 32 << 20
+    assert commitpass.window_bytes(257) == 64 << 20
+    assert commitpass.window_bytes(1000) == commitpass.window_bytes(10_000) == 128 << 20
