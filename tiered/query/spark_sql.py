@@ -16,8 +16,9 @@ caller that holds the query text can do better, which is what ``sql`` (and
    scan of that view's relation.
 2. ``columns``: the union over those scans of the columns the plan reads
    from them (Spark's ColumnPruning leaves them in the Project above each
-   scan). No column at all (``count(*)``): the count comes from the
-   manifests.
+   scan), plus those the query text names (it must still resolve against
+   the pruned view). No column at all (``count(*)``): the count comes from
+   the manifests.
 3. ``startTime``/``endTime``, ``topics``, ``queues``: only when EVERY scan
    is filtered at least that narrowly (the filter directly above the scan,
    which Spark applies to the rows anyway); the widest range and the union
@@ -34,6 +35,7 @@ unchanged: Spark executes them as soon as they are parsed.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -238,18 +240,23 @@ def _positional_star(parsed: Any) -> bool:
         seen.add(_kind(e))
         for c in _seq(e.children()):
             expr(c)
-        if hasattr(e, "plan") and _kind(e).endswith(("Subquery", "Exists", "ListQuery")):
-            plan(e.plan())
 
     def plan(p: Any) -> None:
         for e in _seq(p.expressions()):
             expr(e)
-        for c in _seq(p.children()) + _seq(p.innerChildren()):
+        # subquery plans sit in expressions, CTE definitions in inner children
+        for c in _seq(p.children()) + _seq(p.innerChildren()) + _seq(p.subqueries()):
             if c.getClass().getName().startswith("org.apache.spark.sql.catalyst.plans"):
                 plan(c)
 
     plan(parsed)
     return "UnresolvedStar" in seen and "UnresolvedOrdinal" in seen
+
+
+def _words(query: str) -> frozenset[str]:
+    """Every word of the query text, lower case: a superset of the column
+    names it resolves (``a.topic``, ``USING (queue_id)``, ``* EXCEPT (body)``)."""
+    return frozenset(w.lower() for w in re.findall(r"\w+", query))
 
 
 def _is_command(parsed: Any, jvm: Any) -> bool:
@@ -260,13 +267,18 @@ def _is_command(parsed: Any, jvm: Any) -> bool:
 # --- deriving and running ----------------------------------------------------------
 
 
-def derive_from(walk: _PlanWalk, view_columns: tuple[str, ...], *, prune_columns: bool) -> Derived:
+def derive_from(walk: _PlanWalk, view_columns: tuple[str, ...], *, prune_columns: bool,
+                mentioned: frozenset[str] = frozenset()) -> Derived:
     """The view's columns (a subset of ``view_columns``, in their order: ``*``
-    expands alike) and pruning options for the scans ``walk`` found."""
+    expands alike) and pruning options for the scans ``walk`` found. Columns
+    the optimised plan reads, plus those the query text names (``mentioned``,
+    lower case): the query must still resolve against the pruned view, and a
+    name the optimiser dropped (``SELECT count(*) FROM (SELECT topic ...)``)
+    is still resolved."""
     scans = walk.scans
     if not scans:
         return Derived(scans=0, columns=None, notes=("the query does not read the view",))
-    used = {name for s in scans for i, name in s.output.items() if i in walk.required}
+    used = {name for s in scans for i, name in s.output.items() if i in walk.required or name.lower() in mentioned}
     notes: list[str] = []
     columns: tuple[str, ...] | None = tuple(c for c in view_columns if c in used)
     if not prune_columns:
@@ -348,7 +360,8 @@ def prepare(spark: Any, url: str, query: str, *, view: str = VIEW, **options: st
             return spark.sql(query), None
         walk = _PlanWalk(full._jdf.queryExecution().analyzed().table())
         walk.walk(spark.sql(query)._jdf.queryExecution().optimizedPlan(), root=True)
-        derived = derive_from(walk, tuple(full.columns), prune_columns=not _positional_star(parsed))
+        derived = derive_from(walk, tuple(full.columns), prune_columns=not _positional_star(parsed),
+                              mentioned=_words(query))
         if derived.columns is None and not derived.options:
             return spark.sql(query), derived
         reader = spark.read.format(NAME).options(**merged(options, derived))
