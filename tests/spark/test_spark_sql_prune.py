@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from readerkit import BROKER, CLUSTER, T0, local_rows
 from tiered.archive.storage import open_store
+from tiered.format.codec import Host, offset_msg_id
 from tiered.cli import app
 from tiered.query.reader import Archive, QueueRef
 from tiered.query.spark_sql import prepare, sql
@@ -190,3 +191,34 @@ def test_star_with_positions_keeps_every_column_and_commands_run_once(spark, arc
     assert [tuple(r) for r in df.collect()] == want
     df, derived = prepare(spark, url, "SHOW TABLES")
     assert derived is None and ("messages", True) in [(r["tableName"], r["isTemporary"]) for r in df.collect()]
+
+
+def test_lookups_become_key_and_msg_id_options_when_every_scan_has_them(spark, archived, tmp_path: Path) -> None:
+    url, rows = archived
+    uniq = "UNIQ%DLQ%billing00000005"
+    st = tmp_path / "uniq"
+    df, derived = prepare(spark, url, f"SELECT topic, queue_id, queue_offset FROM messages WHERE unique_key = '{uniq}'",
+                          statsPath=str(st))
+    assert derived is not None and dict(derived.options) == {"key": uniq}
+    assert [tuple(r) for r in df.collect()] == [(DLQ, 0, 5)]
+    assert sum(s["rows"] for s in stats(st)) == 1  # the key index picked one record
+    # the same KEYS entry on both sides of a self-join: pushed; a different one on each: not
+    shared = [r for r in rows if "shared-3" in r["keys"]]
+    query = ("SELECT count(*) FROM messages a JOIN messages b ON a.unique_key = b.unique_key "
+             "WHERE array_contains(a.keys, 'shared-3') AND array_contains(b.keys, '{}')")
+    df, derived = prepare(spark, url, query.format("shared-3"))
+    assert derived is not None and dict(derived.options) == {"key": "shared-3"}
+    assert df.collect()[0][0] == len(shared)
+    df, derived = prepare(spark, url, query.format("Orders-k77"))
+    assert derived is not None and derived.options == ()
+    assert df.collect()[0][0] == sum(1 for r in shared if "Orders-k77" in r["keys"])
+    # store host and CommitLog offset: the broker's offset message id, one record
+    target = next(r for r in rows if r["topic"] == DLQ and r["queue_offset"] == 8)
+    st = tmp_path / "msgid"
+    df, derived = prepare(spark, url, f"SELECT queue_offset, body_crc FROM messages WHERE store_host = "
+                                      f"'{target['store_host']}' AND commitlog_offset = {target['commitlog_offset']}",
+                          statsPath=str(st))
+    assert derived is not None and dict(derived.options).get("msgId") == offset_msg_id(
+        Host.parse(target["store_host"]), target["commitlog_offset"])
+    assert [tuple(r) for r in df.collect()] == [(8, target["body_crc"])]
+    assert sum(s["rows"] for s in stats(st)) == 1

@@ -19,7 +19,9 @@ caller that holds the query text can do better, which is what ``sql`` (and
    scan), plus those the query text names (it must still resolve against
    the pruned view). No column at all (``count(*)``): the count comes from
    the manifests.
-3. ``startTime``/``endTime``, ``topics``, ``queues``: only when EVERY scan
+3. ``startTime``/``endTime``, ``topics``, ``queues``, and a ``key`` or
+   ``msgId`` lookup (``unique_key = ``, ``array_contains(keys, ...)``,
+   ``store_host = ... AND commitlog_offset = ...``): only when EVERY scan
    is filtered at least that narrowly (the filter directly above the scan,
    which Spark applies to the rows anyway); the widest range and the union
    of topics / queues over the scans is pushed. One unfiltered scan: nothing
@@ -40,6 +42,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from tiered.format.codec import Host, offset_msg_id
 from tiered.query.spark_schema import spark_schema
 from tiered.query.spark_source import NAME, register
 from tiered.timeparse import parse_time_ms
@@ -74,15 +77,23 @@ class Narrowing:
     queues: frozenset[int] | None = None
     start_ms: int | None = None
     end_ms: int | None = None
+    keys: frozenset[str] | None = None  # each row's KEYS or UNIQ_KEY holds one of them
+    hosts: frozenset[str] | None = None  # store_host
+    offsets: frozenset[int] | None = None  # commitlog_offset
 
     def and_(self, o: Narrowing) -> Narrowing:
+        # rows matching both: either side's key set still holds (the smaller kept)
+        keys = self.keys if o.keys is None or (self.keys is not None and len(self.keys) <= len(o.keys)) else o.keys
         return Narrowing(topics=_meet(self.topics, o.topics), queues=_meet(self.queues, o.queues),
-                         start_ms=_pick(max, self.start_ms, o.start_ms), end_ms=_pick(min, self.end_ms, o.end_ms))
+                         start_ms=_pick(max, self.start_ms, o.start_ms), end_ms=_pick(min, self.end_ms, o.end_ms),
+                         keys=keys, hosts=_meet(self.hosts, o.hosts), offsets=_meet(self.offsets, o.offsets))
 
     def or_(self, o: Narrowing) -> Narrowing:
         # rows of either side: restricted only where both sides are
         return Narrowing(topics=_join(self.topics, o.topics), queues=_join(self.queues, o.queues),
-                         start_ms=_both(min, self.start_ms, o.start_ms), end_ms=_both(max, self.end_ms, o.end_ms))
+                         start_ms=_both(min, self.start_ms, o.start_ms), end_ms=_both(max, self.end_ms, o.end_ms),
+                         keys=_join(self.keys, o.keys), hosts=_join(self.hosts, o.hosts),
+                         offsets=_join(self.offsets, o.offsets))
 
 
 def _meet(a: frozenset[Any] | None, b: frozenset[Any] | None) -> frozenset[Any] | None:
@@ -206,6 +217,9 @@ def narrowing(e: Any, output: dict[int, str]) -> Narrowing:
                 return Narrowing()
             values = frozenset(str(v.toString()) if column(kids[0]) == "topic" else int(v) for v in raw)
         return _narrow(column(kids[0]), "EqualTo", values)
+    if kind == "ArrayContains" and column(kids[0]) == "keys":
+        ok, value = _literal(kids[1])
+        return Narrowing(keys=frozenset([value])) if ok and isinstance(value, str) else Narrowing()
     if kind in _FLIP and len(kids) == 2:
         for col, lit, op in ((kids[0], kids[1], kind), (kids[1], kids[0], _FLIP[kind])):
             name = column(col)
@@ -216,8 +230,17 @@ def narrowing(e: Any, output: dict[int, str]) -> Narrowing:
 
 
 def _narrow(name: str | None, op: str, values: frozenset[Any]) -> Narrowing:
-    if name in ("topic", "queue_id") and op in ("EqualTo", "EqualNullSafe"):
-        return Narrowing(topics=values) if name == "topic" else Narrowing(queues=values)
+    if op in ("EqualTo", "EqualNullSafe"):
+        if name == "topic":
+            return Narrowing(topics=values)
+        if name == "queue_id":
+            return Narrowing(queues=values)
+        if name == "unique_key":
+            return Narrowing(keys=values)
+        if name == "store_host":
+            return Narrowing(hosts=values)
+        if name == "commitlog_offset":
+            return Narrowing(offsets=values)
     if name != "store_timestamp" or len(values) != 1:
         return Narrowing()
     us = next(iter(values))
@@ -305,9 +328,29 @@ def derive_from(walk: _PlanWalk, view_columns: tuple[str, ...], *, prune_columns
         options.append(("startTime", str(start)))
     if end is not None:
         options.append(("endTime", str(end)))
+    options += _lookup(narrow)
     if len(scans) > 1 and not options and any(n != Narrowing() for n in narrow):
         notes.append("no pruning option: not every scan is filtered by topic, queue or store time")
     return Derived(scans=len(scans), columns=columns, options=tuple(options), notes=tuple(notes))
+
+
+def _lookup(narrow: list[Narrowing]) -> list[tuple[str, str]]:
+    """``key`` when every scan looks up the same one key (``unique_key =``,
+    ``array_contains(keys, ...)``), else ``msgId`` when every scan looks up the
+    same store host and CommitLog offset (the broker's offset message id)."""
+    keys = _every(n.keys for n in narrow)
+    if keys is not None and len(keys) == 1:
+        return [("key", next(iter(keys)))]
+    hosts, offsets = _every(n.hosts for n in narrow), _every(n.offsets for n in narrow)
+    if hosts is None or offsets is None or len(hosts) != 1 or len(offsets) != 1:
+        return []
+    text, offset = next(iter(hosts)), next(iter(offsets))
+    try:
+        host = Host.parse(text)
+    except ValueError:
+        return []
+    # a spelling other than the column's matches no row in Spark's filter anyway
+    return [("msgId", offset_msg_id(host, offset))] if str(host) == text and offset >= 0 else []
 
 
 def _every(sets: Any) -> frozenset[Any] | None:
@@ -333,6 +376,10 @@ def merged(user: dict[str, str], derived: Derived) -> dict[str, str]:
     lower = {k.lower(): k for k in opts}
     for name, value in derived.options:
         given = lower.get(name.lower())
+        if name in ("key", "msgId"):  # one lookup per scan: the user's, when given
+            if "key" not in lower and "msgid" not in lower:
+                opts[name] = value
+            continue
         if given is None:
             opts[name] = value
             continue
