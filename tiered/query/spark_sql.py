@@ -365,7 +365,7 @@ def _every(sets: Any) -> frozenset[Any] | None:
 
 
 def _every_bound(fn: Any, bounds: list[int | None]) -> int | None:
-    return None if any(b is None for b in bounds) else fn(bounds)  # type: ignore[type-var]
+    return None if any(b is None for b in bounds) else fn(bounds)
 
 
 def merged(user: dict[str, str], derived: Derived) -> dict[str, str]:
@@ -397,9 +397,14 @@ def merged(user: dict[str, str], derived: Derived) -> dict[str, str]:
 def prepare(spark: Any, url: str, query: str, *, view: str = VIEW, **options: str) -> tuple[Any, Derived | None]:
     """(DataFrame of ``query``, what was derived; None for a command, which ran
     as it is). The view ``view`` is left registered as the query used it."""
+    jss = getattr(spark, "_jsparkSession", None)
+    if jss is None:  # Spark Connect: no JVM to walk the plan in; the full view (the server has the source)
+        spark.read.format(NAME).options(**options).load(url).createOrReplaceTempView(view)
+        return spark.sql(query), Derived(scans=0, columns=None,
+                                         notes=("Spark Connect: the plan is not reachable from the client",))
     register(spark)
     jvm = spark._jvm
-    parsed = spark._jsparkSession.sessionState().sqlParser().parsePlan(query)
+    parsed = jss.sessionState().sqlParser().parsePlan(query)
     with _LOCK:
         full = spark.read.format(NAME).options(**options).load(url)
         full.createOrReplaceTempView(view)
