@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -406,21 +407,41 @@ def prepare(spark: Any, url: str, query: str, *, view: str = VIEW, **options: st
     jvm = spark._jvm
     parsed = jss.sessionState().sqlParser().parsePlan(query)
     with _LOCK:
-        full = spark.read.format(NAME).options(**options).load(url)
+        full = _frame(spark, url, options, None)
         full.createOrReplaceTempView(view)
+        df = spark.sql(query)  # analysed now (a command: run now, once)
         if _is_command(parsed, jvm):
-            return spark.sql(query), None
+            return df, None
         walk = _PlanWalk(full._jdf.queryExecution().analyzed().table())
-        walk.walk(spark.sql(query)._jdf.queryExecution().optimizedPlan(), root=True)
+        walk.walk(df._jdf.queryExecution().optimizedPlan(), root=True)
         derived = derive_from(walk, tuple(full.columns), prune_columns=not _positional_star(parsed),
                               mentioned=_words(query))
         if derived.columns is None and not derived.options:
-            return spark.sql(query), derived
-        reader = spark.read.format(NAME).options(**merged(options, derived))
-        if derived.columns is not None:  # the declared schema is what gets decoded
-            reader = reader.schema(spark_schema(derived.columns))
-        reader.load(url).createOrReplaceTempView(view)
+            return df, derived
+        _frame(spark, url, merged(options, derived), derived.columns).createOrReplaceTempView(view)
         return spark.sql(query), derived
+
+
+# Loaded DataFrames by (session, URL, options, columns): a load costs Spark a
+# Python worker call for the schema, and a loaded relation holds no plan (each
+# scan plans from the catalog and manifests when it runs), so reuse is exact.
+_FRAMES: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+_FRAMES_MAX = 32
+
+
+def _frame(spark: Any, url: str, options: dict[str, str], columns: tuple[str, ...] | None) -> Any:
+    key = (id(spark), url, tuple(sorted(options.items())), columns)
+    df = _FRAMES.get(key)
+    if df is not None and df.sparkSession is spark:
+        _FRAMES.move_to_end(key)
+        return df
+    reader = spark.read.format(NAME).options(**options)
+    if columns is not None:  # the declared schema is what gets decoded
+        reader = reader.schema(spark_schema(columns))
+    df = _FRAMES[key] = reader.load(url)
+    while len(_FRAMES) > _FRAMES_MAX:
+        _FRAMES.popitem(last=False)
+    return df
 
 
 def sql(spark: Any, url: str, query: str, *, view: str = VIEW, **options: str) -> Any:
