@@ -103,6 +103,12 @@ def test_count_is_answered_from_the_manifests(spark, archived, tmp_path: Path) -
     done = stats(st)
     assert done and sum(s["rows"] for s in done) == 280
     assert all(s["requests"] == 0 and s["bytes"] == 0 for s in done)
+    # a topic filter: the column the filter reads is a queue column, the topic an option: still no object
+    st = tmp_path / "topic"
+    df, derived = prepare(spark, url, f"SELECT count(*) FROM messages WHERE topic = '{DLQ}'", statsPath=str(st))
+    assert derived is not None and derived.columns == ("topic",) and derived.options == (("topics", DLQ),)
+    assert df.collect()[0][0] == 40
+    assert stats(st) and all(s["requests"] == 0 for s in stats(st)) and sum(s["rows"] for s in stats(st)) == 40
     result = cli(url, "SELECT count(*) AS n FROM messages", explain=True)
     assert result.exit_code == 0 and json.loads(result.stdout) == {"n": 280}
     assert "derived: 1 scan of the view; columns: none (from the manifests); pruning: none" in result.stderr
