@@ -7,6 +7,7 @@ pushed only when every scan of the view has one."""
 from __future__ import annotations
 
 import glob
+from concurrent.futures import ThreadPoolExecutor
 import json
 from pathlib import Path
 
@@ -228,3 +229,15 @@ def test_lookups_become_key_and_msg_id_options_when_every_scan_has_them(spark, a
         Host.parse(target["store_host"]), target["commitlog_offset"])
     assert [tuple(r) for r in df.collect()] == [(8, target["body_crc"])]
     assert sum(s["rows"] for s in stats(st)) == 1
+
+
+def test_threads_calling_sql_on_one_session(spark, archived) -> None:
+    url, rows = archived
+    jobs = [(f"SELECT count(*), sum(body_crc) FROM messages WHERE topic = '{DLQ}'", of(rows, topic=DLQ)),
+            (f"SELECT count(*), sum(body_crc) FROM messages WHERE queue_id = 1 AND "
+             f"store_timestamp < timestamp_millis({T0 + 60 * MIN})",
+             [r for r in rows if r["queue_id"] == 1 and r["store_timestamp"] < T0 + 60 * MIN]),
+            ("SELECT count(*), sum(body_crc) FROM messages", rows)] * 3
+    with ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(lambda job: tuple(sql(spark, url, job[0]).collect()[0]), jobs))
+    assert got == [(len(want), sum(r["body_crc"] for r in want)) for _, want in jobs]
