@@ -385,23 +385,28 @@ def sql(
     option: Annotated[Optional[list[str]], typer.Option("--option", help="Data source option NAME=VALUE (repeatable): topics, startTime, skipCorrupt...")] = None,
     limit: Annotated[int, typer.Option("--limit", min=0, help="Rows to print in table form (0: all).")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Every row as one JSON object per line.")] = False,
+    explain: Annotated[bool, typer.Option("--explain", help="Print what was derived from the query's plan (columns read, pruning options) on stderr.")] = False,
     master: MasterOpt = "local[*]",
     config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
 ) -> None:
-    """Run Spark SQL on the archive, exposed as the temporary view 'messages'."""
+    """Run Spark SQL on the archive, exposed as the temporary view 'messages'. The columns the query reads and
+    the topics, queues and store-time range every read of the view is filtered to are derived from its plan."""
     require_query_extra("pyspark", "pyarrow")
     settings = _settings(config, cold, cluster, broker)
     opts = source_options(settings, option)
     spark, created = spark_session(master)
     try:
-        from tiered.query.spark_source import load
+        from tiered.query.spark_sql import prepare
 
         # PySpark logs a failed query's context as its own JSON line on stderr:
         # the command reports the error once, in its one line
         logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
         try:
-            load(spark, settings.cold_url, **opts).createOrReplaceTempView("messages")
-            result = spark.sql(query)
+            result, derived = prepare(spark, settings.cold_url, query, **opts)
+            if derived is not None:
+                logging.getLogger("tiered.query.spark_sql").info("tiered sql: %s", derived.describe())
+                if explain:
+                    note(f"derived: {derived.describe()}")
             with spark_progress(spark):
                 if as_json:
                     for row in result.toLocalIterator():
