@@ -86,3 +86,20 @@ def test_builder_keeps_the_records_before_corrupt_properties() -> None:
     built = builder.build(now_ms=1)
     assert bytes(built.commitlog) == b"".join(h + p for h, p in raw[:2])
     assert lookup(built.index, "a") == [100] and lookup(built.index, "b") == [101] and lookup(built.index, "c") == []
+
+
+@pytest.mark.parametrize("reserve", [0, 10, 1 << 16])
+def test_the_segment_holds_exactly_the_records_whatever_was_reserved(reserve: int) -> None:
+    # room reserved and not filled is cut at build; a builder outgrowing it
+    # (the per-queue read finishing what the pass began) keeps every byte
+    first = _batch([(b"head-%d|" % i, b"KEYS\x01k%d" % i) for i in range(3)])
+    second = _batch([(b"more-%d|" % i, b"UNIQ_KEY\x01u%d" % i) for i in range(4)], first_offset=3)
+    b = SegmentBuilder("p", 0, 0, key_index=True, layout=2)
+    b.reserve(reserve)
+    b.add(first)
+    b.add(second)
+    want = bytes(first.view) + bytes(second.view)
+    assert b.nbytes == len(want)
+    built = b.build(0)
+    assert bytes(built.commitlog) == want
+    assert built.segment.nbytes == len(want) and built.segment.messages == 7
