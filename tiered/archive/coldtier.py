@@ -34,7 +34,7 @@ from tiered.format.jsonfile import read_json, write_json
 from tiered.archive import chunks
 from tiered.archive.chunks import ManifestChunkError, chunk_key
 from tiered.archive.manifest import (CATALOG, IDENTITY, MANIFEST, Catalog, CatalogEntry, ChunkRef, Gap, Manifest, Segment,
-                                     broker_prefix, history_id, queue_prefix)
+                                     broker_prefix, history_id, queue_prefix, topic_of_dir)
 from tiered.archive.rebuild import RebuildPlan, RepairReport, UnaccountedObjectsError, plan_rebuild, queues_in, scan_queue
 from tiered.recorder import NullRecorder, Recorder
 from tiered.archive.segmeta import Descriptor
@@ -59,6 +59,17 @@ class _Entry:
         self.etag = etag
         self.verified = verified  # bucket state known (present with etag, or absent)
         self.recovered = recovered  # absent, and the bucket holds no segment to rebuild it from
+
+
+def _queues_with_objects(keys: list[str], prefix: str) -> set[QueueKey]:
+    """Every (topic, queue id) with any object under ``{prefix}/{topic}/{qid}/``:
+    a manifest, a segment, a manifest chunk, an object of a future layout."""
+    out: set[QueueKey] = set()
+    for key in keys:
+        parts = key[len(prefix) + 1:].split("/", 2) if key.startswith(prefix + "/") else []
+        if len(parts) == 3 and parts[1].isdigit():
+            out.add((topic_of_dir(parts[0]), int(parts[1])))
+    return out
 
 
 def _cache_name(topic: str, queue_id: int) -> str:
@@ -102,6 +113,12 @@ class ColdTier:
         self._guard = threading.Lock()
         self._catalog_lock = threading.Lock()
         self._chunks: dict[str, chunks.Chunk] = {}  # key -> content; chunks are immutable
+        # Queues with any object in the LIST of the whole prefix that the last
+        # load made (None: it made none, it read the catalog or the cache). A
+        # queue outside it had nothing in the bucket then, and since then only
+        # a lease holder writes: ``current`` takes that as the answer of its
+        # GET and LIST (two requests per new queue in the first round).
+        self._listed: set[QueueKey] | None = None
         self.loaded = False
 
     # --- cache -----------------------------------------------------------------
@@ -117,6 +134,7 @@ class ColdTier:
         bucket identity (a new or emptied bucket), or when ``rebuild`` asks
         for it (a writer that lost its lease and won it back)."""
         meta: dict[str, Any] = {}
+        self._listed = None  # a listing of an earlier lease is nobody's answer now
         if self.cache_dir is not None:
             try:
                 meta = read_json(self.cache_dir / "_meta.json") or {}
@@ -228,8 +246,11 @@ class ColdTier:
                         for q in catalog.queues]
             except (ObjectNotFoundError, CorruptRecordError, FormatVersionError):
                 keys = None  # a catalog is a hint: the LIST below is the truth
+        listed: set[QueueKey] | None = None
         if keys is None:
-            keys = [o.key for o in self.store.list_keys(self.prefix + "/") if o.key.endswith("/" + MANIFEST)]
+            every = [o.key for o in self.store.list_keys(self.prefix + "/")]
+            keys = [k for k in every if k.endswith("/" + MANIFEST)]
+            listed = _queues_with_objects(every, self.prefix)
         entries: dict[QueueKey, _Entry] = {}
         broken: dict[QueueKey, str] = {}
         for key in keys:
@@ -248,6 +269,7 @@ class ColdTier:
                           extra={"topic": queue[0], "queue": queue[1], "key": key})
         self._entries = entries
         self.broken = broken
+        self._listed = listed
         if self.cache_dir is not None:
             for path in self.cache_dir.glob("*.json*"):
                 if not path.name.startswith("_meta"):
@@ -408,6 +430,11 @@ class ColdTier:
         a lost manifest never restarts a queue's history (tiered/archive/rebuild.py);
         UnaccountedObjectsError when the objects cannot be accounted for."""
         entry = self._entries.get((topic, queue_id))
+        listed = self._listed
+        if entry is None and listed is not None and (topic, queue_id) not in listed:
+            # nothing of the queue in the bucket at load, when we listed it all:
+            # what fetch (no manifest) and recover (no object) would find
+            entry = self._entries[(topic, queue_id)] = _Entry(None, None, True, recovered=True)
         if entry is None or not entry.verified:
             self.fetch(topic, queue_id)
             entry = self._entries[(topic, queue_id)]
