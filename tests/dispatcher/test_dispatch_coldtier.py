@@ -263,3 +263,33 @@ def test_a_new_queue_after_a_start_from_the_cache_is_looked_up(cold_url, open_co
     assert rec.requests[("get", "not_found")] >= 1 and rec.total_requests("list") == 1  # New/0, looked up
     w.close()
     assert_exact(store, LocalStore(tmp_path / "store"), [("Old", 0), ("New", 0)])
+
+
+def test_the_cache_holds_the_head_as_committed_and_no_stale_backup(tmp_path, clock):
+    from tiered.archive.storage import FileStore
+
+    store = FileStore(str(tmp_path / "cold"))
+    w = new_writer(tmp_path / "store")
+    produce(w, "Cache", 0, 4, clock=clock)
+    kw = dict(upload_bytes=1, max_delay_ms=0, layout=2)
+    assert new_dispatcher(store, LocalStore(tmp_path / "store"), tmp_path / "state", clock, **kw).run_round().ok
+    key = f"{CLUSTER}/{BROKER}/Cache/0/manifest.json"
+    cached = tmp_path / "state" / "manifests" / CLUSTER / BROKER / "Cache.0.json"
+    doc = json.loads(cached.read_bytes())
+    assert doc["manifest"] == json.loads(store.get(key))  # the bytes the commit wrote, as committed
+    assert doc["etag"] == store.get_with_etag(key)[1]
+    assert not list(cached.parent.glob("Cache.0.json.*"))  # no backup, no temp file left
+    # a backup an older version left behind is dropped at load: a torn cache
+    # file is rebuilt from the bucket, never read from an older backup
+    stale = cached.with_name("Cache.0.json.bak")
+    stale.write_bytes(cached.read_bytes().replace(b'"next_offset":4', b'"next_offset":1'))
+    cached.write_bytes(b"{torn")
+    produce(w, "Cache", 0, 3, clock=clock)
+    d2 = new_dispatcher(store, LocalStore(tmp_path / "store"), tmp_path / "state", clock, **kw)
+    d2.start()
+    assert not stale.exists()
+    assert d2.cold.cached("Cache", 0).next_offset == 4
+    r = d2.run_round()
+    assert r.ok and r.messages == 3, r.errors
+    w.close()
+    assert_exact(store, LocalStore(tmp_path / "store"), [("Cache", 0)])

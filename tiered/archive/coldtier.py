@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import uuid
 import urllib.parse
@@ -215,6 +216,11 @@ class ColdTier:
     def _load_cache_files(self) -> None:
         assert self.cache_dir is not None
         entries: dict[QueueKey, _Entry] = {}
+        for bak in self.cache_dir.glob("*.json.bak"):
+            if bak.name != "_meta.json.bak":
+                # backups of an older version's writes, which no write renews
+                # now: a torn cache file is rebuilt, never read from one of them
+                bak.unlink(missing_ok=True)
         for path in self.cache_dir.glob("*.json"):
             if path.name == "_meta.json" or path.name.endswith((".tmp", ".bak")):
                 continue
@@ -279,17 +285,31 @@ class ColdTier:
             self._prune_local_chunks(entries)
         log.info("manifest cache rebuilt from the bucket: %d queues", len(entries))
 
-    def _persist(self, topic: str, queue_id: int, entry: _Entry) -> None:
+    def _persist(self, topic: str, queue_id: int, entry: _Entry, head: bytes | None = None) -> None:
+        """The cache file of a queue: its head as committed (``head``, the
+        bytes just written to the bucket, else encoded again) and its ETag."""
         if self.cache_dir is None or entry.manifest is None:
             return
-        # No fsync: a cache entry lost or torn by a power cut is rebuilt (or
-        # found one commit behind, which the conditional commit detects).
-        # The head as committed, not the whole manifest: a commit's local write
-        # stays as small as its bucket write (chunks are copied once, below).
-        m = entry.manifest
-        write_json(self.cache_dir / _cache_name(topic, queue_id),
-                   {"manifest": m.head_dict(m.chunks, sum(r.live for r in m.chunks)), "etag": entry.etag},
-                   fsync=False)
+        if head is None:
+            # The head as committed, not the whole manifest: a commit's local write
+            # stays as small as its bucket write (chunks are copied once, below).
+            m = entry.manifest
+            head = json.dumps(m.head_dict(m.chunks, sum(r.live for r in m.chunks)), separators=(",", ":"),
+                              sort_keys=True).encode("utf-8")
+        doc = b'{"etag":' + json.dumps(entry.etag).encode("utf-8") + b',"manifest":' + head + b"}"
+        # No fsync and no .bak: a cache file lost or torn by a power cut is
+        # rebuilt from the bucket (or found one commit behind, which the
+        # conditional commit detects); tmp + rename keeps a crash from tearing it.
+        path = self.cache_dir / _cache_name(topic, queue_id)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            fh = open(tmp, "wb")
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)  # once, not at every commit
+            fh = open(tmp, "wb")
+        with fh:
+            fh.write(doc)
+        os.replace(tmp, path)
 
     def _local_chunks(self, topic: str, queue_id: int) -> Path | None:
         """Where the local cache keeps copies of a queue's chunk objects
@@ -522,7 +542,7 @@ class ColdTier:
         entry = _Entry(m, etag, True)
         self._entries[(topic, queue_id)] = entry
         self.broken.pop((topic, queue_id), None)
-        self._persist(topic, queue_id, entry)
+        self._persist(topic, queue_id, entry, body)
         self.recorder.recovery("manifest_rebuilt", topic)
         log.warning("manifest of %s/%s had a lost or damaged chunk (%s); rebuilt from %d segment objects, "
                     "archive continues at %d", topic, queue_id, cause, len(rebuilt.segments), m.next_offset,
@@ -579,7 +599,7 @@ class ColdTier:
             committed = _Entry(new, etag, True)
             self._forget_chunks(topic, queue_id, base, new)
             self._entries[(topic, queue_id)] = committed
-            self._persist(topic, queue_id, committed)
+            self._persist(topic, queue_id, committed, head)
             return new
         raise ConflictError(f"{key}: manifest kept changing under us; will retry next round")
 
