@@ -350,6 +350,17 @@ class Dispatcher:
             if planned is not None:
                 jobs.append(planned[0])
                 used += planned[1]
+        turn = max(1, self.options.parallelism)
+        if line and len(wave) > turn and len(wave) % turn:
+            # Cut by the budget: whole turns of the upload pool, the rest back
+            # to the front of the line. A wave of parallelism + 1 segments
+            # would upload its last one alone while the next wave waits.
+            keep = len(wave) - len(wave) % turn
+            back = wave[keep:]
+            line.extendleft(reversed(back))
+            wave = wave[:keep]
+            moved = set(back)
+            jobs = [j for j in jobs if (j.topic, j.queue_id) not in moved]
         self.archiver.prebuild(jobs)
         return wave
 

@@ -258,3 +258,25 @@ def test_window_widens_with_the_queues_of_a_pass():
     assert commitpass.window_bytes(1) == commitpass.window_bytes(256) == 32 << 20
     assert commitpass.window_bytes(257) == 64 << 20
     assert commitpass.window_bytes(1000) == commitpass.window_bytes(10_000) == 128 << 20
+
+
+def test_a_wave_cut_by_the_budget_is_whole_turns_of_the_upload_pool(tmp_path, clock):
+    """Five queues, three fit a wave's budget, two upload at once: the first
+    wave is 2 (the third queue waits for the next wave), not 3 whose last
+    upload would run alone while the next wave waits; the last wave takes
+    what is left. The archive is exact all the same."""
+    queues = [("Turn", q) for q in range(5)]
+    with new_writer(tmp_path / "store") as w:
+        for q in queues:
+            produce(w, *q, 20, clock=clock, body_size=100, seed=7)
+    local = LocalStore(tmp_path / "store")
+    biggest = max(local.pending(t, q, 0)[1] for t, q in queues)
+    store = open_store(f"file://{tmp_path / 'cold'}")
+    # each wave holds half of pass_bytes (the next one is built meanwhile):
+    # a budget of 2.5 queues takes 3 before it is used up
+    d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0, layout=2,
+                       segment_bytes=1 << 20, parallelism=2, build_processes=0, pass_bytes=5 * biggest)
+    r = d.run_round()
+    assert r.ok and r.segments == 5, r.errors
+    assert [p.queues for p in d.archiver.passes] == [2, 3]
+    assert_exact(store, local, queues)
