@@ -420,7 +420,8 @@ class QueueArchiver:
         desc = self.cold.descriptor(topic, queue_id, history, seg, gaps)
         if seg.layout == 2:
             # one PUT: records, entries, index and descriptor in one object
-            packed = segmeta.pack_v2(built.commitlog, built.consumequeue, built.index, desc, built.compression)
+            packed = segmeta.pack_v2(built.commitlog, built.consumequeue, built.index, desc, built.compression,
+                                     consume=True)  # the built segment is not used again
             store.put(seg.keys()[0], packed)
             seg = replace(seg, stored_bytes=len(packed))  # the manifest knows it, the descriptor cannot
         else:

@@ -32,9 +32,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from queue import SimpleQueue
 
 from dispatcher.archiver import ArchiveOptions, QueueArchiver, QueueResult
 from dispatcher.buildpool import shared_builds
@@ -314,18 +313,32 @@ class Dispatcher:
         line = deque(queues)
         pipelined = self.options.single_pass
         try:
-            with ThreadPoolExecutor(1, thread_name_prefix="dispatch-wave") as runner:
+            # One upload pool for the round, its queue first in, first out: the
+            # next wave's steps are queued as soon as its pass is done and start
+            # as this wave's last uploads free their threads, not after all of
+            # them. Memory stays two waves: the next pass waits for this wave.
+            with ThreadPoolExecutor(max(1, self.options.parallelism), thread_name_prefix="dispatch") as pool:
                 wave = self._wave(line, pipelined)
+                running = self._submit(pool, wave, deadline)
                 while wave:
                     # the next wave's pass reads the CommitLog while this one uploads
-                    running = runner.submit(self._steps, wave, deadline)
                     nxt = self._wave(line, pipelined) if pipelined and line else []
-                    results = running.result()
+                    ahead = self._submit(pool, nxt, deadline) if nxt else []
+                    try:
+                        results = self._collect(running)
+                    except FencedError:
+                        for fut in ahead:
+                            fut.cancel()  # not started: nothing more is written
+                        raise
                     self.archiver.drop_prebuilt(wave)
                     for r in results:
                         if merge(r):
                             line.append((r.topic, r.queue_id))
-                    wave = nxt or (self._wave(line, pipelined) if line else [])
+                    if nxt:
+                        wave, running = nxt, ahead
+                    else:
+                        wave = self._wave(line, pipelined) if line else []
+                        running = self._submit(pool, wave, deadline)
         finally:
             self.archiver.drop_prebuilt()  # a fenced round leaves nothing built behind
 
@@ -350,37 +363,43 @@ class Dispatcher:
             if planned is not None:
                 jobs.append(planned[0])
                 used += planned[1]
+        turn = max(1, self.options.parallelism)
+        if line and len(wave) > turn and len(wave) % turn:
+            # Cut by the budget: whole turns of the upload pool, the rest back
+            # to the front of the line. A wave of parallelism + 1 segments
+            # would upload its last one alone while the next wave waits.
+            keep = len(wave) - len(wave) % turn
+            back = wave[keep:]
+            line.extendleft(reversed(back))
+            wave = wave[:keep]
+            moved = set(back)
+            jobs = [j for j in jobs if (j.topic, j.queue_id) not in moved]
         self.archiver.prebuild(jobs)
         return wave
 
-    def _steps(self, wave: list[tuple[str, int]], deadline: float) -> list[QueueResult]:
-        """One step of each queue of the wave, ``parallelism`` at a time."""
-        if self.options.parallelism <= 1 or len(wave) <= 1:
-            return [self._step(topic, qid, deadline) for topic, qid in wave]
-        # completions come back through one queue (no per-completion scan of
-        # every pending future: a wave of 10,000 queues stays linear)
-        line = deque(wave)
-        done: SimpleQueue[Future[QueueResult]] = SimpleQueue()
-        fenced: FencedError | None = None
-        results: list[QueueResult] = []
-        inflight = 0
-        with ThreadPoolExecutor(self.options.parallelism, thread_name_prefix="dispatch") as pool:
-            def fill() -> None:
-                nonlocal inflight
-                while fenced is None and line and inflight < self.options.parallelism:
-                    topic, qid = line.popleft()
-                    pool.submit(self._step, topic, qid, deadline).add_done_callback(done.put)
-                    inflight += 1
+    def _submit(self, pool: ThreadPoolExecutor, wave: list[tuple[str, int]],
+                deadline: float) -> list[Future[QueueResult]]:
+        """One step of each queue of the wave, queued on the round's upload
+        pool (``parallelism`` threads)."""
+        return [pool.submit(self._step, topic, qid, deadline) for topic, qid in wave]
 
-            fill()
-            while inflight:
-                fut = done.get()
-                inflight -= 1
-                try:
-                    results.append(fut.result())
-                except FencedError as exc:
-                    fenced = fenced or exc
-                fill()
+    @staticmethod
+    def _collect(futures: list[Future[QueueResult]]) -> list[QueueResult]:
+        """The wave's results, in the order they complete. A FencedError stops
+        the steps not started yet (each would refuse to write anyway) and is
+        raised once every started one has finished."""
+        results: list[QueueResult] = []
+        fenced: FencedError | None = None
+        for fut in as_completed(futures):
+            if fut.cancelled():
+                continue
+            try:
+                results.append(fut.result())
+            except FencedError as exc:
+                if fenced is None:
+                    fenced = exc
+                    for other in futures:
+                        other.cancel()
         if fenced is not None:
             raise fenced
         return results

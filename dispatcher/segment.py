@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tiered.format.batch import CQ_DTYPE, RecordBatch, gather
+from tiered.format.batch import CQ_DTYPE, RecordBatch, copy_spans, gather, join_spans
 from tiered.format.codec import crc32
 from tiered.errors import CorruptRecordError
 from tiered.archive.layout import COMPRESSIONS, LAYOUT_V2, section_keys, segment_object_key
@@ -29,14 +29,6 @@ from tiered.format.keyindex import EMPTY_BLOOM, bloom_of_hashes, hash_spans, ind
 from tiered.archive.manifest import Segment, segment_keys
 
 _KEYS, _UNIQ = np.void(b"KEYS\x01"), np.void(b"UNIQ_KEY\x01")
-
-
-def _spans(view: memoryview, starts: np.ndarray, ends: np.ndarray) -> list[memoryview]:
-    """Views of ``view[starts[i]:ends[i]]``, adjacent spans merged into one."""
-    if len(starts) > 1:
-        cut = np.flatnonzero(starts[1:] != ends[:-1]) + 1
-        starts, ends = starts[np.concatenate(([0], cut))], ends[np.concatenate((cut - 1, [len(ends) - 1]))]
-    return list(map(view.__getitem__, map(slice, starts.tolist(), ends.tolist())))
 
 
 class BadProperties(ValueError):
@@ -63,7 +55,7 @@ def batch_keys(
     value ends at the next one; all the rest is array work. Raises
     BadProperties for the first record whose properties are not UTF-8.
     """
-    blob = b"\x02" + b"\x02".join(map(buf.__getitem__, map(slice, starts.tolist(), ends.tolist())))
+    blob = join_spans(buf, starts, ends, b"\x02")
     lengths = ends - starts + 1
     bounds = np.cumsum(lengths) - lengths  # the separator before record i's properties
     if not blob.isascii():
@@ -132,7 +124,8 @@ class SegmentBuilder:
         self.key_index = key_index
         self.layout = layout
         self.compression = compression
-        self._cl = bytearray()
+        self._cl = bytearray()  # the records' bytes in [:_n]; the rest is room reserved
+        self._n = 0
         self._sizes: list[np.ndarray] = []
         self._tags: list[np.ndarray] = []
         self._store: list[np.ndarray] = []
@@ -143,7 +136,7 @@ class SegmentBuilder:
 
     @property
     def nbytes(self) -> int:
-        return len(self._cl)
+        return self._n
 
     @property
     def next_offset(self) -> int:
@@ -158,23 +151,24 @@ class SegmentBuilder:
         if batch.first_offset != self.next_offset:
             raise ValueError(f"record {batch.first_offset} does not follow {self.next_offset - 1}")
         positions, sizes = batch.positions, batch.sizes
+        total = int(sizes.sum())
+        self._room(total)
+        # copied once, straight into the segment (one call per batch)
+        copy_spans(self._cl, self._n, batch.view, positions, positions + sizes)
         if keys is not None or not self.key_index:
-            # nothing to read from the records: copied once, straight into the segment
-            for span in _spans(batch.view, positions, positions + sizes):
-                self._cl += span
             if keys is not None and len(keys[0]):
                 self._key_offsets.append(keys[0] + (batch.first_offset - self.q_start))
                 self._key_hashes.append(keys[1])
+            self._n += total
             self._add_arrays(batch, batch.count)
             return
-        # copied first: the keys are then read from memory just written, not
-        # from pages of the mapped CommitLog all over again
-        chunk = b"".join(_spans(batch.view, positions, positions + sizes))
-        at = np.cumsum(sizes) - sizes  # of each record in chunk
+        # the keys read from the bytes just copied, not from pages of the
+        # mapped CommitLog all over again
+        at = np.cumsum(sizes) - sizes + self._n  # of each record in the buffer
         n = batch.count
         error: CorruptRecordError | None = None
-        if self.key_index:
-            props_at, ends = at + (batch.props_at - positions), at + sizes
+        props_at, ends = at + (batch.props_at - positions), at + sizes
+        with memoryview(self._cl) as chunk:  # released before the buffer may grow again
             try:
                 owners, blob, key_at, key_end = batch_keys(chunk, props_at, ends)
             except BadProperties as bad:
@@ -182,14 +176,31 @@ class SegmentBuilder:
                 error = CorruptRecordError(batch.source, int(batch.props_at[n]) + bad.at,
                                            "properties are not valid UTF-8")
                 owners, blob, key_at, key_end = batch_keys(chunk, props_at[:n], ends[:n])
-            if len(owners):
-                self._key_offsets.append(owners + (batch.first_offset - self.q_start))
-                self._key_hashes.append(hash_spans(blob, key_at, key_end))
+        if len(owners):
+            self._key_offsets.append(owners + (batch.first_offset - self.q_start))
+            self._key_hashes.append(hash_spans(blob, key_at, key_end))
         if n:
-            self._cl += chunk if n == batch.count else chunk[:int(at[n])]
+            self._n = int(at[n]) if n < batch.count else self._n + total
             self._add_arrays(batch, n)
         if error is not None:
             raise error
+
+    def reserve(self, nbytes: int) -> None:
+        """Room for ``nbytes`` more record bytes, allocated at once (the
+        CommitLog pass knows what it will add): a buffer grown record by
+        record is moved by realloc again and again."""
+        self._room(nbytes)
+
+    def _room(self, nbytes: int) -> None:
+        need = self._n + nbytes
+        have = len(self._cl)
+        if need <= have:
+            return
+        if not have:
+            self._cl = bytearray(need)
+            return
+        # half as much again: a few moves over a segment read with no reservation
+        self._cl += bytes(max(need, have + have // 2) - have)
 
     def _add_arrays(self, batch: RecordBatch, n: int) -> None:
         """The first ``n`` records' sizes, tags and times (their bytes are in)."""
@@ -204,7 +215,9 @@ class SegmentBuilder:
             raise ValueError("an empty segment is never built")
         q_end = self.q_start + self.count
         sizes = np.concatenate(self._sizes)
-        cl, self._cl = self._cl, bytearray()  # handed over, not copied: the builder is done
+        used = self._n
+        cl, self._cl, self._n = self._cl, bytearray(), 0  # handed over, not copied: the builder is done
+        del cl[used:]  # the room reserved and not filled
         cl_end = self.cl_start + len(cl)
         entries = np.empty(len(sizes), CQ_DTYPE)
         entries["phys"] = np.cumsum(sizes) - sizes + self.cl_start

@@ -192,3 +192,104 @@ def test_addressing_style_and_checksum_mode_reach_the_clients(addressing):
     fs_config = store.fs.config_kwargs
     assert fs_config["s3"]["addressing_style"] == addressing
     assert fs_config["request_checksum_calculation"] == "when_required"
+
+
+def _ops(rec: CountingRecorder) -> dict[str, int]:
+    return {op: rec.total_requests(op) for op in ("get", "list", "put", "put_if_absent", "put_if_match")}
+
+
+def test_a_first_round_over_an_empty_bucket_asks_nothing_per_new_queue(cold_url, open_cold, tmp_path, clock):
+    """The start lists the whole prefix (no cache, no catalog): a queue with
+    nothing in that listing is known to be new, without a GET of its
+    manifest and a LIST of its objects. Two requests per segment: the
+    object and the manifest."""
+    queues = [("Fresh", q) for q in range(3)]
+    w = new_writer(tmp_path / "store")
+    for q in queues:
+        produce(w, *q, 5, clock=clock)
+    rec = CountingRecorder()
+    store = open_cold(cold_url, recorder=rec)
+    local = LocalStore(tmp_path / "store")
+    d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0, layout=2)
+    d.start()
+    assert rec.total_requests("list") == 1  # the prefix, once
+    before = _ops(rec)
+    r = d.run_round()
+    assert r.ok and r.segments == 3, r.errors
+    made = {op: n - before[op] for op, n in _ops(rec).items()}
+    # identity and lease read once; 3 objects + the catalog; 3 first manifests
+    assert made == {"get": 2, "list": 0, "put": 4, "put_if_absent": 3, "put_if_match": 0}
+    w.close()
+    assert_exact(store, local, queues)
+
+
+def test_a_queue_in_the_start_listing_is_still_recovered_from_its_objects(cold_url, open_cold, tmp_path, clock):
+    """A queue whose manifest is lost but whose segment is in the bucket is
+    in the start's listing: it is looked up and rebuilt, never taken as new."""
+    w = new_writer(tmp_path / "store")
+    produce(w, "Lost", 0, 6, clock=clock)
+    store = open_cold(cold_url)
+    kw = dict(upload_bytes=1, max_delay_ms=0, layout=2)
+    d = new_dispatcher(store, LocalStore(tmp_path / "store"), tmp_path / "state", clock, **kw)
+    assert d.run_round().ok
+    store.delete_many([f"{CLUSTER}/{BROKER}/Lost/0/manifest.json", f"{CLUSTER}/{BROKER}/{CATALOG}"])
+    shutil.rmtree(tmp_path / "state")
+    produce(w, "Lost", 0, 4, clock=clock)
+    rec = CountingRecorder()
+    d2 = new_dispatcher(open_cold(cold_url, recorder=rec), LocalStore(tmp_path / "store"), tmp_path / "state",
+                        clock, recorder=rec, **kw)
+    r = d2.run_round()
+    assert r.ok and r.messages == 4, r.errors  # the 6 archived before are adopted, not archived again
+    assert rec.total_requests("list") == 2  # the prefix at start, then the queue's objects to rebuild from
+    w.close()
+    assert_exact(store, LocalStore(tmp_path / "store"), [("Lost", 0)])
+
+
+def test_a_new_queue_after_a_start_from_the_cache_is_looked_up(cold_url, open_cold, tmp_path, clock):
+    """A start from the local cache lists nothing: a queue the cache does
+    not know is looked up in the bucket before anything is written for it."""
+    w = new_writer(tmp_path / "store")
+    produce(w, "Old", 0, 3, clock=clock)
+    store = open_cold(cold_url)
+    kw = dict(upload_bytes=1, max_delay_ms=0, layout=2)
+    assert new_dispatcher(store, LocalStore(tmp_path / "store"), tmp_path / "state", clock, **kw).run_round().ok
+    produce(w, "New", 0, 3, clock=clock)
+    rec = CountingRecorder()
+    d2 = new_dispatcher(open_cold(cold_url, recorder=rec), LocalStore(tmp_path / "store"), tmp_path / "state",
+                        clock, recorder=rec, **kw)
+    d2.start()
+    assert rec.total_requests("list") == 0
+    assert d2.run_round().ok
+    assert rec.requests[("get", "not_found")] >= 1 and rec.total_requests("list") == 1  # New/0, looked up
+    w.close()
+    assert_exact(store, LocalStore(tmp_path / "store"), [("Old", 0), ("New", 0)])
+
+
+def test_the_cache_holds_the_head_as_committed_and_no_stale_backup(tmp_path, clock):
+    from tiered.archive.storage import FileStore
+
+    store = FileStore(str(tmp_path / "cold"))
+    w = new_writer(tmp_path / "store")
+    produce(w, "Cache", 0, 4, clock=clock)
+    kw = dict(upload_bytes=1, max_delay_ms=0, layout=2)
+    assert new_dispatcher(store, LocalStore(tmp_path / "store"), tmp_path / "state", clock, **kw).run_round().ok
+    key = f"{CLUSTER}/{BROKER}/Cache/0/manifest.json"
+    cached = tmp_path / "state" / "manifests" / CLUSTER / BROKER / "Cache.0.json"
+    doc = json.loads(cached.read_bytes())
+    assert doc["manifest"] == json.loads(store.get(key))  # the bytes the commit wrote, as committed
+    assert doc["etag"] == store.get_with_etag(key)[1]
+    assert not list(cached.parent.glob("Cache.0.json.*"))  # no backup, no temp file left
+    # a backup an older version left behind is dropped at load: a torn cache
+    # file is rebuilt from the bucket, never read from an older backup
+    stale = cached.with_name("Cache.0.json.bak")
+    stale.write_bytes(cached.read_bytes().replace(b'"next_offset":4', b'"next_offset":1'))
+    cached.write_bytes(b"{torn")
+    produce(w, "Cache", 0, 3, clock=clock)
+    d2 = new_dispatcher(store, LocalStore(tmp_path / "store"), tmp_path / "state", clock, **kw)
+    d2.start()
+    assert not stale.exists()
+    assert d2.cold.cached("Cache", 0).next_offset == 4
+    r = d2.run_round()
+    assert r.ok and r.messages == 3, r.errors
+    w.close()
+    assert_exact(store, LocalStore(tmp_path / "store"), [("Cache", 0)])

@@ -258,3 +258,61 @@ def test_window_widens_with_the_queues_of_a_pass():
     assert commitpass.window_bytes(1) == commitpass.window_bytes(256) == 32 << 20
     assert commitpass.window_bytes(257) == 64 << 20
     assert commitpass.window_bytes(1000) == commitpass.window_bytes(10_000) == 128 << 20
+
+
+def test_a_wave_cut_by_the_budget_is_whole_turns_of_the_upload_pool(tmp_path, clock):
+    """Five queues, three fit a wave's budget, two upload at once: the first
+    wave is 2 (the third queue waits for the next wave), not 3 whose last
+    upload would run alone while the next wave waits; the last wave takes
+    what is left. The archive is exact all the same."""
+    queues = [("Turn", q) for q in range(5)]
+    with new_writer(tmp_path / "store") as w:
+        for q in queues:
+            produce(w, *q, 20, clock=clock, body_size=100, seed=7)
+    local = LocalStore(tmp_path / "store")
+    biggest = max(local.pending(t, q, 0)[1] for t, q in queues)
+    store = open_store(f"file://{tmp_path / 'cold'}")
+    # each wave holds half of pass_bytes (the next one is built meanwhile):
+    # a budget of 2.5 queues takes 3 before it is used up
+    d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0, layout=2,
+                       segment_bytes=1 << 20, parallelism=2, build_processes=0, pass_bytes=5 * biggest)
+    r = d.run_round()
+    assert r.ok and r.segments == 5, r.errors
+    assert [p.queues for p in d.archiver.passes] == [2, 3]
+    assert_exact(store, local, queues)
+
+
+def test_the_next_wave_uploads_as_soon_as_a_thread_is_free(tmp_path, clock):
+    """Two threads, waves of two queues then three: while one upload of the first wave
+    is held back, the other thread goes on with the second wave (waves no
+    longer wait for each other's last upload); the archive is exact."""
+    import threading
+
+    from tiered.archive.storage import FileStore
+
+    queues = [("Turn", q) for q in range(5)]
+    with new_writer(tmp_path / "store") as w:
+        for q in queues:
+            produce(w, *q, 20, clock=clock, body_size=100, seed=7)
+    local = LocalStore(tmp_path / "store")
+    biggest = max(local.pending(t, q, 0)[1] for t, q in queues)
+    second_wave_started = threading.Event()
+    waited: list[bool] = []
+
+    class Held(FileStore):
+        def put(self, key: str, data: bytes) -> None:  # type: ignore[override]
+            if "/Turn/2/segment/" in key or "/Turn/3/segment/" in key:
+                second_wave_started.set()
+            if "/Turn/0/segment/" in key:
+                # lockstep waves never get there: the wait times out (False)
+                waited.append(second_wave_started.wait(timeout=30))
+            super().put(key, data)
+
+    store = Held(str(tmp_path / "cold"))
+    d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0, layout=2,
+                       segment_bytes=1 << 20, parallelism=2, build_processes=0, pass_bytes=4 * biggest)
+    r = d.run_round()
+    assert r.ok and r.segments == 5, r.errors
+    assert [p.queues for p in d.archiver.passes] == [2, 3]
+    assert waited == [True]  # the second wave uploaded while the first still did
+    assert_exact(store, local, queues)

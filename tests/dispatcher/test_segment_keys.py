@@ -86,3 +86,36 @@ def test_builder_keeps_the_records_before_corrupt_properties() -> None:
     built = builder.build(now_ms=1)
     assert bytes(built.commitlog) == b"".join(h + p for h, p in raw[:2])
     assert lookup(built.index, "a") == [100] and lookup(built.index, "b") == [101] and lookup(built.index, "c") == []
+
+
+@pytest.mark.parametrize("reserve", [0, 10, 1 << 16])
+def test_the_segment_holds_exactly_the_records_whatever_was_reserved(reserve: int) -> None:
+    # room reserved and not filled is cut at build; a builder outgrowing it
+    # (the per-queue read finishing what the pass began) keeps every byte
+    first = _batch([(b"head-%d|" % i, b"KEYS\x01k%d" % i) for i in range(3)])
+    second = _batch([(b"more-%d|" % i, b"UNIQ_KEY\x01u%d" % i) for i in range(4)], first_offset=3)
+    b = SegmentBuilder("p", 0, 0, key_index=True, layout=2)
+    b.reserve(reserve)
+    b.add(first)
+    b.add(second)
+    want = bytes(first.view) + bytes(second.view)
+    assert b.nbytes == len(want)
+    built = b.build(0)
+    assert bytes(built.commitlog) == want
+    assert built.segment.nbytes == len(want) and built.segment.messages == 7
+
+
+def test_a_v2_object_packed_in_place_is_the_one_packed_by_copy() -> None:
+    from tiered.archive import segmeta
+
+    b = SegmentBuilder("p", 0, 0, key_index=True, layout=2)
+    b.add(_batch([(b"head-%d|" % i, b"KEYS\x01k%d" % i) for i in range(5)]))
+    built = b.build(0)
+    desc = segmeta.Descriptor(cluster="C", broker="b", topic="T", queue_id=0, history="h", segment=built.segment)
+    copied = segmeta.pack_v2(bytes(built.commitlog), built.consumequeue, built.index, desc)
+    records = built.commitlog
+    packed = segmeta.pack_v2(records, built.consumequeue, built.index, desc, consume=True)
+    assert packed is records and bytes(packed) == copied  # no copy of the records, the same bytes
+    assert segmeta.parse(packed, "obj").segment == built.segment
+    with pytest.raises(ValueError, match="do not match"):  # given up and grown: not a segment's records any more
+        segmeta.pack_v2(records, built.consumequeue, built.index, desc, consume=True)

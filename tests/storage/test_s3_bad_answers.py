@@ -106,18 +106,21 @@ def test_dispatch_and_verify_through_spoiled_answers(moto_endpoint, s3_bucket, t
         for q in range(3):
             produce(w, "Spoiled", q, 60)
     kinds = ["no_etag", "garbage", "truncated", "bad_checksum"]
-    seen = {"n": 0}
+    seen = {"n": 0, "spoiled": 0}
 
     def mangle(req: Request) -> str | None:
         seen["n"] += 1
         if seen["n"] % 5:
             return None
-        kind = kinds[(seen["n"] // 5) % 4]
-        if kind == "garbage" and "list-type" not in req.path:
-            return None  # only parsed bodies can be garbage; an object's bytes are checked by CRC
-        if kind in ("truncated", "bad_checksum") and req.method != "GET":
-            return None
-        return kind
+        # the kinds this answer can take, in turn (a first round makes few
+        # GETs and LISTs: a kind drawn regardless of the request would
+        # seldom meet one)
+        fits = [k for k in kinds
+                # only parsed bodies can be garbage; an object's bytes are checked by CRC
+                if (k != "garbage" or "list-type" in req.path)
+                and (k not in ("truncated", "bad_checksum") or req.method == "GET")]
+        seen["spoiled"] += 1
+        return fits[seen["spoiled"] % len(fits)]
 
     with MangleProxy(moto_endpoint, mangle) as proxy:
         env = {"TIERED_STATE_DIR": str(tmp_path / "state"), "TIERED_S3__ENDPOINT_URL": proxy.url,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import uuid
 import urllib.parse
@@ -34,7 +35,7 @@ from tiered.format.jsonfile import read_json, write_json
 from tiered.archive import chunks
 from tiered.archive.chunks import ManifestChunkError, chunk_key
 from tiered.archive.manifest import (CATALOG, IDENTITY, MANIFEST, Catalog, CatalogEntry, ChunkRef, Gap, Manifest, Segment,
-                                     broker_prefix, history_id, queue_prefix)
+                                     broker_prefix, history_id, queue_prefix, topic_of_dir)
 from tiered.archive.rebuild import RebuildPlan, RepairReport, UnaccountedObjectsError, plan_rebuild, queues_in, scan_queue
 from tiered.recorder import NullRecorder, Recorder
 from tiered.archive.segmeta import Descriptor
@@ -59,6 +60,17 @@ class _Entry:
         self.etag = etag
         self.verified = verified  # bucket state known (present with etag, or absent)
         self.recovered = recovered  # absent, and the bucket holds no segment to rebuild it from
+
+
+def _queues_with_objects(keys: list[str], prefix: str) -> set[QueueKey]:
+    """Every (topic, queue id) with any object under ``{prefix}/{topic}/{qid}/``:
+    a manifest, a segment, a manifest chunk, an object of a future layout."""
+    out: set[QueueKey] = set()
+    for key in keys:
+        parts = key[len(prefix) + 1:].split("/", 2) if key.startswith(prefix + "/") else []
+        if len(parts) == 3 and parts[1].isdigit():
+            out.add((topic_of_dir(parts[0]), int(parts[1])))
+    return out
 
 
 def _cache_name(topic: str, queue_id: int) -> str:
@@ -102,6 +114,12 @@ class ColdTier:
         self._guard = threading.Lock()
         self._catalog_lock = threading.Lock()
         self._chunks: dict[str, chunks.Chunk] = {}  # key -> content; chunks are immutable
+        # Queues with any object in the LIST of the whole prefix that the last
+        # load made (None: it made none, it read the catalog or the cache). A
+        # queue outside it had nothing in the bucket then, and since then only
+        # a lease holder writes: ``current`` takes that as the answer of its
+        # GET and LIST (two requests per new queue in the first round).
+        self._listed: set[QueueKey] | None = None
         self.loaded = False
 
     # --- cache -----------------------------------------------------------------
@@ -117,6 +135,7 @@ class ColdTier:
         bucket identity (a new or emptied bucket), or when ``rebuild`` asks
         for it (a writer that lost its lease and won it back)."""
         meta: dict[str, Any] = {}
+        self._listed = None  # a listing of an earlier lease is nobody's answer now
         if self.cache_dir is not None:
             try:
                 meta = read_json(self.cache_dir / "_meta.json") or {}
@@ -197,6 +216,11 @@ class ColdTier:
     def _load_cache_files(self) -> None:
         assert self.cache_dir is not None
         entries: dict[QueueKey, _Entry] = {}
+        for bak in self.cache_dir.glob("*.json.bak"):
+            if bak.name != "_meta.json.bak":
+                # backups of an older version's writes, which no write renews
+                # now: a torn cache file is rebuilt, never read from one of them
+                bak.unlink(missing_ok=True)
         for path in self.cache_dir.glob("*.json"):
             if path.name == "_meta.json" or path.name.endswith((".tmp", ".bak")):
                 continue
@@ -228,8 +252,11 @@ class ColdTier:
                         for q in catalog.queues]
             except (ObjectNotFoundError, CorruptRecordError, FormatVersionError):
                 keys = None  # a catalog is a hint: the LIST below is the truth
+        listed: set[QueueKey] | None = None
         if keys is None:
-            keys = [o.key for o in self.store.list_keys(self.prefix + "/") if o.key.endswith("/" + MANIFEST)]
+            every = [o.key for o in self.store.list_keys(self.prefix + "/")]
+            keys = [k for k in every if k.endswith("/" + MANIFEST)]
+            listed = _queues_with_objects(every, self.prefix)
         entries: dict[QueueKey, _Entry] = {}
         broken: dict[QueueKey, str] = {}
         for key in keys:
@@ -248,6 +275,7 @@ class ColdTier:
                           extra={"topic": queue[0], "queue": queue[1], "key": key})
         self._entries = entries
         self.broken = broken
+        self._listed = listed
         if self.cache_dir is not None:
             for path in self.cache_dir.glob("*.json*"):
                 if not path.name.startswith("_meta"):
@@ -257,17 +285,31 @@ class ColdTier:
             self._prune_local_chunks(entries)
         log.info("manifest cache rebuilt from the bucket: %d queues", len(entries))
 
-    def _persist(self, topic: str, queue_id: int, entry: _Entry) -> None:
+    def _persist(self, topic: str, queue_id: int, entry: _Entry, head: bytes | None = None) -> None:
+        """The cache file of a queue: its head as committed (``head``, the
+        bytes just written to the bucket, else encoded again) and its ETag."""
         if self.cache_dir is None or entry.manifest is None:
             return
-        # No fsync: a cache entry lost or torn by a power cut is rebuilt (or
-        # found one commit behind, which the conditional commit detects).
-        # The head as committed, not the whole manifest: a commit's local write
-        # stays as small as its bucket write (chunks are copied once, below).
-        m = entry.manifest
-        write_json(self.cache_dir / _cache_name(topic, queue_id),
-                   {"manifest": m.head_dict(m.chunks, sum(r.live for r in m.chunks)), "etag": entry.etag},
-                   fsync=False)
+        if head is None:
+            # The head as committed, not the whole manifest: a commit's local write
+            # stays as small as its bucket write (chunks are copied once, below).
+            m = entry.manifest
+            head = json.dumps(m.head_dict(m.chunks, sum(r.live for r in m.chunks)), separators=(",", ":"),
+                              sort_keys=True).encode("utf-8")
+        doc = b'{"etag":' + json.dumps(entry.etag).encode("utf-8") + b',"manifest":' + head + b"}"
+        # No fsync and no .bak: a cache file lost or torn by a power cut is
+        # rebuilt from the bucket (or found one commit behind, which the
+        # conditional commit detects); tmp + rename keeps a crash from tearing it.
+        path = self.cache_dir / _cache_name(topic, queue_id)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            fh = open(tmp, "wb")
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)  # once, not at every commit
+            fh = open(tmp, "wb")
+        with fh:
+            fh.write(doc)
+        os.replace(tmp, path)
 
     def _local_chunks(self, topic: str, queue_id: int) -> Path | None:
         """Where the local cache keeps copies of a queue's chunk objects
@@ -408,6 +450,11 @@ class ColdTier:
         a lost manifest never restarts a queue's history (tiered/archive/rebuild.py);
         UnaccountedObjectsError when the objects cannot be accounted for."""
         entry = self._entries.get((topic, queue_id))
+        listed = self._listed
+        if entry is None and listed is not None and (topic, queue_id) not in listed:
+            # nothing of the queue in the bucket at load, when we listed it all:
+            # what fetch (no manifest) and recover (no object) would find
+            entry = self._entries[(topic, queue_id)] = _Entry(None, None, True, recovered=True)
         if entry is None or not entry.verified:
             self.fetch(topic, queue_id)
             entry = self._entries[(topic, queue_id)]
@@ -495,7 +542,7 @@ class ColdTier:
         entry = _Entry(m, etag, True)
         self._entries[(topic, queue_id)] = entry
         self.broken.pop((topic, queue_id), None)
-        self._persist(topic, queue_id, entry)
+        self._persist(topic, queue_id, entry, body)
         self.recorder.recovery("manifest_rebuilt", topic)
         log.warning("manifest of %s/%s had a lost or damaged chunk (%s); rebuilt from %d segment objects, "
                     "archive continues at %d", topic, queue_id, cause, len(rebuilt.segments), m.next_offset,
@@ -552,7 +599,7 @@ class ColdTier:
             committed = _Entry(new, etag, True)
             self._forget_chunks(topic, queue_id, base, new)
             self._entries[(topic, queue_id)] = committed
-            self._persist(topic, queue_id, committed)
+            self._persist(topic, queue_id, committed, head)
             return new
         raise ConflictError(f"{key}: manifest kept changing under us; will retry next round")
 

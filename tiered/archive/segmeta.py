@@ -75,13 +75,22 @@ def attach(entries: bytes | bytearray, desc: Descriptor) -> bytes:
 
 
 def pack_v2(records: bytes | bytearray, entries: bytes, index: bytes | None, desc: Descriptor,
-            compression: str = "none") -> bytes:
-    """The one object of a layout v2 segment (tiered/archive/layout.py)."""
+            compression: str = "none", *, consume: bool = False) -> bytes | bytearray:
+    """The one object of a layout v2 segment (tiered/archive/layout.py).
+
+    ``consume``: ``records`` (a bytearray) is the caller's to give up; the
+    rest of the object is appended to it in place rather than all of it
+    copied into a new buffer (a segment's worth of memory and of copying)."""
     seg = desc.segment
     if len(records) != seg.nbytes or len(entries) != seg.messages * 20:
         raise ValueError("records or entries do not match the segment")
     body = desc.to_bytes()
-    payload = b"".join((records, entries, index or b"", body, FOOTER.pack(len(body), crc32(body), MAGIC)))
+    tail = (entries, index or b"", body, FOOTER.pack(len(body), crc32(body), MAGIC))
+    if consume and compression != "zstd" and isinstance(records, bytearray):
+        for part in tail:
+            records += part
+        return records
+    payload = b"".join((records, *tail))
     return layout.compress(payload) if compression == "zstd" else payload
 
 

@@ -243,7 +243,99 @@ static PyObject *py_crc32_rows(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Spans src[starts[i]:ends[i]] (int64 arrays), checked against src's bounds.
+ * Returns the total length, -1 with an exception set. */
+static Py_ssize_t spans_total(const Py_buffer *src, const Py_buffer *starts, const Py_buffer *ends) {
+    if (starts->len != ends->len || starts->len % 8) {
+        PyErr_SetString(PyExc_ValueError, "starts and ends must be int64 arrays of one length");
+        return -1;
+    }
+    const int64_t *s = (const int64_t *)starts->buf, *e = (const int64_t *)ends->buf;
+    Py_ssize_t n = starts->len / 8, total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (s[i] < 0 || e[i] < s[i] || e[i] > src->len) {
+            PyErr_Format(PyExc_ValueError, "span %zd [%lld, %lld) outside a buffer of %zd bytes", i,
+                         (long long)s[i], (long long)e[i], src->len);
+            return -1;
+        }
+        total += (Py_ssize_t)(e[i] - s[i]);
+    }
+    return total;
+}
+
+/* copy_spans(dst, at, src, starts, ends) -> bytes copied: the spans of src,
+ * one after the other, into the writable dst from byte at (the segment
+ * builder's buffer: one call per batch instead of one Python operation per
+ * record). */
+static PyObject *py_copy_spans(PyObject *self, PyObject *args) {
+    PyObject *dst_obj, *src_obj, *starts_obj, *ends_obj;
+    Py_ssize_t at;
+    if (!PyArg_ParseTuple(args, "OnOOO", &dst_obj, &at, &src_obj, &starts_obj, &ends_obj)) return NULL;
+    Py_buffer views[4];
+    int got = 0;
+    if (PyObject_GetBuffer(dst_obj, &views[0], PyBUF_WRITABLE) < 0) return NULL;
+    got = 1;
+    PyObject *objs[3] = {src_obj, starts_obj, ends_obj};
+    for (; got < 4; got++)
+        if (PyObject_GetBuffer(objs[got - 1], &views[got], PyBUF_SIMPLE) < 0) { release_all(views, got); return NULL; }
+    Py_ssize_t total = spans_total(&views[1], &views[2], &views[3]);
+    if (total < 0) { release_all(views, 4); return NULL; }
+    if (at < 0 || at > views[0].len || total > views[0].len - at) {
+        release_all(views, 4);
+        PyErr_SetString(PyExc_ValueError, "the spans do not fit the destination");
+        return NULL;
+    }
+    uint8_t *out = (uint8_t *)views[0].buf + at;
+    const uint8_t *src = (const uint8_t *)views[1].buf;
+    const int64_t *s = (const int64_t *)views[2].buf, *e = (const int64_t *)views[3].buf;
+    Py_ssize_t n = views[2].len / 8;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        size_t len = (size_t)(e[i] - s[i]);
+        memcpy(out, src + s[i], len);
+        out += len;
+    }
+    Py_END_ALLOW_THREADS
+    release_all(views, 4);
+    return PyLong_FromSsize_t(total);
+}
+
+/* join_spans(src, starts, ends, sep) -> bytes: sep, span 0, sep, span 1, ...
+ * (sep one byte): the properties of many records in one buffer, as
+ * b"\x02" + b"\x02".join(...) makes it, without a slice object per record. */
+static PyObject *py_join_spans(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *starts_obj, *ends_obj;
+    int sep;
+    if (!PyArg_ParseTuple(args, "OOOi", &src_obj, &starts_obj, &ends_obj, &sep)) return NULL;
+    Py_buffer views[3];
+    PyObject *objs[3] = {src_obj, starts_obj, ends_obj};
+    int got = 0;
+    for (; got < 3; got++)
+        if (PyObject_GetBuffer(objs[got], &views[got], PyBUF_SIMPLE) < 0) { release_all(views, got); return NULL; }
+    Py_ssize_t total = spans_total(&views[0], &views[1], &views[2]);
+    if (total < 0) { release_all(views, 3); return NULL; }
+    Py_ssize_t n = views[1].len / 8;
+    PyObject *result = PyBytes_FromStringAndSize(NULL, total + n + (n == 0));
+    if (result == NULL) { release_all(views, 3); return NULL; }
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    const uint8_t *src = (const uint8_t *)views[0].buf;
+    const int64_t *s = (const int64_t *)views[1].buf, *e = (const int64_t *)views[2].buf;
+    if (n == 0) out[0] = (uint8_t)sep;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        size_t len = (size_t)(e[i] - s[i]);
+        *out++ = (uint8_t)sep;
+        memcpy(out, src + s[i], len);
+        out += len;
+    }
+    Py_END_ALLOW_THREADS
+    release_all(views, 3);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"copy_spans", py_copy_spans, METH_VARARGS, "Copy spans of a buffer one after the other into another."},
+    {"join_spans", py_join_spans, METH_VARARGS, "Spans of a buffer, each behind a one-byte separator."},
     {"crc32_rows", py_crc32_rows, METH_VARARGS, "CRC-32 of the same span of every row of a 2-D buffer."},
     {"check_run", py_check_run, METH_VARARGS, "Validate a run of records; returns how many lead the run."},
     {"set_crc32", py_set_crc32, METH_O, "Install the crc32(crc, buf, len) function at this address."},

@@ -126,6 +126,35 @@ def gather(view: memoryview | bytes, dtype: np.dtype, positions: np.ndarray) -> 
     return items[positions].view(dtype)
 
 
+def _int64(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, np.int64)
+
+
+def copy_spans(dst: bytearray | memoryview, at: int, src: memoryview | bytes, starts: np.ndarray,
+               ends: np.ndarray) -> int:
+    """Copy ``src[starts[i]:ends[i]]`` one after the other into ``dst`` from
+    byte ``at`` (which must have room); returns the bytes copied. Compiled:
+    one call per batch, where Python pays a slice and a copy call per
+    record (~0.1 CPU s per GB of 1 KiB records)."""
+    native = getattr(_native, "copy_spans", None)
+    if native is not None:
+        return int(native(dst, at, src, _int64(starts), _int64(ends)))
+    out = memoryview(dst).cast("B")
+    pos = at
+    for s, e in zip(starts.tolist(), ends.tolist()):
+        out[pos:pos + e - s] = src[s:e]
+        pos += e - s
+    return pos - at
+
+
+def join_spans(src: memoryview | bytes, starts: np.ndarray, ends: np.ndarray, sep: bytes) -> bytes:
+    """``sep + sep.join(src[starts[i]:ends[i]] ...)``, ``sep`` one byte."""
+    native = getattr(_native, "join_spans", None)
+    if native is not None:
+        return native(src, _int64(starts), _int64(ends), sep[0])
+    return sep + sep.join(map(src.__getitem__, map(slice, starts.tolist(), ends.tolist())))
+
+
 def _first_false(ok: np.ndarray) -> int:
     bad = np.flatnonzero(~ok)
     return int(bad[0]) if len(bad) else len(ok)

@@ -662,11 +662,20 @@ def encode_cq_entry(commitlog_offset: int, size: int, tags: int) -> bytes:
     return CQ_ENTRY.pack(commitlog_offset, size, tags)
 
 
-def cq_written_entries(buf: memoryview | bytes) -> int:
+def cq_written_entries(buf: memoryview | bytes, hint: int | None = None) -> int:
     """How many entries of a preallocated ConsumeQueue file are written:
     the first entry whose size is 0, by binary search (entries are written
-    in order, and zeros follow the last one)."""
-    lo, hi = 0, len(buf) // CQ_ENTRY_SIZE
+    in order, and zeros follow the last one). ``hint``, the answer of an
+    earlier look, is taken when the entries on either side of it say it is
+    still the end: two entries read, where the search touches ~18 pages of
+    a 6 MB file (each a page fault once the pages were given back)."""
+    n = len(buf) // CQ_ENTRY_SIZE
+    if hint is not None and 0 <= hint <= n:
+        size_at = _I32.unpack_from
+        if ((hint == 0 or size_at(buf, (hint - 1) * CQ_ENTRY_SIZE + 8)[0] != 0)
+                and (hint == n or size_at(buf, hint * CQ_ENTRY_SIZE + 8)[0] == 0)):
+            return hint
+    lo, hi = 0, n
     while lo < hi:
         mid = (lo + hi) // 2
         if _I32.unpack_from(buf, mid * CQ_ENTRY_SIZE + 8)[0] != 0:

@@ -177,6 +177,8 @@ class _QueueFiles(_FileSet):
         super().__init__(directory)
         self.topic = topic
         self.queue_id = queue_id
+        # file start -> written entries at the last look (a hint, checked when used)
+        self.written: dict[int, int] = {}
 
     def entries_per_file(self, start: int, view: memoryview) -> int:
         """Derived from the next file's name when there is one (files may be
@@ -371,7 +373,7 @@ class LocalStore:
                 continue
             while True:
                 n = len(view) // CQ_ENTRY_SIZE
-                lo = cq_written_entries(view)
+                lo = files.written[start] = cq_written_entries(view, files.written.get(start))
                 if lo < n or start != files.starts[-1]:
                     break
                 # every mapped entry is written: the last file may have grown
