@@ -49,6 +49,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -230,6 +231,7 @@ def phase_dispatch(args: argparse.Namespace) -> dict:
     if getattr(d.archiver, "builds", None) is not None:
         d.archiver.builds.warm()  # worker start-up is not part of the round
     workers_cpu0, _ = worker_usage(build_workers())
+    before = dict(rec.ops)  # the start's requests (lease, identity, probe) are not the round's
     with AnonPeak() as anon, PssPeak() as pss:
         started = time.perf_counter()
         cpu = time.process_time()
@@ -245,6 +247,7 @@ def phase_dispatch(args: argparse.Namespace) -> dict:
     return {"bytes": result.nbytes, "messages": result.messages, "segments": result.segments, "seconds": seconds,
             "cpu_seconds": cpu + workers_cpu, "workers_cpu_seconds": workers_cpu, "maxrss_mib": maxrss_mib(),
             "workers_rss_mib": workers_rss, "anon_peak_mib": anon.peak_kib / 1024, "requests": dict(rec.ops),
+            "round_requests": {k: v - before.get(k, 0) for k, v in rec.ops.items() if v > before.get(k, 0)},
             "pss_peak_mib": pss.peak_kib / 1024, "pass_seconds": sum(p.seconds for p in passes),
             "passes": len(passes)}
 
@@ -383,7 +386,134 @@ def mbps(nbytes: int, seconds: float) -> float:
     return nbytes / MiB / seconds if seconds > 0 else float("inf")
 
 
-def main() -> None:
+def measure_cp(work: Path, nbytes: int) -> dict[str, float]:
+    """cp of the same CommitLog files: the best of two runs, and once more
+    made durable the way the dispatcher makes its objects durable."""
+    # Durable: an fsync of each copied file and of the directories holding
+    # their names (``sync FILE... DIR...``, as file:// objects are made
+    # durable), files never written before (a fresh directory), nothing else
+    # flushed (a bare ``sync`` also flushes whatever other processes left
+    # dirty, or nothing at all when the copy already reached the disk)
+    dest = work / "cp-dest"
+    cl_dir = work / "store" / "commitlog"
+    cp_s = float("inf")
+    for _ in range(2):
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir()
+        started = time.perf_counter()
+        subprocess.run(["cp", "-r", str(cl_dir), str(dest)], check=True)
+        cp_s = min(cp_s, time.perf_counter() - started)
+    cp_sync_s = float("inf")
+    for _ in range(2):
+        shutil.rmtree(dest)
+        dest.mkdir()
+        subprocess.run(["sync", "-f", str(dest)], check=True)  # the deletes, not timed
+        started = time.perf_counter()
+        subprocess.run(["sh", "-c", f"cp -r '{cl_dir}' '{dest}' && sync '{dest}'/commitlog/* '{dest}/commitlog' '{dest}'"], check=True)
+        cp_sync_s = min(cp_sync_s, time.perf_counter() - started)
+    shutil.rmtree(dest)
+    # the same bytes for every rate: the records (cp also copies the written
+    # part of the last, preallocated file; its sparse tail costs it nothing)
+    cp_mbps = mbps(nbytes, cp_s)
+    cp_sync_mbps = mbps(nbytes, cp_sync_s)
+    return {"cp_s": cp_s, "cp_sync_s": cp_sync_s, "cp_mbps": cp_mbps, "cp_sync_mbps": cp_sync_mbps}
+
+
+def measure_s3(args: argparse.Namespace, work: Path, nbytes: int) -> dict[str, Any]:
+    """The dispatch round on moto, raw boto3 puts of the same bytes, and puts
+    of the very objects the dispatcher wrote: each on a fresh moto server."""
+    with moto_server("bench-tiered") as endpoint:
+        sd = run_phase("dispatch", args, url="s3://bench-tiered/archive", endpoint=endpoint)
+        assert sd["bytes"] == nbytes
+        import boto3
+
+        listing = boto3.client("s3", endpoint_url=endpoint).get_paginator("list_objects_v2")
+        written = [o["Size"] for page in listing.paginate(Bucket="bench-tiered") for o in page.get("Contents", [])]
+    # the baseline uploads the same bytes in objects of the size the dispatcher produced
+    object_bytes = -(-nbytes // sd["segments"])
+    with moto_server("bench-raw") as endpoint:
+        raw = run_phase("raw_boto3", args, endpoint=endpoint, bucket="bench-raw", bytes=nbytes,
+                        object_bytes=object_bytes)
+    # and the objects the dispatcher wrote, as many and as big (CommitLog,
+    # ConsumeQueue, index, manifests, catalog, lease): what the protocol costs
+    sizes_file = work / "written-sizes.json"
+    sizes_file.write_text(json.dumps(written))
+    with moto_server("bench-raw") as endpoint:
+        same = run_phase("raw_boto3", args, endpoint=endpoint, bucket="bench-raw", bytes=sum(written),
+                         object_bytes=0, sizes=sizes_file)
+
+    return {"sd": sd, "raw": raw, "same": same, "written": written, "object_bytes": object_bytes}
+
+
+def report(args: argparse.Namespace, nbytes: int, cp: dict[str, float], fd: dict, fm: dict, fd_noix: dict,
+           s3: dict[str, Any], idle: dict) -> None:
+    cp_s, cp_sync_s, cp_mbps, cp_sync_mbps = cp["cp_s"], cp["cp_sync_s"], cp["cp_mbps"], cp["cp_sync_mbps"]
+    sd, raw, same, written, object_bytes = s3["sd"], s3["raw"], s3["same"], s3["written"], s3["object_bytes"]
+    f_mbps, s_mbps, raw_mbps = mbps(nbytes, fd["seconds"]), mbps(nbytes, sd["seconds"]), mbps(
+        raw["bytes"], raw["seconds"])
+    m_mbps = mbps(fm["bytes"], fm["seconds"])
+    same_mbps = mbps(nbytes, same["seconds"])
+    gb = nbytes / 1e9
+    # every write request of the round (data objects, commits, chunks, the
+    # catalog), not the start's (lease, identity, probe)
+    writes = sum(sd["round_requests"].get(op, 0) for op in ("put", "put_if_absent", "put_if_match"))
+    rss = max(fd["maxrss_mib"] + fd["workers_rss_mib"], sd["maxrss_mib"] + sd["workers_rss_mib"])
+    rss_many = max(fm["maxrss_mib"] + fm["workers_rss_mib"], idle["maxrss_mib"])
+    pss = max(fd["pss_peak_mib"], sd["pss_peak_mib"])
+    pss_many = fm["pss_peak_mib"]
+
+    def dispatched(r: dict) -> str:
+        return (f"{r['seconds']:.2f} s, {r['segments']} segments, CPU {r['cpu_seconds']:.2f} s "
+                f"({r['workers_cpu_seconds']:.2f} in build workers), read+build {r['pass_seconds']:.2f} s "
+                f"in {r['passes']} CommitLog passes, peak PSS {r['pss_peak_mib']:.0f} MiB "
+                f"(RSS {r['maxrss_mib']:.0f} + workers {r['workers_rss_mib']:.0f})")
+
+    rows = [
+        ("dispatch -> file://", f"{f_mbps:8.1f} MB/s", dispatched(fd)),
+        ("cp + sync (same bytes)", f"{cp_sync_mbps:8.1f} MB/s", f"{cp_sync_s:.2f} s"),
+        ("cp (no sync; reference)", f"{cp_mbps:8.1f} MB/s", f"{cp_s:.2f} s"),
+        (f"file://, {args.many_queues} queues", f"{m_mbps:8.1f} MB/s", dispatched(fm)),
+        ("dispatch -> moto s3://", f"{s_mbps:8.1f} MB/s", dispatched(sd)),
+        ("boto3 put_object (moto)", f"{raw_mbps:8.1f} MB/s", f"{raw['seconds']:.2f} s, same bytes, "
+         f"{object_bytes / MiB:.1f} MiB objects, {args.parallelism} threads"),
+        ("  put of the same objects", f"{same_mbps:8.1f} MB/s",
+         f"{same['seconds']:.2f} s: the {len(written)} objects the dispatcher wrote, as big, no other work"),
+        ("(file://, no key index)", f"{mbps(nbytes, fd_noix['seconds']):8.1f} MB/s",
+         f"{fd_noix['seconds']:.2f} s, CPU {fd_noix['cpu_seconds']:.2f} s: what the key index costs"),
+    ]
+    print()
+    for name, rate, note in rows:
+        print(f"{name:26s} {rate}   {note}")
+    checks = [
+        ("file:// vs cp+sync", f_mbps / cp_sync_mbps, ">=", 0.5 if (os.cpu_count() or 1) <= 2 else 0.8),
+        ("file:// vs cp (ref.)", f_mbps / cp_mbps, ">=", 0.0),
+        ("CPU s per GB (file://)", fd["cpu_seconds"] / gb, "<=", 1.5),
+        (f"{args.many_queues} vs {args.queues} q. read+build", (fm["pass_seconds"] / fm["bytes"]) / (
+            fd["pass_seconds"] / nbytes) if fd["pass_seconds"] else float("nan"), "<=", 1.25),
+        (f"{args.many_queues} vs {args.queues} q. whole (ref.)", (fm["seconds"] / fm["bytes"]) / (
+            fd["seconds"] / nbytes), ">=", 0.0),
+        ("moto vs raw boto3", s_mbps / raw_mbps, ">=", 0.8),
+        ("moto vs same objects", s_mbps / same_mbps, ">=", 0.0),
+        ("write requests per segment", writes / max(1, sd["segments"]), "<=", 2),
+        ("peak PSS MiB (all processes)", pss, "<=", 300),
+        (f"peak PSS MiB, {args.many_queues} q.", pss_many, "<=", 300),
+        ("peak RSS MiB (ref.)", rss, ">=", 0),
+        (f"peak RSS MiB, {args.many_queues} q. (ref.)", rss_many, ">=", 0),
+        ("idle round CPU s", idle["cpu_seconds"], "<=", 0.5),
+        ("idle round requests", idle["requests"], "<=", 0),
+    ]
+    ops = ", ".join(f"{k} {v}" for k, v in sorted(sd["requests"].items()))
+    print(f"\nrequests of the moto round: {ops} ({sd['segments']} segments; the start's included)")
+    print(f"idle round over {idle['queues']} queues: {idle['cpu_seconds']:.3f} s CPU, "
+          f"{idle['seconds']:.3f} s wall, {idle['requests']} requests, peak RSS {idle['maxrss_mib']:.0f} MiB")
+    print(f"peak anonymous memory (sampled, dispatcher process): "
+          f"{max(fd['anon_peak_mib'], sd['anon_peak_mib']):.0f} MiB\n")
+    for name, value, op, goal in checks:
+        ok = value >= goal if op == ">=" else value <= goal
+        print(f"{name:30s} {value:8.3f}  goal {op} {goal}  {'OK' if ok else 'MISSED'}")
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mb", type=int, default=1024, help="CommitLog bytes to generate (default 1024)")
     ap.add_argument("--workdir", default=None, help="where the store and archives go (default: a temp dir)")
@@ -408,7 +538,11 @@ def main() -> None:
     ap.add_argument("--per-queue", type=int, default=0,
                     help="1: each queue reads the CommitLog on its own (no single pass), for comparison")
     ap.add_argument("--store-name", default="store", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
@@ -445,35 +579,7 @@ def main() -> None:
             for f in sorted((work / name / "commitlog").iterdir()):
                 subprocess.run(["cat", str(f)], stdout=subprocess.DEVNULL, check=True)
 
-        # cp of the same CommitLog files: the best of two runs, and once more
-        # made durable the way the dispatcher makes its objects durable: an
-        # fsync of each copied file (``sync FILE...``), files never written
-        # before (a fresh directory), nothing else flushed (a bare ``sync``
-        # also flushes whatever other processes left dirty, or nothing at all
-        # when the copy already reached the disk)
-        dest = work / "cp-dest"
-        cl_dir = work / "store" / "commitlog"
-        cp_s = float("inf")
-        for _ in range(2):
-            shutil.rmtree(dest, ignore_errors=True)
-            dest.mkdir()
-            started = time.perf_counter()
-            subprocess.run(["cp", "-r", str(cl_dir), str(dest)], check=True)
-            cp_s = min(cp_s, time.perf_counter() - started)
-        cp_sync_s = float("inf")
-        for _ in range(2):
-            shutil.rmtree(dest)
-            dest.mkdir()
-            subprocess.run(["sync", "-f", str(dest)], check=True)  # the deletes, not timed
-            started = time.perf_counter()
-            subprocess.run(["sh", "-c", f"cp -r '{cl_dir}' '{dest}' && sync '{dest}'/commitlog/*"], check=True)
-            cp_sync_s = min(cp_sync_s, time.perf_counter() - started)
-        shutil.rmtree(dest)
-        # the same bytes for every rate: the records (cp also copies the written
-        # part of the last, preallocated file; its sparse tail costs it nothing)
-        cp_mbps = mbps(nbytes, cp_s)
-        cp_sync_mbps = mbps(nbytes, cp_sync_s)
-
+        cp = measure_cp(work, nbytes)
         cold = work / "cold-file"
         shutil.rmtree(cold, ignore_errors=True)
         fd = run_phase("dispatch", args, url=f"file://{cold}")
@@ -489,90 +595,12 @@ def main() -> None:
         fd_noix = run_phase("dispatch", args, url=f"file://{cold}", no_key_index=1)
         shutil.rmtree(cold, ignore_errors=True)
 
-        with moto_server("bench-tiered") as endpoint:
-            sd = run_phase("dispatch", args, url="s3://bench-tiered/archive", endpoint=endpoint)
-            assert sd["bytes"] == nbytes
-            import boto3
-
-            listing = boto3.client("s3", endpoint_url=endpoint).get_paginator("list_objects_v2")
-            written = [o["Size"] for page in listing.paginate(Bucket="bench-tiered") for o in page.get("Contents", [])]
-        # the baseline uploads the same bytes in objects of the size the dispatcher produced
-        object_bytes = -(-nbytes // sd["segments"])
-        with moto_server("bench-raw") as endpoint:
-            raw = run_phase("raw_boto3", args, endpoint=endpoint, bucket="bench-raw", bytes=nbytes,
-                            object_bytes=object_bytes)
-        # and the objects the dispatcher wrote, as many and as big (CommitLog,
-        # ConsumeQueue, index, manifests, catalog, lease): what the protocol costs
-        sizes_file = work / "written-sizes.json"
-        sizes_file.write_text(json.dumps(written))
-        with moto_server("bench-raw") as endpoint:
-            same = run_phase("raw_boto3", args, endpoint=endpoint, bucket="bench-raw", bytes=sum(written),
-                             object_bytes=0, sizes=sizes_file)
-
+        s3 = measure_s3(args, work, nbytes)
         idle = run_phase("idle", args, url=f"file://{work / 'cold-idle'}", store_name="store-idle")
         shutil.rmtree(work / "cold-idle", ignore_errors=True)
         shutil.rmtree(work / "store-idle", ignore_errors=True)
 
-        f_mbps, s_mbps, raw_mbps = mbps(nbytes, fd["seconds"]), mbps(nbytes, sd["seconds"]), mbps(
-            raw["bytes"], raw["seconds"])
-        m_mbps = mbps(fm["bytes"], fm["seconds"])
-        same_mbps = mbps(nbytes, same["seconds"])
-        gb = nbytes / 1e9
-        puts = sd["requests"].get("put", 0)
-        rss = max(fd["maxrss_mib"] + fd["workers_rss_mib"], sd["maxrss_mib"] + sd["workers_rss_mib"])
-        rss_many = max(fm["maxrss_mib"] + fm["workers_rss_mib"], idle["maxrss_mib"])
-        pss = max(fd["pss_peak_mib"], sd["pss_peak_mib"])
-        pss_many = fm["pss_peak_mib"]
-
-        def dispatched(r: dict) -> str:
-            return (f"{r['seconds']:.2f} s, {r['segments']} segments, CPU {r['cpu_seconds']:.2f} s "
-                    f"({r['workers_cpu_seconds']:.2f} in build workers), read+build {r['pass_seconds']:.2f} s "
-                    f"in {r['passes']} CommitLog passes, peak PSS {r['pss_peak_mib']:.0f} MiB "
-                    f"(RSS {r['maxrss_mib']:.0f} + workers {r['workers_rss_mib']:.0f})")
-
-        rows = [
-            ("dispatch -> file://", f"{f_mbps:8.1f} MB/s", dispatched(fd)),
-            ("cp + sync (same bytes)", f"{cp_sync_mbps:8.1f} MB/s", f"{cp_sync_s:.2f} s"),
-            ("cp (no sync; reference)", f"{cp_mbps:8.1f} MB/s", f"{cp_s:.2f} s"),
-            (f"file://, {args.many_queues} queues", f"{m_mbps:8.1f} MB/s", dispatched(fm)),
-            ("dispatch -> moto s3://", f"{s_mbps:8.1f} MB/s", dispatched(sd)),
-            ("boto3 put_object (moto)", f"{raw_mbps:8.1f} MB/s", f"{raw['seconds']:.2f} s, same bytes, "
-             f"{object_bytes / MiB:.1f} MiB objects, {args.parallelism} threads"),
-            ("  put of the same objects", f"{same_mbps:8.1f} MB/s",
-             f"{same['seconds']:.2f} s: the {len(written)} objects the dispatcher wrote, as big, no other work"),
-            ("(file://, no key index)", f"{mbps(nbytes, fd_noix['seconds']):8.1f} MB/s",
-             f"{fd_noix['seconds']:.2f} s, CPU {fd_noix['cpu_seconds']:.2f} s: what the key index costs"),
-        ]
-        print()
-        for name, rate, note in rows:
-            print(f"{name:26s} {rate}   {note}")
-        checks = [
-            ("file:// vs cp+sync", f_mbps / cp_sync_mbps, ">=", 0.5 if (os.cpu_count() or 1) <= 2 else 0.8),
-            ("file:// vs cp (ref.)", f_mbps / cp_mbps, ">=", 0.0),
-            ("CPU s per GB (file://)", fd["cpu_seconds"] / gb, "<=", 1.5),
-            (f"{args.many_queues} vs {args.queues} q. read+build", (fm["pass_seconds"] / fm["bytes"]) / (
-                fd["pass_seconds"] / nbytes) if fd["pass_seconds"] else float("nan"), "<=", 1.25),
-            (f"{args.many_queues} vs {args.queues} q. whole (ref.)", (fm["seconds"] / fm["bytes"]) / (
-                fd["seconds"] / nbytes), ">=", 0.0),
-            ("moto vs raw boto3", s_mbps / raw_mbps, ">=", 0.8),
-            ("moto vs same objects", s_mbps / same_mbps, ">=", 0.0),
-            ("PUTs per segment", puts / max(1, sd["segments"]), "<=", 2),
-            ("peak PSS MiB (all processes)", pss, "<=", 300),
-            (f"peak PSS MiB, {args.many_queues} q.", pss_many, "<=", 300),
-            ("peak RSS MiB (ref.)", rss, ">=", 0),
-            (f"peak RSS MiB, {args.many_queues} q. (ref.)", rss_many, ">=", 0),
-            ("idle round CPU s", idle["cpu_seconds"], "<=", 0.5),
-            ("idle round requests", idle["requests"], "<=", 0),
-        ]
-        ops = ", ".join(f"{k} {v}" for k, v in sorted(sd["requests"].items()))
-        print(f"\nrequests of the moto round: {ops} ({sd['segments']} segments)")
-        print(f"idle round over {idle['queues']} queues: {idle['cpu_seconds']:.3f} s CPU, "
-              f"{idle['seconds']:.3f} s wall, {idle['requests']} requests, peak RSS {idle['maxrss_mib']:.0f} MiB")
-        print(f"peak anonymous memory (sampled, dispatcher process): "
-              f"{max(fd['anon_peak_mib'], sd['anon_peak_mib']):.0f} MiB\n")
-        for name, value, op, goal in checks:
-            ok = value >= goal if op == ">=" else value <= goal
-            print(f"{name:30s} {value:8.3f}  goal {op} {goal}  {'OK' if ok else 'MISSED'}")
+        report(args, nbytes, cp, fd, fm, fd_noix, s3, idle)
     finally:
         if tmp and not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
