@@ -64,8 +64,9 @@ CLUSTER, BROKER = "BenchCluster", "bench-broker"
 # --- measuring helpers ------------------------------------------------------------
 
 
-class AnonPeak:
-    """Samples RssAnon from /proc/self/status (Linux) while a phase runs."""
+class _Peak:
+    """Samples a memory figure (KiB) on a thread while a phase runs and keeps
+    its peak; ``cpu_seconds`` is the sampler's own CPU, not the phase's."""
 
     def __init__(self, every: float = 0.02) -> None:
         self.every = every
@@ -74,22 +75,18 @@ class AnonPeak:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def _read_kib(self) -> int:
+        raise NotImplementedError
+
     def _sample(self) -> None:
-        try:
-            with open("/proc/self/status") as fh:
-                for line in fh:
-                    if line.startswith("RssAnon:"):
-                        self.peak_kib = max(self.peak_kib, int(line.split()[1]))
-                        return
-        except OSError:
-            pass
+        self.peak_kib = max(self.peak_kib, self._read_kib())
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
             self._sample()
-        self.cpu_seconds = time.thread_time()  # the sampler's own CPU, not the phase's
+        self.cpu_seconds = time.thread_time()
 
-    def __enter__(self) -> AnonPeak:
+    def __enter__(self) -> _Peak:
         self._sample()
         self._thread.start()
         return self
@@ -100,21 +97,25 @@ class AnonPeak:
         self._sample()
 
 
-class PssPeak:
-    """Samples the summed Pss (proportional set size, /proc/PID/smaps_rollup)
-    of this process and its build workers while a phase runs: mapped
-    CommitLog pages included, a page shared by several processes counted
-    once in total (each holder a share), so workers that import the same
-    libraries are not counted twice as with RSS."""
+class AnonPeak(_Peak):
+    """RssAnon from /proc/self/status (Linux)."""
 
-    def __init__(self, every: float = 0.02) -> None:
-        self.every = every
-        self.peak_kib = 0
-        self.cpu_seconds = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+    def _read_kib(self) -> int:
+        try:
+            with open("/proc/self/status") as fh:
+                return next((int(line.split()[1]) for line in fh if line.startswith("RssAnon:")), 0)
+        except OSError:
+            return 0
 
-    def _sample(self) -> None:
+
+class PssPeak(_Peak):
+    """The summed Pss (proportional set size, /proc/PID/smaps_rollup) of this
+    process and its build workers: mapped CommitLog pages included, a page
+    shared by several processes counted once in total (each holder a
+    share), so workers that import the same libraries are not counted twice
+    as with RSS."""
+
+    def _read_kib(self) -> int:
         total = 0
         for pid in [os.getpid(), *build_workers()]:
             try:
@@ -122,22 +123,7 @@ class PssPeak:
                     total += next(int(line.split()[1]) for line in fh if line.startswith("Pss:"))
             except (OSError, StopIteration):
                 pass
-        self.peak_kib = max(self.peak_kib, total)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            self._sample()
-        self.cpu_seconds = time.thread_time()  # the sampler's own CPU, not the phase's
-
-    def __enter__(self) -> PssPeak:
-        self._sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
+        return total
 
 
 def maxrss_mib() -> float:

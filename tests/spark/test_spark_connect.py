@@ -65,8 +65,9 @@ def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             proc.wait()
 
 
-def test_connect_client_reads_the_archive_exactly(connect_url: str, build, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def connect_session(connect_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator:
+    """A Spark Connect client session on the real server, stopped after the test."""
     from pyspark.sql import SparkSession
 
     # builder.remote() switches the whole process into Connect mode through
@@ -77,29 +78,33 @@ def test_connect_client_reads_the_archive_exactly(connect_url: str, build, tmp_p
         if name not in os.environ:
             monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
+    spark = SparkSession.builder.remote(connect_url).create()
+    try:
+        yield spark
+    finally:
+        spark.stop()
 
+
+def test_connect_client_reads_the_archive_exactly(connect_session, build, tmp_path: Path) -> None:  # noqa: ANN001
+    spark = connect_session
     url = f"file://{tmp_path / 'cold'}"
     _, local, _ = build(url)
     rows = local_rows(local)
-    spark = SparkSession.builder.remote(connect_url).create()
-    try:
-        df = spark.read.format("rocketmq").load(url)
-        assert df.count() == len(rows)
-        df.createOrReplaceTempView("m")
-        got = spark.sql(f"SELECT (SELECT count(*) FROM m WHERE topic = '{ORDERS}'), "
-                        f"(SELECT sum(body_crc) FROM m WHERE topic = '{DLQ}')").collect()[0]
-        assert tuple(got) == (240, sum(r["body_crc"] for r in rows if r["topic"] == DLQ))
-        a = df.where(f"topic = '{DLQ}'").select("queue_id", "queue_offset")
-        b = df.where(f"topic = '{ORDERS}'").select("queue_id", "queue_offset")
-        orders = {(r["queue_id"], r["queue_offset"]) for r in rows if r["topic"] == ORDERS}
-        assert a.join(b, ["queue_id", "queue_offset"]).count() == sum(
-            1 for r in rows if r["topic"] == DLQ and (r["queue_id"], r["queue_offset"]) in orders)
+    df = spark.read.format("rocketmq").load(url)
+    assert df.count() == len(rows)
+    df.createOrReplaceTempView("m")
+    got = spark.sql(f"SELECT (SELECT count(*) FROM m WHERE topic = '{ORDERS}'), "
+                    f"(SELECT sum(body_crc) FROM m WHERE topic = '{DLQ}')").collect()[0]
+    assert tuple(got) == (240, sum(r["body_crc"] for r in rows if r["topic"] == DLQ))
+    a = df.where(f"topic = '{DLQ}'").select("queue_id", "queue_offset")
+    b = df.where(f"topic = '{ORDERS}'").select("queue_id", "queue_offset")
+    orders = {(r["queue_id"], r["queue_offset"]) for r in rows if r["topic"] == ORDERS}
+    assert a.join(b, ["queue_id", "queue_offset"]).count() == sum(
+        1 for r in rows if r["topic"] == DLQ and (r["queue_id"], r["queue_offset"]) in orders)
 
-        conds = [(f"topic = '{ORDERS}' AND queue_id = 1", lambda r: r["topic"] == ORDERS and r["queue_id"] == 1),
-                 (f"topic = '{DLQ}'", lambda r: r["topic"] == DLQ), ("true", lambda r: True)]
-        jobs = [conds[i % len(conds)] for i in range(6)]
-        with ThreadPoolExecutor(3) as pool:
-            counts = list(pool.map(lambda job: df.where(job[0]).count(), jobs))
-        assert counts == [sum(1 for r in rows if keep(r)) for _, keep in jobs]
-    finally:
-        spark.stop()
+    conds = [(f"topic = '{ORDERS}' AND queue_id = 1", lambda r: r["topic"] == ORDERS and r["queue_id"] == 1),
+             (f"topic = '{DLQ}'", lambda r: r["topic"] == DLQ), ("true", lambda r: True)]
+    jobs = [conds[i % len(conds)] for i in range(6)]
+    with ThreadPoolExecutor(3) as pool:
+        counts = list(pool.map(lambda job: df.where(job[0]).count(), jobs))
+    assert counts == [sum(1 for r in rows if keep(r)) for _, keep in jobs]
