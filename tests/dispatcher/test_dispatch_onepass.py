@@ -261,10 +261,11 @@ def test_window_widens_with_the_queues_of_a_pass():
 
 
 def test_a_wave_cut_by_the_budget_is_whole_turns_of_the_upload_pool(tmp_path, clock):
-    """Five queues, three fit a wave's budget, two upload at once: the first
-    wave is 2 (the third queue waits for the next wave), not 3 whose last
-    upload would run alone while the next wave waits; the last wave takes
-    what is left. The archive is exact all the same."""
+    """Five queues, about three fit a wave's budget, two upload at once: a
+    wave cut by the budget is whole turns of the pool (2, or 4 when the
+    estimates of the queues' next segments come out small), never 3 whose
+    last upload would run alone while the next wave waits; the last wave
+    takes what is left. The archive is exact all the same."""
     queues = [("Turn", q) for q in range(5)]
     with new_writer(tmp_path / "store") as w:
         for q in queues:
@@ -278,7 +279,9 @@ def test_a_wave_cut_by_the_budget_is_whole_turns_of_the_upload_pool(tmp_path, cl
                        segment_bytes=1 << 20, parallelism=2, build_processes=0, pass_bytes=5 * biggest)
     r = d.run_round()
     assert r.ok and r.segments == 5, r.errors
-    assert [p.queues for p in d.archiver.passes] == [2, 3]
+    waves = [p.queues for p in d.archiver.passes]
+    assert len(waves) >= 2 and sum(waves) == 5, waves  # the budget cut, and every queue in one wave
+    assert all(n % 2 == 0 for n in waves[:-1]), waves
     assert_exact(store, local, queues)
 
 
@@ -313,6 +316,9 @@ def test_the_next_wave_uploads_as_soon_as_a_thread_is_free(tmp_path, clock):
                        segment_bytes=1 << 20, parallelism=2, build_processes=0, pass_bytes=4 * biggest)
     r = d.run_round()
     assert r.ok and r.segments == 5, r.errors
-    assert [p.queues for p in d.archiver.passes] == [2, 3]
+    # the first wave is two queues; how the other three split depends on when
+    # the held upload lets its thread go ([2, 3] or [2, 2, 1]), each once
+    waves = [p.queues for p in d.archiver.passes]
+    assert waves[0] == 2 and sum(waves) == 5, waves
     assert waited == [True]  # the second wave uploaded while the first still did
     assert_exact(store, local, queues)
