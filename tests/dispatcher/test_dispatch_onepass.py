@@ -260,18 +260,23 @@ def test_window_widens_with_the_queues_of_a_pass():
     assert commitpass.window_bytes(1000) == commitpass.window_bytes(10_000) == 128 << 20
 
 
+def _five_queues(tmp_path: Path, clock) -> tuple[list[tuple[str, int]], LocalStore, int]:  # noqa: ANN001
+    """Five queues of 20 small messages; the pending bytes of the biggest."""
+    queues = [("Turn", q) for q in range(5)]
+    with new_writer(tmp_path / "store") as w:
+        for q in queues:
+            produce(w, *q, 20, clock=clock, body_size=100, seed=7)
+    local = LocalStore(tmp_path / "store")
+    return queues, local, max(local.pending(t, q, 0)[1] for t, q in queues)
+
+
 def test_a_wave_cut_by_the_budget_is_whole_turns_of_the_upload_pool(tmp_path, clock):
     """Five queues, about three fit a wave's budget, two upload at once: a
     wave cut by the budget is whole turns of the pool (2, or 4 when the
     estimates of the queues' next segments come out small), never 3 whose
     last upload would run alone while the next wave waits; the last wave
     takes what is left. The archive is exact all the same."""
-    queues = [("Turn", q) for q in range(5)]
-    with new_writer(tmp_path / "store") as w:
-        for q in queues:
-            produce(w, *q, 20, clock=clock, body_size=100, seed=7)
-    local = LocalStore(tmp_path / "store")
-    biggest = max(local.pending(t, q, 0)[1] for t, q in queues)
+    queues, local, biggest = _five_queues(tmp_path, clock)
     store = open_store(f"file://{tmp_path / 'cold'}")
     # each wave holds half of pass_bytes (the next one is built meanwhile):
     # a budget of 2.5 queues takes 3 before it is used up
@@ -293,12 +298,7 @@ def test_the_next_wave_uploads_as_soon_as_a_thread_is_free(tmp_path, clock):
 
     from tiered.archive.storage import FileStore
 
-    queues = [("Turn", q) for q in range(5)]
-    with new_writer(tmp_path / "store") as w:
-        for q in queues:
-            produce(w, *q, 20, clock=clock, body_size=100, seed=7)
-    local = LocalStore(tmp_path / "store")
-    biggest = max(local.pending(t, q, 0)[1] for t, q in queues)
+    queues, local, biggest = _five_queues(tmp_path, clock)
     second_wave_started = threading.Event()
     waited: list[bool] = []
 

@@ -219,3 +219,18 @@ def expire_below(store_dir: Path, cut: int) -> None:
                     if struct.unpack_from(">i", data, i + 8)[0] != 0]
             if used and max(used) < cut:
                 f.unlink()
+
+
+def produce_draws(seed: int, n: int, body_size: int) -> list[tuple[str, bytes]]:
+    """(unique key, body) of each message as ``tiered produce`` draws them, one
+    message at a time (produce draws thousands at once from the same stream:
+    one SFC64 stream, ceil((16 + body) / 8) words a message, little-endian bytes)."""
+    import numpy as np
+
+    gen = np.random.SFC64(seed)
+    words = (16 + body_size + 7) // 8
+    out = []
+    for _ in range(n):
+        raw = b"".join(int(w).to_bytes(8, "little") for w in gen.random_raw(words))
+        out.append((raw[:16].hex().upper(), raw[16:16 + body_size]))
+    return out

@@ -11,10 +11,10 @@ import sys
 import zlib
 from pathlib import Path
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from dispatchkit import produce_draws
 from tiered.cli import app
 from tiered.store.localstore import LocalStore
 
@@ -34,17 +34,6 @@ def inspect_json(store: Path, *args: str) -> list[dict]:
     return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
 
 
-def expected_messages(n: int, body_size: int, seed: int = 0) -> list[tuple[str, bytes]]:
-    """(unique key, body) of each message, drawn the way produce draws them."""
-    gen = np.random.SFC64(seed)  # one stream, ceil((16 + body) / 8) words a message, little-endian bytes
-    words = (16 + body_size + 7) // 8
-    out = []
-    for _ in range(n):
-        raw = b"".join(int(w).to_bytes(8, "little") for w in gen.random_raw(words))
-        out.append((raw[:16].hex().upper(), raw[16:16 + body_size]))
-    return out
-
-
 def props_len(props: dict[str, str]) -> int:
     return sum(len(k.encode()) + len(v.encode()) + 2 for k, v in props.items())
 
@@ -55,7 +44,7 @@ def test_produce_then_inspect_exact_fields(tmp_path: Path) -> None:
             "--tags", "TagA", "--start-time", START, "--interval-ms", "1000",
             "--commitlog-file-size", "4096", "--cq-entries", "4")
     records = inspect_json(store)
-    msgs = expected_messages(6, 50)
+    msgs = produce_draws(0, 6, 50)
     # inspect walks queue 0 then queue 1, each in offset order
     order = [0, 2, 4, 1, 3, 5]
     assert [(r["queue_id"], r["queue_offset"]) for r in records] == [(i % 2, i // 2) for i in order]
@@ -127,7 +116,7 @@ def test_produce_ipv6(tmp_path: Path) -> None:
     produce(store, "--topic", "T6", "--queues", "1", "--messages", "2", "--body-size", "8", "--ipv6",
             "--start-time", "1700000000000", "--interval-ms", "5", "--commitlog-file-size", "65536")
     records = inspect_json(store)
-    msgs = expected_messages(2, 8)
+    msgs = produce_draws(0, 2, 8)
     size = 91 + 24 + 8 + 2 + props_len({"UNIQ_KEY": msgs[0][0]})
     assert [(r["born_host"], r["store_host"], r["sys_flag"]) for r in records] == [("[::1]:50000", "[::1]:10911", 0x30)] * 2
     assert [r["store_timestamp"] for r in records] == [1700000000000, 1700000000005]
@@ -214,7 +203,7 @@ def test_console_script_end_to_end(tmp_path: Path) -> None:
     out = subprocess.run([str(exe), "inspect", "--store", str(store), "--json", "--queue", "1"],
                          check=True, capture_output=True, text=True).stdout
     records = [json.loads(line) for line in out.splitlines()]
-    msgs = expected_messages(4, 16)
+    msgs = produce_draws(0, 4, 16)
     assert [(r["queue_offset"], r["keys"], r["unique_key"], r["store_timestamp"]) for r in records] == [
         (0, ["key-1"], msgs[1][0], START_MS + 10), (1, ["key-3"], msgs[3][0], START_MS + 30)]
     assert [r["body_crc"] for r in records] == [zlib.crc32(msgs[i][1]) & 0x7FFFFFFF for i in (1, 3)]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from dispatchkit import produce_draws
 from tiered.format.codec import Host
 from tiered.store.storewriter import StoreWriter, produce_messages
 
@@ -30,21 +30,9 @@ def put_reference(root: Path, topic: str, n: int, *, queues: int, body_size: int
                   start_ms: int, store_host: Host, born: Host) -> None:
     """What produce wrote before the fast path: one put() per message."""
     with StoreWriter(root, commitlog_file_size=8192, cq_entries_per_file=5, store_host=store_host) as w:
-        for i, (uid, body) in enumerate(draws(7, n, body_size)):
+        for i, (uid, body) in enumerate(produce_draws(7, n, body_size)):
             w.put(topic, i % queues, body, tags=tags, keys=[f"key-{i}"] if keys else None,
                   unique_key=uid, store_timestamp=start_ms + i * 3, born_timestamp=start_ms + i * 3, born_host=born)
-
-
-def draws(seed: int, n: int, body_size: int) -> list[tuple[str, bytes]]:
-    """(unique key, body) of each message as ``tiered produce`` draws them, one
-    message at a time (produce draws thousands at once: the same stream)."""
-    gen = np.random.SFC64(seed)
-    words = (16 + body_size + 7) // 8
-    out = []
-    for _ in range(n):
-        raw = b"".join(int(w).to_bytes(8, "little") for w in gen.random_raw(words))
-        out.append((raw[:16].hex().upper(), raw[16:16 + body_size]))
-    return out
 
 
 @pytest.mark.parametrize(("topic", "keys", "tags", "ipv6"), [
@@ -121,6 +109,6 @@ def test_produce_appends_after_what_a_store_holds(tmp_path: Path) -> None:
         got = [(item.queue_offset, item.record.physical_offset, item.record.body_bytes())
                for item in store.iter_queue("T", 1, 0)]
         first = next(iter(store.iter_queue("T", 0, 0))).record  # message 0 of the produce
-    bodies = [body for _uid, body in draws(1, 4, 10)]
+    bodies = [body for _uid, body in produce_draws(1, 4, 10)]
     assert (first.physical_offset, first.body_bytes()) == (at, bodies[0])
     assert got == [(0, 0, b"first"), (1, at + first.size, bodies[1])]
