@@ -1,9 +1,12 @@
 """The one thing pyproject.toml cannot say yet without an experimental table:
-the read path's run check in C (tiered/format/_runcheck.c). Optional: an
-install without a C compiler still succeeds and reads with numpy instead
-(tiered.format.batch picks the path at import)."""
+the read path's run check in C (tiered/format/_runcheck.c) and the key
+index's key scan in C (tiered/format/_keyscan.c). Optional: an install
+without a C compiler still succeeds and works with numpy instead
+(tiered.format.batch and tiered.format.keyindex pick the path at import)."""
 
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("tiered.format._runcheck", ["tiered/format/_runcheck.c"], optional=True,
+                             extra_compile_args=["-O2"]),
+                   Extension("tiered.format._keyscan", ["tiered/format/_keyscan.c"], optional=True,
                              extra_compile_args=["-O2"])])

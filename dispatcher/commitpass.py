@@ -44,10 +44,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from dispatcher.buildpool import BuildJob
-from dispatcher.segment import BadProperties, SegmentBuilder, batch_keys
+from dispatcher.segment import SegmentBuilder
 from tiered.errors import CorruptRecordError, ExpiredLocallyError
 from tiered.format.batch import CQ_DTYPE, RecordBatch, check_run
-from tiered.format.keyindex import hash_spans
+from tiered.format.keyindex import BadProperties, record_key_hashes
 from tiered.format.codec import CQ_ENTRY_SIZE, CQ_FILLER_SIZE
 from tiered.store.localstore import LocalStore
 from tiered.store.queuecursor import NO_LIMIT, _written_end
@@ -293,10 +293,9 @@ def _window_keys(view: memoryview, batches: list[RecordBatch]) -> dict[int, tupl
     props_at = np.concatenate([b.props_at for b in batches])
     ends = np.concatenate([b.positions + b.sizes for b in batches])
     try:
-        owners, blob, key_at, key_end = batch_keys(view, props_at, ends)
+        owners, hashes = record_key_hashes(view, props_at, ends)
     except BadProperties:
         return {}
-    hashes = hash_spans(blob, key_at, key_end)
     order = np.argsort(owners, kind="stable")
     owners, hashes = owners[order], hashes[order]
     bounds = np.concatenate(([0], np.cumsum(counts)))

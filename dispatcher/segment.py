@@ -21,79 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tiered.format.batch import CQ_DTYPE, RecordBatch, copy_spans, gather, join_spans
+from tiered.format.batch import CQ_DTYPE, RecordBatch, copy_spans
 from tiered.format.codec import crc32
 from tiered.errors import CorruptRecordError
 from tiered.archive.layout import COMPRESSIONS, LAYOUT_V2, section_keys, segment_object_key
-from tiered.format.keyindex import EMPTY_BLOOM, bloom_of_hashes, hash_spans, index_of_hashes
+from tiered.format.keyindex import (  # noqa: F401  (BadProperties, batch_keys: their home before keyindex)
+    EMPTY_BLOOM, BadProperties, batch_keys, bloom_of_hashes, index_of_hashes, record_key_hashes)
 from tiered.archive.manifest import Segment, segment_keys
-
-_KEYS, _UNIQ = np.void(b"KEYS\x01"), np.void(b"UNIQ_KEY\x01")
-
-
-class BadProperties(ValueError):
-    """Properties of record ``record`` are not UTF-8, from byte ``at`` of them."""
-
-    def __init__(self, record: int, at: int) -> None:
-        super().__init__(f"properties of record {record} are not valid UTF-8 at byte {at}")
-        self.record = record
-        self.at = at
-
-
-def batch_keys(
-    buf: bytes | memoryview, starts: np.ndarray, ends: np.ndarray
-) -> tuple[np.ndarray, bytes, np.ndarray, np.ndarray]:
-    """The keys records are indexed by, given their properties
-    ``buf[starts[i]:ends[i]]``, read as ``Record.keys`` and
-    ``Record.unique_key`` read them: each space-separated KEYS entry and the
-    UNIQ_KEY, the last occurrence of a property counting. Returns (record
-    index, buffer, start, end) arrays: key j is ``buffer[start[j]:end[j]]``,
-    of record ``record[j]``.
-
-    Properties are ``name \x01 value \x02 ...``: the records' are joined
-    behind one more \x02, so every property starts after a \x02 and every
-    value ends at the next one; all the rest is array work. Raises
-    BadProperties for the first record whose properties are not UTF-8.
-    """
-    blob = join_spans(buf, starts, ends, b"\x02")
-    lengths = ends - starts + 1
-    bounds = np.cumsum(lengths) - lengths  # the separator before record i's properties
-    if not blob.isascii():
-        try:
-            blob.decode("utf-8")  # the separators are ASCII: valid as a whole iff each is
-        except UnicodeDecodeError as exc:
-            i = int(np.searchsorted(bounds, exc.start, side="right")) - 1
-            raise BadProperties(i, exc.start - int(bounds[i]) - 1) from None
-    padded = blob + bytes(9)
-    seps = np.flatnonzero(np.frombuffer(blob, np.uint8) == 2)
-    is_keys = gather(padded, _KEYS.dtype, seps + 1) == _KEYS
-    hit = is_keys | (gather(padded, _UNIQ.dtype, seps + 1) == _UNIQ)
-    named, is_keys = seps[hit], is_keys[hit]
-    empty = np.zeros(0, np.int64)
-    if not len(named):
-        return empty, blob, empty, empty
-    owners = np.searchsorted(bounds, named, side="right") - 1
-    # the last occurrence of each (record, name) wins, as in a dict of properties
-    slots = owners * 2 + is_keys
-    last = np.sort(len(slots) - 1 - np.unique(slots[::-1], return_index=True)[1])
-    named, is_keys, owners = named[last], is_keys[last], owners[last]
-    value_at = named + 1 + np.where(is_keys, 5, 9)
-    nxt = np.searchsorted(seps, value_at)  # the separator ending the value, if any
-    value_end = np.where(nxt < len(seps), seps[np.minimum(nxt, len(seps) - 1)], len(blob))
-    # KEYS: split at spaces; an empty piece is no key
-    k_at, k_end, k_owner = value_at[is_keys], value_end[is_keys], owners[is_keys]
-    spaces = np.flatnonzero(np.frombuffer(blob, np.uint8) == 0x20)
-    if len(spaces) and len(k_at):
-        inside = np.searchsorted(k_at, spaces, side="right") - 1
-        spaces = spaces[(inside >= 0) & (spaces < k_end[np.maximum(inside, 0)])]
-        k_at, k_end = np.sort(np.concatenate((k_at, spaces + 1))), np.sort(np.concatenate((k_end, spaces)))
-        k_owner = owners[is_keys][np.searchsorted(value_at[is_keys], k_at, side="right") - 1]
-    u = ~is_keys
-    key_at, key_end = np.concatenate((k_at, value_at[u])), np.concatenate((k_end, value_end[u]))
-    key_owner = np.concatenate((k_owner, owners[u]))
-    nonempty = key_end > key_at
-    return key_owner[nonempty], blob, key_at[nonempty], key_end[nonempty]
-
 
 @dataclass(frozen=True, kw_only=True)
 class BuiltSegment:
@@ -146,7 +80,7 @@ class SegmentBuilder:
         """Adds ``batch``; when a record's properties are corrupt, adds the
         records before it and raises CorruptRecordError. ``keys``: the
         batch's keys found already (record index in the batch, key hash), as
-        ``batch_keys`` and ``hash_spans`` find them (dispatcher.commitpass
+        ``record_key_hashes`` finds them (dispatcher.commitpass
         finds those of many queues' batches at once)."""
         if batch.first_offset != self.next_offset:
             raise ValueError(f"record {batch.first_offset} does not follow {self.next_offset - 1}")
@@ -170,15 +104,15 @@ class SegmentBuilder:
         props_at, ends = at + (batch.props_at - positions), at + sizes
         with memoryview(self._cl) as chunk:  # released before the buffer may grow again
             try:
-                owners, blob, key_at, key_end = batch_keys(chunk, props_at, ends)
+                owners, hashes = record_key_hashes(chunk, props_at, ends)
             except BadProperties as bad:
                 n = bad.record  # the records before it
                 error = CorruptRecordError(batch.source, int(batch.props_at[n]) + bad.at,
                                            "properties are not valid UTF-8")
-                owners, blob, key_at, key_end = batch_keys(chunk, props_at[:n], ends[:n])
+                owners, hashes = record_key_hashes(chunk, props_at[:n], ends[:n])
         if len(owners):
             self._key_offsets.append(owners + (batch.first_offset - self.q_start))
-            self._key_hashes.append(hash_spans(blob, key_at, key_end))
+            self._key_hashes.append(hashes)
         if n:
             self._n = int(at[n]) if n < batch.count else self._n + total
             self._add_arrays(batch, n)

@@ -25,15 +25,19 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import math
 import struct
 from bisect import bisect_left
 from collections.abc import Iterable
+from types import ModuleType
 
 import numpy as np
 
-from tiered.format.batch import gather
+from tiered.format.batch import gather, join_spans
 from tiered.errors import CorruptRecordError
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"TKIX"
 VERSION = 2
@@ -91,6 +95,118 @@ def hash_spans(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
             h ^= h >> _U64(31)
             out[group] = h
     return out
+
+
+_KEYS, _UNIQ = np.void(b"KEYS\x01"), np.void(b"UNIQ_KEY\x01")
+
+
+class BadProperties(ValueError):
+    """Properties of record ``record`` are not UTF-8, from byte ``at`` of them."""
+
+    def __init__(self, record: int, at: int) -> None:
+        super().__init__(f"properties of record {record} are not valid UTF-8 at byte {at}")
+        self.record = record
+        self.at = at
+
+
+def batch_keys(
+    buf: bytes | memoryview, starts: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, bytes, np.ndarray, np.ndarray]:
+    """The keys records are indexed by, given their properties
+    ``buf[starts[i]:ends[i]]``, read as ``Record.keys`` and
+    ``Record.unique_key`` read them: each space-separated KEYS entry and the
+    UNIQ_KEY, the last occurrence of a property counting. Returns (record
+    index, buffer, start, end) arrays: key j is ``buffer[start[j]:end[j]]``,
+    of record ``record[j]``.
+
+    Properties are ``name \x01 value \x02 ...``: the records' are joined
+    behind one more \x02, so every property starts after a \x02 and every
+    value ends at the next one; all the rest is array work. Raises
+    BadProperties for the first record whose properties are not UTF-8.
+    """
+    blob = join_spans(buf, starts, ends, b"\x02")
+    lengths = ends - starts + 1
+    bounds = np.cumsum(lengths) - lengths  # the separator before record i's properties
+    if not blob.isascii():
+        try:
+            blob.decode("utf-8")  # the separators are ASCII: valid as a whole iff each is
+        except UnicodeDecodeError as exc:
+            i = int(np.searchsorted(bounds, exc.start, side="right")) - 1
+            raise BadProperties(i, exc.start - int(bounds[i]) - 1) from None
+    padded = blob + bytes(9)
+    seps = np.flatnonzero(np.frombuffer(blob, np.uint8) == 2)
+    is_keys = gather(padded, _KEYS.dtype, seps + 1) == _KEYS
+    hit = is_keys | (gather(padded, _UNIQ.dtype, seps + 1) == _UNIQ)
+    named, is_keys = seps[hit], is_keys[hit]
+    empty = np.zeros(0, np.int64)
+    if not len(named):
+        return empty, blob, empty, empty
+    owners = np.searchsorted(bounds, named, side="right") - 1
+    # the last occurrence of each (record, name) wins, as in a dict of properties
+    slots = owners * 2 + is_keys
+    last = np.sort(len(slots) - 1 - np.unique(slots[::-1], return_index=True)[1])
+    named, is_keys, owners = named[last], is_keys[last], owners[last]
+    value_at = named + 1 + np.where(is_keys, 5, 9)
+    nxt = np.searchsorted(seps, value_at)  # the separator ending the value, if any
+    value_end = np.where(nxt < len(seps), seps[np.minimum(nxt, len(seps) - 1)], len(blob))
+    # KEYS: split at spaces; an empty piece is no key
+    k_at, k_end, k_owner = value_at[is_keys], value_end[is_keys], owners[is_keys]
+    spaces = np.flatnonzero(np.frombuffer(blob, np.uint8) == 0x20)
+    if len(spaces) and len(k_at):
+        inside = np.searchsorted(k_at, spaces, side="right") - 1
+        spaces = spaces[(inside >= 0) & (spaces < k_end[np.maximum(inside, 0)])]
+        k_at, k_end = np.sort(np.concatenate((k_at, spaces + 1))), np.sort(np.concatenate((k_end, spaces)))
+        k_owner = owners[is_keys][np.searchsorted(value_at[is_keys], k_at, side="right") - 1]
+    u = ~is_keys
+    key_at, key_end = np.concatenate((k_at, value_at[u])), np.concatenate((k_end, value_end[u]))
+    key_owner = np.concatenate((k_owner, owners[u]))
+    nonempty = key_end > key_at
+    return key_owner[nonempty], blob, key_at[nonempty], key_end[nonempty]
+
+
+def _load_native() -> ModuleType | None:
+    """The compiled key finder and hash (``_keyscan.c``); None (the numpy
+    path) when the install did not build it or it fails its self-test."""
+    try:
+        from tiered.format import _keyscan
+    except ImportError as exc:
+        log.debug("compiled key scan unavailable (%s): using the numpy path", exc)
+        return None
+    probe = bytes(range(1, 256)) * 3
+    ends = np.arange(0, len(probe) + 1, 37, dtype=np.int64)[1:]
+    if [_keyscan.key_hash(probe[e - 37:e]) for e in ends.tolist()] != hash_spans(probe, ends - 37, ends).tolist():
+        log.warning("compiled key hash disagrees with the numpy one: using the numpy path")
+        return None
+    return _keyscan
+
+
+_native = _load_native()
+
+
+def record_key_hashes(
+    buf: bytes | bytearray | memoryview, starts: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The keys of records whose properties are ``buf[starts[i]:ends[i]]``
+    (as ``batch_keys`` finds them), hashed: (record index int64, version 2
+    key hash uint64), in ``batch_keys``' order. Raises BadProperties for the
+    first record whose properties are not UTF-8. Compiled (``_keyscan``)
+    where the install built it, else numpy; the two agree exactly
+    (tests/tiered/test_keyscan.py)."""
+    if _native is None:
+        return record_key_hashes_numpy(buf, starts, ends)
+    owners, hashes, bad, at = _native.keys(buf, np.ascontiguousarray(starts, np.int64),
+                                           np.ascontiguousarray(ends, np.int64))
+    if bad >= 0:
+        raise BadProperties(bad, at)
+    return np.frombuffer(owners, np.int64), np.frombuffer(hashes, _U64)
+
+
+def record_key_hashes_numpy(
+    buf: bytes | bytearray | memoryview, starts: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``record_key_hashes`` with numpy only (installs without a compiler)."""
+    owners, blob, key_at, key_end = batch_keys(buf, starts, ends)
+    return owners, hash_spans(blob, key_at, key_end)
 
 
 def key_hash(key: str, version: int = VERSION) -> int:

@@ -1,0 +1,144 @@
+"""The compiled key scan (tiered/format/_keyscan.c) against the numpy one.
+
+Both answer ``record_key_hashes``: the keys a segment's key index holds
+(each space-separated piece of a record's last KEYS value, and its last
+UNIQ_KEY value), as (record index, version 2 key hash), in one order; or
+BadProperties naming the first record whose properties are not UTF-8 and
+the byte of them where the bad sequence starts. The numpy path is held to
+the record decoder by tests/dispatcher/test_segment_keys.py; here the
+compiled one is held to the numpy one, on generated properties of every
+awkward kind, and the UTF-8 check to Python's own strict decoder.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tiered.format import keyindex
+from tiered.format.keyindex import BadProperties, key_hash, record_key_hashes, record_key_hashes_numpy
+
+pytestmark = pytest.mark.timeout(120)
+
+# names that are, or look like, the two the index reads
+NAMES = [b"KEYS", b"UNIQ_KEY", b"KEYSX", b"KEY", b"UNIQ", b"UNIQ_KEYS", b"TAGS", b"", b"xKEYS", b"keys"]
+# every kind of byte sequence Python's strict decoder refuses
+BAD_UTF8 = [b"\x80", b"\xbf", b"\xc0\xaf", b"\xc1\xbf", b"\xc2", b"\xe0\x80\xaf", b"\xe0\x9f\xbf", b"\xed\xa0\x80",
+            b"\xed\xbf\xbf", b"\xe2\x82", b"\xe2", b"\xf0\x8f\xbf\xbf", b"\xf0\x9f\x98", b"\xf4\x90\x80\x80",
+            b"\xf5\x80\x80\x80", b"\xf8\x88\x80\x80\x80", b"\xfe", b"\xff", b"\xc3\x28", b"\xe2\x28\xa1"]
+GOOD_UTF8 = ["é", "€", "😀", "\U0010ffff", "\ud7ff", "\ue000", "\u0080", "\u07ff", "\u0800", "\U00010000"]
+
+_text = st.text(st.sampled_from(list("ab Z09-_ ") + GOOD_UTF8 + ["\x01"]), max_size=90).map(str.encode)
+_value = st.one_of(_text, st.sampled_from([b"", b" ", b"  ", b" a", b"a ", b"a  b", b"k" * 65, b"k " * 40, b"x" * 200]))
+_prop = st.tuples(st.sampled_from(NAMES), _value)
+
+
+@st.composite
+def _properties(draw: st.DrawFn) -> bytes:
+    """One record's properties: name \\x01 value \\x02 ..., the trailing
+    \\x02 sometimes missing, sometimes a non-UTF-8 sequence inside."""
+    raw = b"".join(name + b"\x01" + value + b"\x02" for name, value in draw(st.lists(_prop, max_size=6)))
+    if raw and draw(st.booleans()):
+        raw = raw[:-1]
+    if draw(st.integers(0, 9)) == 0:
+        at = draw(st.integers(0, len(raw)))
+        raw = raw[:at] + draw(st.sampled_from(BAD_UTF8)) + raw[at:]
+    return raw
+
+
+def _layout(props: list[bytes], gaps: list[int]) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """The properties in one buffer, apart by filler bytes (records' other fields)."""
+    buf, starts, ends = bytearray(), [], []
+    for p, gap in zip(props, gaps):
+        buf += bytes([0xFF, 2, 1, 0x20])[:gap % 5] * (gap // 5 + 1)
+        starts.append(len(buf))
+        buf += p
+        ends.append(len(buf))
+    buf += b"\xff\x02"
+    return bytes(buf), np.array(starts, np.int64), np.array(ends, np.int64)
+
+
+def _answer(fn, buf, starts, ends) -> tuple[object, ...]:  # noqa: ANN001
+    try:
+        owners, hashes = fn(buf, starts, ends)
+    except BadProperties as bad:
+        return ("bad", bad.record, bad.at)
+    assert owners.dtype == np.int64 and hashes.dtype == np.uint64
+    return ("ok", owners.tolist(), hashes.tolist())
+
+
+def test_the_install_built_the_compiled_scan() -> None:
+    # the extension is optional at build time: a silent build failure would
+    # quietly fall back to the slower path, so the test environment says it
+    assert keyindex._native is not None
+    assert keyindex._native.key_hash(b"order-1") == key_hash("order-1")
+    assert keyindex._native.key_hash(b"") == key_hash("")
+
+
+@settings(max_examples=600, deadline=2000)
+@given(st.lists(st.tuples(_properties(), st.integers(0, 12)), max_size=12))
+def test_compiled_and_numpy_find_the_same_keys(records: list[tuple[bytes, int]]) -> None:
+    buf, starts, ends = _layout([p for p, _ in records], [g for _, g in records])
+    native = _answer(record_key_hashes, buf, starts, ends)
+    assert native == _answer(record_key_hashes_numpy, buf, starts, ends)
+    # the same from a memoryview and a bytearray (a segment's buffer)
+    assert native == _answer(record_key_hashes, memoryview(buf), starts, ends)
+    assert native == _answer(record_key_hashes, bytearray(buf), starts, ends)
+
+
+@settings(max_examples=600, deadline=2000)
+@given(st.lists(st.one_of(st.binary(max_size=40), st.text(max_size=20).map(str.encode)), min_size=1, max_size=4))
+def test_the_utf8_check_is_pythons_strict_decoder(props: list[bytes]) -> None:
+    buf, starts, ends = _layout(props, [3] * len(props))
+    expected: tuple[object, ...] | None = None
+    for i, p in enumerate(props):
+        try:
+            p.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            expected = ("bad", i, exc.start)
+            break
+    native = _answer(record_key_hashes, buf, starts, ends)
+    if expected is None:
+        assert native[0] == "ok"
+    else:
+        assert native == expected
+    assert native == _answer(record_key_hashes_numpy, buf, starts, ends)
+
+
+def test_keys_of_known_properties() -> None:
+    props = [
+        b"KEYS\x01a b  c\x02UNIQ_KEY\x01u1\x02xKEYS\x01no\x02KEYS\x01z",  # the last KEYS counts: only z
+        b"UNIQ_KEY\x01\x02KEYS\x01 q ",  # an empty UNIQ_KEY is no key; spaces at the ends
+        b"KEYSX\x01no\x02UNIQ_KEYS\x01no\x02TAGS\x01no",  # names that only start like the two
+        b"",
+        b"UNIQ_KEY\x01first\x02UNIQ_KEY\x01" + "é€😀".encode() + b"\x02KEYS\x01" + b"k" * 70,
+    ]
+    buf, starts, ends = _layout(props, [0, 4, 7, 2, 9])
+    owners, hashes = record_key_hashes(buf, starts, ends)
+    # KEYS pieces of all records first, then the UNIQ_KEY values
+    assert owners.tolist() == [0, 1, 4, 0, 4]
+    assert hashes.tolist() == [key_hash(k) for k in ("z", "q", "k" * 70, "u1", "é€😀")]
+
+
+def test_the_first_bad_record_and_its_byte_are_named() -> None:
+    props = [b"KEYS\x01ok", b"KEYS\x01a\xed\xa0\x80b", b"\xff"]
+    buf, starts, ends = _layout(props, [0, 0, 0])
+    with pytest.raises(BadProperties) as got:
+        record_key_hashes(buf, starts, ends)
+    assert (got.value.record, got.value.at) == (1, 6)
+    owners, hashes = record_key_hashes(buf, starts[:1], ends[:1])
+    assert owners.tolist() == [0] and hashes.tolist() == [key_hash("ok")]
+
+
+def test_no_records_and_spans_outside_the_buffer() -> None:
+    empty = np.zeros(0, np.int64)
+    owners, hashes = record_key_hashes(b"", empty, empty)
+    assert owners.tolist() == [] and hashes.tolist() == []
+    with pytest.raises(ValueError, match="outside"):
+        record_key_hashes(b"KEYS\x01a", np.array([0], np.int64), np.array([7], np.int64))
+    with pytest.raises(ValueError, match="outside"):
+        record_key_hashes(b"KEYS\x01a", np.array([3], np.int64), np.array([2], np.int64))
+    with pytest.raises(ValueError, match="one length"):
+        keyindex._native.keys(b"KEYS\x01a", np.array([0], np.int64), np.array([6, 6], np.int64))  # type: ignore[union-attr]
