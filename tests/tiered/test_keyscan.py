@@ -17,7 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dispatcher.segment import SegmentBuilder
+from tiered.errors import CorruptRecordError
 from tiered.format import keyindex
+from tiered.format.batch import RecordBatch
+from tiered.format.codec import decode_properties
 from tiered.format.keyindex import BadProperties, key_hash, record_key_hashes, record_key_hashes_numpy
 
 pytestmark = pytest.mark.timeout(120)
@@ -142,3 +146,56 @@ def test_no_records_and_spans_outside_the_buffer() -> None:
         record_key_hashes(b"KEYS\x01a", np.array([3], np.int64), np.array([2], np.int64))
     with pytest.raises(ValueError, match="one length"):
         keyindex._native.keys(b"KEYS\x01a", np.array([0], np.int64), np.array([6, 6], np.int64))  # type: ignore[union-attr]
+
+
+@settings(max_examples=300, deadline=2000)
+@given(st.lists(st.lists(st.tuples(st.sampled_from(["KEYS", "UNIQ_KEY", "KEYSX", "TAGS", ""]),
+                                   st.text(st.sampled_from(list("ab  é€\x01")), max_size=12)), max_size=5),
+                max_size=6))
+def test_the_compiled_keys_are_the_ones_the_codec_reads(records: list[list[tuple[str, str]]]) -> None:
+    # the index's definition: Record.keys and Record.unique_key, read by the record decoder
+    props = ["\x02".join(f"{k}\x01{v}" for k, v in items).encode() for items in records]
+    buf, starts, ends = _layout(props, [6] * len(props))
+    owners, hashes = record_key_hashes(buf, starts, ends)
+    got: list[list[int]] = [[] for _ in props]
+    for owner, h in zip(owners.tolist(), hashes.tolist()):
+        got[owner].append(h)
+    want = []
+    for p in props:
+        parsed = decode_properties(p)
+        keys = [k for k in parsed.get("KEYS", "").split(" ") if k] + [u for u in [parsed.get("UNIQ_KEY")] if u]
+        want.append(sorted(key_hash(k) for k in keys))
+    assert [sorted(g) for g in got] == want
+
+
+def _segment(props: list[bytes]) -> tuple[int, bytes, bytes | None, str | None]:
+    """(records kept, records' bytes, index, where the error was) of a segment built from records
+    whose properties are ``props`` (behind 30 bytes of other fields)."""
+    heads = [bytes([i]) * 30 for i in range(len(props))]
+    raw = b"".join(h + p for h, p in zip(heads, props))
+    sizes = np.array([len(h) + len(p) for h, p in zip(heads, props)], np.int64)
+    positions = np.cumsum(sizes) - sizes
+    n = len(props)
+    batch = RecordBatch(0, memoryview(raw), "/store/commitlog/0", positions, sizes, np.zeros(n, np.int64),
+                        np.zeros(n, np.int64), np.zeros(n, np.int64), positions + 30)
+    builder = SegmentBuilder("p", 0, 0, key_index=True, layout=2)
+    error = None
+    try:
+        builder.add(batch)
+    except CorruptRecordError as exc:
+        error = f"{exc.source}@{exc.offset}"
+    built = builder.build(now_ms=1)
+    return builder.count, bytes(built.commitlog), built.index, error
+
+
+def test_a_segment_is_byte_identical_with_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    props = [b"KEYS\x01a b  a\x02UNIQ_KEY\x01u0", b"", b"UNIQ_KEY\x01" + b"u" * 70 + b"\x02KEYS\x01 x ",
+             b"TAGS\x01t\x02KEYS\x01" + "é€😀".encode(), b"KEYS\x01bad\xe0\x80\xaf", b"KEYS\x01after"]
+    compiled = _segment(props)
+    monkeypatch.setattr(keyindex, "_native", None)
+    assert _segment(props) == compiled
+    count, _records, index, error = compiled
+    bad_at = 30 * 5 + sum(map(len, props[:4])) + len(b"KEYS\x01bad")  # in record 4's properties
+    assert count == 4 and error == f"/store/commitlog/0@{bad_at}"
+    assert index is not None and keyindex.lookup(index, "a") == [0] and keyindex.lookup(index, "é€😀") == [3]
+    assert keyindex.lookup(index, "u" * 70) == [2] and keyindex.lookup(index, "after") == []
