@@ -289,9 +289,10 @@ def _window_keys(view: memoryview, batches: list[RecordBatch]) -> dict[int, tupl
     and stops its queue at that record."""
     if not batches:
         return {}
-    counts = [b.count for b in batches]
+    counts = np.fromiter((b.count for b in batches), np.int64, len(batches))
     props_at = np.concatenate([b.props_at for b in batches])
-    ends = np.concatenate([b.positions + b.sizes for b in batches])
+    # array operations once per window, not once per batch (1,000 queues: 1,000 batches a window)
+    ends = np.concatenate([b.positions for b in batches]) + np.concatenate([b.sizes for b in batches])
     try:
         owners, hashes = record_key_hashes(view, props_at, ends)
     except BadProperties:
@@ -299,9 +300,9 @@ def _window_keys(view: memoryview, batches: list[RecordBatch]) -> dict[int, tupl
     order = np.argsort(owners, kind="stable")
     owners, hashes = owners[order], hashes[order]
     bounds = np.concatenate(([0], np.cumsum(counts)))
-    cut = np.searchsorted(owners, bounds)
-    return {id(b): (owners[cut[i]:cut[i + 1]] - bounds[i], hashes[cut[i]:cut[i + 1]])
-            for i, b in enumerate(batches)}
+    cut = np.searchsorted(owners, bounds).tolist()
+    local = owners - np.repeat(bounds[:-1], counts)[owners]  # record index in its own batch
+    return {id(b): (local[cut[i]:cut[i + 1]], hashes[cut[i]:cut[i + 1]]) for i, b in enumerate(batches)}
 
 
 def _finish(local: LocalStore, q: _Queue) -> int:
