@@ -199,3 +199,34 @@ def test_a_segment_is_byte_identical_with_either_path(monkeypatch: pytest.Monkey
     assert count == 4 and error == f"/store/commitlog/0@{bad_at}"
     assert index is not None and keyindex.lookup(index, "a") == [0] and keyindex.lookup(index, "é€😀") == [3]
     assert keyindex.lookup(index, "u" * 70) == [2] and keyindex.lookup(index, "after") == []
+
+
+def _sequences() -> list[bytes]:
+    """Every 1- and 2-byte sequence; 3 and 4 bytes with every lead byte and
+    continuation bytes at each boundary of Unicode's table 3-7."""
+    edges = [0x00, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xFF]
+    out = [bytes([a]) for a in range(256)] + [bytes([a, b]) for a in range(256) for b in range(256)]
+    out += [bytes([a, b, c]) for a in range(0xC0, 0x100) for b in edges for c in edges]
+    out += [bytes([a, b, c, d]) for a in range(0xE0, 0x100) for b in edges for c in (0x80, 0xBF, 0x7F)
+            for d in (0x80, 0xBF, 0xC0)]
+    return out
+
+
+def test_the_utf8_check_on_every_short_sequence() -> None:
+    mismatched = []
+    for seq in _sequences():
+        for props in (b"KEYS\x01" + seq, b"KEYS\x01" + seq + b"z"):  # at the end, and followed by ASCII
+            try:
+                props.decode("utf-8")
+                want = None
+            except UnicodeDecodeError as exc:
+                want = exc.start
+            buf, starts, ends = _layout([b"KEYS\x01ok", props], [2, 3])
+            try:
+                record_key_hashes(buf, starts, ends)
+                got = None
+            except BadProperties as bad:
+                got = bad.at if bad.record == 1 else -1
+            if got != want:
+                mismatched.append((props, got, want))
+    assert mismatched == []
