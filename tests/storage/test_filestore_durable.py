@@ -66,3 +66,49 @@ def test_conditional_writes_sync_the_name_they_created_or_replaced(tmp_path: Pat
     assert store.get("C/b/T/0/manifest.json") == b"v2"
     # a write into an existing directory syncs only that directory
     assert set(_dirs(synced)) == {str(root / "C/b/T/0")}
+
+
+def test_a_directory_removed_after_a_write_is_created_and_synced_again(tmp_path: Path, synced) -> None:  # noqa: ANN001
+    root = tmp_path / "cold"
+    store = open_store(f"file://{root}")
+    store.put("C/b/T/0/segment/a", b"1")
+    store.put("C/b/T/1/segment/a", b"2")  # T is remembered: only 1 and 1/segment are made
+    assert {"0", "1"} <= _dirs(synced)[str(root / "C/b/T")]
+    # the cleaner (or a hand) removes a queue's directories the store remembers
+    import shutil
+
+    shutil.rmtree(root / "C/b/T/0")
+    synced.clear()
+    store.put("C/b/T/0/segment/b", b"3")
+    dirs = _dirs(synced)
+    assert "0" in dirs[str(root / "C/b/T")] and dirs[str(root / "C/b/T/0")] >= {"segment"}
+    assert dirs[str(root / "C/b/T/0/segment")] == {"b"}
+    # and the topic's whole tree, every remembered level gone
+    shutil.rmtree(root / "C")
+    synced.clear()
+    etag = store.put_if_absent("C/b/T/1/manifest.json", b"m")
+    dirs = _dirs(synced)
+    assert dirs[str(root)] >= {"C"} and dirs[str(root / "C")] >= {"b"} and dirs[str(root / "C/b")] >= {"T"}
+    assert dirs[str(root / "C/b/T")] >= {"1"} and dirs[str(root / "C/b/T/1")] == {"manifest.json"}
+    assert store.get("C/b/T/1/manifest.json") == b"m" and etag
+    assert [o.key for o in store.list_keys("C/")] == ["C/b/T/1/manifest.json"]
+
+
+def test_concurrent_writers_into_new_directories_each_find_their_entry_synced(tmp_path: Path, synced) -> None:  # noqa: ANN001
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = tmp_path / "cold"
+    (root / "T").mkdir(parents=True)
+    store = open_store(f"file://{root}")
+    keys = [f"T/{q}/segment/obj" for q in range(40)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: store.put(k, k.encode()), keys))
+    dirs = _dirs(synced)
+    # every queue directory is in a listing of T taken by an fsync after it was made
+    assert dirs[str(root / "T")] == {str(q) for q in range(40)}
+    for q in range(40):
+        assert dirs[str(root / f"T/{q}")] == {"segment"}
+        assert dirs[str(root / f"T/{q}/segment")] == {"obj"}
+        assert store.get(f"T/{q}/segment/obj") == f"T/{q}/segment/obj".encode()
+    # T was synced no more often than a queue directory was made in it (group commit may do fewer)
+    assert sum(1 for p, _ in synced if p == str(root / "T")) <= 40

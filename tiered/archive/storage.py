@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from zlib_ng.zlib_ng import crc32
 
+from tiered.archive.dirsync import Directories
 from tiered.errors import (
     BadResponseError,
     ConfigError,
@@ -288,14 +289,6 @@ def _md5(data: bytes) -> str:
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class FileStore(ObjectStore):
     """``file://`` objects: written to a temp name, fsynced, renamed into place
     and the directory fsynced, so a reader never sees half an object, a crash
@@ -306,6 +299,9 @@ class FileStore(ObjectStore):
     def __init__(self, root: str, **kw: Any) -> None:
         super().__init__(os.path.abspath(root), **kw)
         self._tls = threading.local()
+        # directory fsyncs shared by the writer threads, and the directories
+        # known to exist (tiered/archive/dirsync.py)
+        self._dirs = Directories()
 
     def _path(self, key: str) -> Path:
         if key.startswith("/") or ".." in key.split("/"):
@@ -343,21 +339,14 @@ class FileStore(ObjectStore):
         """Create ``directory`` and its missing parents, each made durable in
         its parent: a rename into a directory whose own entry a power loss
         can undo would not be durable either."""
-        missing = []
-        d = directory
-        while not d.exists():
-            missing.append(d)
-            d = d.parent
-        directory.mkdir(parents=True, exist_ok=True)
-        for made in reversed(missing):
-            _fsync_dir(made.parent)
+        self._dirs.ensure(directory)
 
     def _raw_put(self, key: str, data: bytes) -> None:
         path = self._path(key)
         os.replace(self._write_tmp(path, data), path)
         # the object is durable once its name is: a manifest committed after
         # this call may name it, so the rename must survive a power loss
-        _fsync_dir(path.parent)
+        self._dirs.sync(path.parent)
 
     def _raw_put_if(self, key: str, data: bytes, etag: str | None) -> str:
         path = self._path(key)
@@ -365,7 +354,7 @@ class FileStore(ObjectStore):
         try:
             if etag is None:
                 os.link(tmp, path)  # atomic create-if-absent: FileExistsError if present
-                _fsync_dir(path.parent)
+                self._dirs.sync(path.parent)
                 return _md5(data)
             while True:
                 fd = os.open(path, os.O_RDONLY)  # FileNotFoundError: no such object
@@ -378,7 +367,7 @@ class FileStore(ObjectStore):
                     if current != etag:
                         raise PreconditionFailedError("put_if_match", key)
                     os.replace(tmp, path)
-                    _fsync_dir(path.parent)
+                    self._dirs.sync(path.parent)
                     return _md5(data)
                 finally:
                     os.close(fd)
@@ -456,10 +445,12 @@ class FileStore(ObjectStore):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self._tls = threading.local()
+        self._dirs = Directories()
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.pop("_tls", None)
+        state.pop("_dirs", None)
         return state
 
 
