@@ -30,6 +30,7 @@ import logging
 import os
 import random
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -589,10 +590,13 @@ class S3Store(ObjectStore):
         return f"{self.bucket}/{self._full(key)}"
 
     def _raw_get(self, key: str, start: int | None, end: int | None) -> bytes:
-        # max_concurrency=1: one GET, not a HEAD for the size first (a request
-        # the recorder would never see) and a fan-out of ranged GETs
         if start is None:
-            return self.fs.cat_file(self._path(key), max_concurrency=1)
+            # boto3, as the writes: a writer's reads (identity, catalog,
+            # manifests, chunks) never start s3fs's event loop thread and its
+            # aiohttp stack (~12 MiB per process, measured), and it is one GET
+            # (s3fs may HEAD for the size first, a request the recorder never sees)
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._full(key))
+            return bytes(resp["Body"].read())
         return self.fs.cat_file(self._path(key), start=start, end=end)
 
     def _raw_get_etag(self, key: str) -> tuple[bytes, str]:
@@ -711,13 +715,19 @@ def _bad_response(op: str, key: str, exc: Exception) -> BadResponseError | None:
         return BadResponseError(op, key, "unparsable body")
     if isinstance(exc, bx.ResponseStreamingError):
         return BadResponseError(op, key, "truncated body")
-    try:
-        import aiohttp
-    except ImportError:  # pragma: no cover - s3fs brings it
+    aiohttp = _aiohttp()
+    if aiohttp is None:
         return None
     if isinstance(exc, aiohttp.ClientPayloadError):
         return BadResponseError(op, key, "truncated body")
     return None
+
+
+def _aiohttp() -> Any:
+    """aiohttp when something in this process loaded it (s3fs does), else
+    None: an exception cannot be one of its types before it is imported, and
+    a writer that never used s3fs must not load it to translate a 404."""
+    return sys.modules.get("aiohttp")
 
 
 def _transport_error(exc: Exception) -> tuple[str, str] | None:
@@ -733,9 +743,8 @@ def _transport_error(exc: Exception) -> tuple[str, str] | None:
         return name, "timeout"
     if isinstance(exc, (bx.HTTPClientError, bx.IncompleteReadError, bx.ResponseStreamingError)):
         return name, "error"
-    try:
-        import aiohttp
-    except ImportError:  # pragma: no cover - s3fs brings it
+    aiohttp = _aiohttp()
+    if aiohttp is None:
         return None
     if isinstance(exc, (aiohttp.ServerTimeoutError, aiohttp.ConnectionTimeoutError)):
         return name, "timeout"
