@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 DELETE_BATCH = 1000
 _SINGLE_PUT_LIMIT = 5 << 30  # S3's largest single PUT
+_POOL = 64  # connections kept per client: dispatch.parallelism's upper bound
 
 
 @dataclass(frozen=True)
@@ -488,6 +489,10 @@ class S3Store(ObjectStore):
             "connect_timeout": o.connect_timeout,
             "read_timeout": o.read_timeout,
             "retries": {"total_max_attempts": 1, "mode": "standard"},  # no retry in botocore: retries are ours
+            # one pooled connection per upload thread (dispatch.parallelism is
+            # at most 64): past botocore's default of 10, every extra request
+            # opened a new connection (a TLS handshake) and dropped it after
+            "max_pool_connections": _POOL,
             "request_checksum_calculation": o.checksum_mode,
             "response_checksum_validation": o.checksum_mode,
         }

@@ -1,8 +1,10 @@
-"""What botocore's real signer does with our PUTs: the CRC32 header we
+"""The S3 client as the upload path needs it. What botocore's real signer
+does with our PUTs: the CRC32 header we
 compute (zlib-ng) counts as the request's checksum, so over https the body
 goes as UNSIGNED-PAYLOAD (as with botocore's own checksum) instead of being
 hashed whole with SHA-256; over plain http it stays signed. The request is
-captured after signing, just before it would be sent (no server needed)."""
+captured after signing, just before it would be sent (no server needed).
+And its connection pool holds one connection per upload thread."""
 
 from __future__ import annotations
 
@@ -71,3 +73,12 @@ def test_a_put_without_our_checksum_is_signed_as_botocore_decides(endpoint: str)
         assert headers["X-Amz-Content-SHA256"].startswith("STREAMING-UNSIGNED-PAYLOAD")
     else:
         assert headers["X-Amz-Content-SHA256"] == hashlib.sha256(BODY).hexdigest()
+
+
+def test_the_client_keeps_a_connection_per_upload_thread() -> None:
+    from tiered.config import DispatchSettings
+
+    store = S3Store("bucket-x/p", S3Options(endpoint_url="https://s3.example.invalid", region="us-east-1"))
+    most = DispatchSettings.model_fields["parallelism"].metadata
+    le = next(m.le for m in most if getattr(m, "le", None) is not None)
+    assert store.client.meta.config.max_pool_connections == le == 64
