@@ -55,7 +55,7 @@ def _run(dirs: Directories, path: Path, done: list[str], name: str, errors: list
 
 def test_sequential_syncs_each_run_their_own_fsync(tmp_path: Path) -> None:
     calls: list[Path] = []
-    dirs = Directories(calls.append)
+    dirs = Directories(fsync=calls.append)
     dirs.sync(tmp_path)
     dirs.sync(tmp_path)
     dirs.sync(tmp_path / "x")
@@ -65,7 +65,7 @@ def test_sequential_syncs_each_run_their_own_fsync(tmp_path: Path) -> None:
 
 def test_writers_arriving_during_an_fsync_wait_for_the_next_and_share_it(tmp_path: Path) -> None:
     fsync = _Blocking()
-    dirs = Directories(fsync)
+    dirs = Directories(fsync=fsync)
     done: list[str] = []
     errors: list[BaseException] = []
     a = _run(dirs, tmp_path, done, "a", errors)
@@ -87,7 +87,7 @@ def test_writers_arriving_during_an_fsync_wait_for_the_next_and_share_it(tmp_pat
 
 def test_a_failed_fsync_fails_its_caller_and_covers_nobody(tmp_path: Path) -> None:
     fsync = _Blocking(fail_first=True)
-    dirs = Directories(fsync)
+    dirs = Directories(fsync=fsync)
     done: list[str] = []
     errors: list[BaseException] = []
     a = _run(dirs, tmp_path, done, "a", errors)
@@ -103,7 +103,7 @@ def test_a_failed_fsync_fails_its_caller_and_covers_nobody(tmp_path: Path) -> No
 
 def test_other_directories_do_not_wait_for_each_other(tmp_path: Path) -> None:
     fsync = _Blocking()
-    dirs = Directories(fsync)
+    dirs = Directories(fsync=fsync)
     done: list[str] = []
     errors: list[BaseException] = []
     a = _run(dirs, tmp_path / "one", done, "a", errors)

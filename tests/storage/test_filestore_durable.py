@@ -112,3 +112,58 @@ def test_concurrent_writers_into_new_directories_each_find_their_entry_synced(tm
         assert store.get(f"T/{q}/segment/obj") == f"T/{q}/segment/obj".encode()
     # T was synced no more often than a queue directory was made in it (group commit may do fewer)
     assert sum(1 for p, _ in synced if p == str(root / "T")) <= 40
+
+
+def test_new_directories_are_synced_after_the_file_and_before_its_name(tmp_path: Path, synced) -> None:  # noqa: ANN001
+    root = tmp_path / "cold"
+    (root / "T").mkdir(parents=True)
+    store = open_store(f"file://{root}")
+    store.put("T/0/segment/obj", b"x")
+    order = [p for p, _ in synced]
+    tmp_at = next(i for i, p in enumerate(order) if p.endswith(".tmp"))
+    # the file first (its commit usually carries the new entries too), then
+    # each new directory in its parent (T, there but not yet known to be
+    # durable, in the root), then the object's own name
+    assert order[tmp_at + 1:] == [str(root), str(root / "T"), str(root / "T/0"), str(root / "T/0/segment")]
+    assert dict(synced)[str(root / "T/0/segment")] == ("obj",)
+
+
+def test_directories_found_but_not_known_durable_are_synced_once(tmp_path: Path, synced) -> None:  # noqa: ANN001
+    root = tmp_path / "cold"
+    (root / "C/b/T").mkdir(parents=True)  # made by a process that died before syncing them
+    store = open_store(f"file://{root}")
+    store.put("C/b/T/0/segment/a", b"1")
+    dirs = _dirs(synced)
+    assert dirs[str(root)] == {"C"} and dirs[str(root / "C")] == {"b"} and dirs[str(root / "C/b")] == {"T"}
+    synced.clear()
+    store.put("C/b/T/1/segment/a", b"2")  # known now: only the new queue's own levels
+    assert set(_dirs(synced)) == {str(root / "C/b/T"), str(root / "C/b/T/1"), str(root / "C/b/T/1/segment")}
+
+
+def test_a_failed_write_still_syncs_the_directories_it_made(tmp_path: Path, synced,  # noqa: ANN001
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from tiered.archive.storage import RetryPolicy
+    from tiered.errors import StorageError
+
+    root = tmp_path / "cold"
+    (root / "T").mkdir(parents=True)
+    store = open_store(f"file://{root}", retry=RetryPolicy(attempts=1))
+    recording = os.fsync
+
+    def full(fd: int) -> None:
+        if not os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        recording(fd)
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(StorageError):
+        store.put("T/0/segment/obj", b"x")
+    monkeypatch.setattr(os, "fsync", recording)
+    dirs = _dirs(synced)
+    assert dirs[str(root / "T")] == {"0"} and dirs[str(root / "T/0")] == {"segment"}
+    synced.clear()
+    store.put("T/0/segment/obj", b"y")  # the directories are there now: only the object's name
+    assert set(_dirs(synced)) == {str(root / "T/0/segment")}
+    assert store.get("T/0/segment/obj") == b"y"

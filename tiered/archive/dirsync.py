@@ -49,7 +49,8 @@ class Directories:
     """Group-committed directory fsyncs and the directories known to exist,
     for one store root. Thread-safe; one per ``FileStore`` (per process)."""
 
-    def __init__(self, fsync: Callable[[Path], None] | None = None) -> None:
+    def __init__(self, root: Path | None = None, fsync: Callable[[Path], None] | None = None) -> None:
+        self._root = root  # the store's root: it and what is above, when they exist, are trusted
         # looked up at each call, not bound here: the durability tests wrap os.fsync
         self._fsync = fsync or (lambda d: fsync_dir(d))
         self._cond = threading.Condition()
@@ -103,34 +104,54 @@ class Directories:
         """Create ``directory`` and its missing parents, each made durable in
         its parent before returning: a rename into a directory whose own entry
         a power loss could undo would not be durable either."""
+        self.settle(self.prepare(directory))
+
+    def prepare(self, directory: Path) -> list[Path]:
+        """Create ``directory`` and its missing parents without syncing them;
+        return what ``settle`` must make durable before a name inside them
+        counts. Split so a writer can fsync its file first: on a journaling
+        file system that commit usually carries the new directories too, and
+        their fsyncs then find nothing left to do."""
         self._known.discard(str(directory))  # called because it is missing: never trust the memory for it
         try:
-            self._create(directory, trust_known=True)
+            return self._create(directory, trust_known=True)
         except FileNotFoundError:
             # a directory remembered as existing is gone (the cleaner, a hand):
             # forget them all and look at the disk
             self._known.clear()
-            self._create(directory, trust_known=False)
+            return self._create(directory, trust_known=False)
+
+    def settle(self, made: list[Path]) -> None:
+        """Make each directory of ``prepare``'s list durable in its parent."""
+        for d in made:
+            self.sync(d.parent)
+            self._known.add(str(d))
 
     def forget(self) -> None:
         self._known.clear()
 
-    def _create(self, directory: Path, *, trust_known: bool) -> None:
-        missing: list[Path] = []
+    def _create(self, directory: Path, *, trust_known: bool) -> list[Path]:
+        # Every directory between ``directory`` and the root not yet known to
+        # be durable: missing ones are made; existing ones are synced in their
+        # parent once per process too (another thread may have made one and
+        # not synced it yet; an earlier process may have died in between).
+        # The root and what is above it, when they exist, are the operator's.
+        unsure: list[Path] = []
         d = directory
-        while not (trust_known and str(d) in self._known) and not d.is_dir():
-            missing.append(d)
+        while not (trust_known and str(d) in self._known):
+            under_root = self._root is None or (d != self._root and self._root in d.parents)
+            if not under_root and d.is_dir():
+                break
+            unsure.append(d)
             if d.parent == d:
                 break
             d = d.parent
-        for made in reversed(missing):
+        for made in reversed(unsure):
             try:
                 made.mkdir()
             except FileExistsError:
-                pass  # another thread made it: its entry is synced below all the same
-            self.sync(made.parent)
-            self._known.add(str(made))
-        self._known.add(str(directory))
+                pass  # there already (or made by another thread): its entry is synced all the same
+        return unsure[::-1]
 
     def __getstate__(self) -> dict[str, object]:
         raise TypeError("Directories is per process; FileStore builds a new one after unpickling")

@@ -303,7 +303,7 @@ class FileStore(ObjectStore):
         self._tls = threading.local()
         # directory fsyncs shared by the writer threads, and the directories
         # known to exist (tiered/archive/dirsync.py)
-        self._dirs = Directories()
+        self._dirs = Directories(Path(self.root))
 
     def _path(self, key: str) -> Path:
         if key.startswith("/") or ".." in key.split("/"):
@@ -323,18 +323,27 @@ class FileStore(ObjectStore):
 
     def _write_tmp(self, path: Path, data: bytes) -> Path:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        made: list[Path] = []
         try:
             fh = open(tmp, "wb")
         except FileNotFoundError:
             # the directory is created on the first write into it only: a
             # mkdir per object costs as much as the write itself (measured
             # at 1,000 queues: 5,000 mkdir calls for 2,000 objects)
-            self._make_dirs(path.parent)
+            made = self._dirs.prepare(path.parent)
             fh = open(tmp, "wb")
-        with fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            with fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        finally:
+            # The new directories are made durable after the file, still before
+            # its rename names it: the file's fsync has usually committed their
+            # entries on a journaling file system already, so these are cheap.
+            # Also when the write failed: a later write into them opens them
+            # without making them again, and would never sync them.
+            self._dirs.settle(made)
         return tmp
 
     def _make_dirs(self, directory: Path) -> None:
@@ -447,7 +456,7 @@ class FileStore(ObjectStore):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self._tls = threading.local()
-        self._dirs = Directories()
+        self._dirs = Directories(Path(self.root))
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
