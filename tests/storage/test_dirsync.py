@@ -120,3 +120,17 @@ def test_not_picklable_on_its_own() -> None:
 
     with pytest.raises(TypeError):
         pickle.dumps(Directories())
+
+
+def test_the_memory_of_known_directories_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiered.archive import dirsync
+
+    monkeypatch.setattr(dirsync, "_KNOWN_MAX", 4)
+    calls: list[Path] = []
+    dirs = Directories(tmp_path, fsync=calls.append)
+    for q in range(6):
+        dirs.ensure(tmp_path / "T" / str(q))
+        assert (tmp_path / "T" / str(q)).is_dir()
+    assert len(dirs._known) <= 4
+    # T was forgotten once on the way: synced in the root again then, never lost
+    assert calls.count(tmp_path) == 2 and calls.count(tmp_path / "T") == 6

@@ -35,6 +35,9 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+_KNOWN_MAX = 1 << 16  # directories remembered (2 per queue): a few MiB at most
+
+
 class _State:
     __slots__ = ("started", "done", "running", "waiting")
 
@@ -125,6 +128,8 @@ class Directories:
         """Make each directory of ``prepare``'s list durable in its parent."""
         for d in made:
             self.sync(d.parent)
+            if len(self._known) >= _KNOWN_MAX:
+                self._known.clear()  # a hint, bounded: forgetting costs one fsync per level, once
             self._known.add(str(d))
 
     def forget(self) -> None:
