@@ -167,3 +167,31 @@ def test_a_failed_write_still_syncs_the_directories_it_made(tmp_path: Path, sync
     store.put("T/0/segment/obj", b"y")  # the directories are there now: only the object's name
     assert set(_dirs(synced)) == {str(root / "T/0/segment")}
     assert store.get("T/0/segment/obj") == b"y"
+
+
+def test_directories_made_for_a_file_that_could_not_be_opened_are_synced(tmp_path: Path, synced,  # noqa: ANN001
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+    import errno
+
+    from tiered.archive import storage
+    from tiered.archive.storage import RetryPolicy
+    from tiered.errors import StorageError
+
+    root = tmp_path / "cold"
+    (root / "T").mkdir(parents=True)
+    store = open_store(f"file://{root}", retry=RetryPolicy(attempts=1))
+    opened: list[str] = []
+
+    def open_(file, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        opened.append(str(file))
+        if len(opened) == 2:  # the retry, once the directories are made
+            raise OSError(errno.EMFILE, "Too many open files")
+        return builtins.open(file, *a, **kw)
+
+    monkeypatch.setattr(storage, "open", open_, raising=False)
+    with pytest.raises(StorageError):
+        store.put("T/0/segment/obj", b"x")
+    dirs = _dirs(synced)
+    assert len(opened) == 2 and (root / "T/0/segment").is_dir()
+    assert dirs[str(root / "T")] == {"0"} and dirs[str(root / "T/0")] == {"segment"}

@@ -12,11 +12,15 @@ take back. Two things here make that cheaper without weakening it:
   upload threads) wait for one fsync started after their change instead of
   each running its own. An fsync already running when a writer arrives may
   have started before the writer's change, so it never counts for it.
-* Known directories. A directory this process created (or found) is
-  remembered, so creating the next one below it stops there instead of
-  walking up with a stat per level. The memory is a hint, never trusted for
-  correctness: a remembered directory that was removed since (by the cleaner,
-  or by hand) makes ``mkdir`` fail, and the walk is made again on the disk.
+* Known directories. A directory this process made durable (created, or
+  found and synced in its parent once) is remembered, so creating the next
+  one below it stops there instead of walking up with a stat per level. The
+  memory is a hint, never trusted for correctness: a remembered directory
+  that was removed since (by the cleaner, or by hand) makes ``mkdir`` fail,
+  and the walk is made again on the disk.
+* New directories are synced after the file written into them (``prepare``
+  then ``settle``), still before the rename that names it: the file's fsync
+  has usually committed their entries already on a journaling file system.
 """
 
 from __future__ import annotations
@@ -131,9 +135,6 @@ class Directories:
             if len(self._known) >= _KNOWN_MAX:
                 self._known.clear()  # a hint, bounded: forgetting costs one fsync per level, once
             self._known.add(str(d))
-
-    def forget(self) -> None:
-        self._known.clear()
 
     def _create(self, directory: Path, *, trust_known: bool) -> list[Path]:
         # Every directory between ``directory`` and the root not yet known to

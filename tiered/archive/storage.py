@@ -325,14 +325,14 @@ class FileStore(ObjectStore):
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         made: list[Path] = []
         try:
-            fh = open(tmp, "wb")
-        except FileNotFoundError:
-            # the directory is created on the first write into it only: a
-            # mkdir per object costs as much as the write itself (measured
-            # at 1,000 queues: 5,000 mkdir calls for 2,000 objects)
-            made = self._dirs.prepare(path.parent)
-            fh = open(tmp, "wb")
-        try:
+            try:
+                fh = open(tmp, "wb")
+            except FileNotFoundError:
+                # the directory is created on the first write into it only: a
+                # mkdir per object costs as much as the write itself (measured
+                # at 1,000 queues: 5,000 mkdir calls for 2,000 objects)
+                made = self._dirs.prepare(path.parent)
+                fh = open(tmp, "wb")
             with fh:
                 fh.write(data)
                 fh.flush()
@@ -345,12 +345,6 @@ class FileStore(ObjectStore):
             # without making them again, and would never sync them.
             self._dirs.settle(made)
         return tmp
-
-    def _make_dirs(self, directory: Path) -> None:
-        """Create ``directory`` and its missing parents, each made durable in
-        its parent: a rename into a directory whose own entry a power loss
-        can undo would not be durable either."""
-        self._dirs.ensure(directory)
 
     def _raw_put(self, key: str, data: bytes) -> None:
         path = self._path(key)
