@@ -66,3 +66,132 @@ def test_conditional_writes_sync_the_name_they_created_or_replaced(tmp_path: Pat
     assert store.get("C/b/T/0/manifest.json") == b"v2"
     # a write into an existing directory syncs only that directory
     assert set(_dirs(synced)) == {str(root / "C/b/T/0")}
+
+
+def test_a_directory_removed_after_a_write_is_created_and_synced_again(tmp_path: Path, synced) -> None:  # noqa: ANN001
+    root = tmp_path / "cold"
+    store = open_store(f"file://{root}")
+    store.put("C/b/T/0/segment/a", b"1")
+    store.put("C/b/T/1/segment/a", b"2")  # T is remembered: only 1 and 1/segment are made
+    assert {"0", "1"} <= _dirs(synced)[str(root / "C/b/T")]
+    # the cleaner (or a hand) removes a queue's directories the store remembers
+    import shutil
+
+    shutil.rmtree(root / "C/b/T/0")
+    synced.clear()
+    store.put("C/b/T/0/segment/b", b"3")
+    dirs = _dirs(synced)
+    assert "0" in dirs[str(root / "C/b/T")] and dirs[str(root / "C/b/T/0")] >= {"segment"}
+    assert dirs[str(root / "C/b/T/0/segment")] == {"b"}
+    # and the topic's whole tree, every remembered level gone
+    shutil.rmtree(root / "C")
+    synced.clear()
+    etag = store.put_if_absent("C/b/T/1/manifest.json", b"m")
+    dirs = _dirs(synced)
+    assert dirs[str(root)] >= {"C"} and dirs[str(root / "C")] >= {"b"} and dirs[str(root / "C/b")] >= {"T"}
+    assert dirs[str(root / "C/b/T")] >= {"1"} and dirs[str(root / "C/b/T/1")] == {"manifest.json"}
+    assert store.get("C/b/T/1/manifest.json") == b"m" and etag
+    assert [o.key for o in store.list_keys("C/")] == ["C/b/T/1/manifest.json"]
+
+
+def test_concurrent_writers_into_new_directories_each_find_their_entry_synced(tmp_path: Path, synced) -> None:  # noqa: ANN001
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = tmp_path / "cold"
+    (root / "T").mkdir(parents=True)
+    store = open_store(f"file://{root}")
+    keys = [f"T/{q}/segment/obj" for q in range(40)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: store.put(k, k.encode()), keys))
+    dirs = _dirs(synced)
+    # every queue directory is in a listing of T taken by an fsync after it was made
+    assert dirs[str(root / "T")] == {str(q) for q in range(40)}
+    for q in range(40):
+        assert dirs[str(root / f"T/{q}")] == {"segment"}
+        assert dirs[str(root / f"T/{q}/segment")] == {"obj"}
+        assert store.get(f"T/{q}/segment/obj") == f"T/{q}/segment/obj".encode()
+    # T was synced no more often than a queue directory was made in it (group commit may do fewer)
+    assert sum(1 for p, _ in synced if p == str(root / "T")) <= 40
+
+
+def test_new_directories_are_synced_after_the_file_and_before_its_name(tmp_path: Path, synced) -> None:  # noqa: ANN001
+    root = tmp_path / "cold"
+    (root / "T").mkdir(parents=True)
+    store = open_store(f"file://{root}")
+    store.put("T/0/segment/obj", b"x")
+    order = [p for p, _ in synced]
+    tmp_at = next(i for i, p in enumerate(order) if p.endswith(".tmp"))
+    # the file first (its commit usually carries the new entries too), then
+    # each new directory in its parent (T, there but not yet known to be
+    # durable, in the root), then the object's own name
+    assert order[tmp_at + 1:] == [str(root), str(root / "T"), str(root / "T/0"), str(root / "T/0/segment")]
+    assert dict(synced)[str(root / "T/0/segment")] == ("obj",)
+
+
+def test_directories_found_but_not_known_durable_are_synced_once(tmp_path: Path, synced) -> None:  # noqa: ANN001
+    root = tmp_path / "cold"
+    (root / "C/b/T").mkdir(parents=True)  # made by a process that died before syncing them
+    store = open_store(f"file://{root}")
+    store.put("C/b/T/0/segment/a", b"1")
+    dirs = _dirs(synced)
+    assert dirs[str(root)] == {"C"} and dirs[str(root / "C")] == {"b"} and dirs[str(root / "C/b")] == {"T"}
+    synced.clear()
+    store.put("C/b/T/1/segment/a", b"2")  # known now: only the new queue's own levels
+    assert set(_dirs(synced)) == {str(root / "C/b/T"), str(root / "C/b/T/1"), str(root / "C/b/T/1/segment")}
+
+
+def test_a_failed_write_still_syncs_the_directories_it_made(tmp_path: Path, synced,  # noqa: ANN001
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from tiered.archive.storage import RetryPolicy
+    from tiered.errors import StorageError
+
+    root = tmp_path / "cold"
+    (root / "T").mkdir(parents=True)
+    store = open_store(f"file://{root}", retry=RetryPolicy(attempts=1))
+    recording = os.fsync
+
+    def full(fd: int) -> None:
+        if not os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        recording(fd)
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(StorageError):
+        store.put("T/0/segment/obj", b"x")
+    monkeypatch.setattr(os, "fsync", recording)
+    dirs = _dirs(synced)
+    assert dirs[str(root / "T")] == {"0"} and dirs[str(root / "T/0")] == {"segment"}
+    synced.clear()
+    store.put("T/0/segment/obj", b"y")  # the directories are there now: only the object's name
+    assert set(_dirs(synced)) == {str(root / "T/0/segment")}
+    assert store.get("T/0/segment/obj") == b"y"
+
+
+def test_directories_made_for_a_file_that_could_not_be_opened_are_synced(tmp_path: Path, synced,  # noqa: ANN001
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+    import errno
+
+    from tiered.archive import storage
+    from tiered.archive.storage import RetryPolicy
+    from tiered.errors import StorageError
+
+    root = tmp_path / "cold"
+    (root / "T").mkdir(parents=True)
+    store = open_store(f"file://{root}", retry=RetryPolicy(attempts=1))
+    opened: list[str] = []
+
+    def open_(file, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        opened.append(str(file))
+        if len(opened) == 2:  # the retry, once the directories are made
+            raise OSError(errno.EMFILE, "Too many open files")
+        return builtins.open(file, *a, **kw)
+
+    monkeypatch.setattr(storage, "open", open_, raising=False)
+    with pytest.raises(StorageError):
+        store.put("T/0/segment/obj", b"x")
+    dirs = _dirs(synced)
+    assert len(opened) == 2 and (root / "T/0/segment").is_dir()
+    assert dirs[str(root / "T")] == {"0"} and dirs[str(root / "T/0")] == {"segment"}

@@ -30,6 +30,7 @@ import logging
 import os
 import random
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from zlib_ng.zlib_ng import crc32
 
+from tiered.archive.dirsync import Directories
 from tiered.errors import (
     BadResponseError,
     ConfigError,
@@ -57,6 +59,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 DELETE_BATCH = 1000
 _SINGLE_PUT_LIMIT = 5 << 30  # S3's largest single PUT
+_POOL = 64  # connections kept per client: dispatch.parallelism's upper bound
 
 
 @dataclass(frozen=True)
@@ -288,14 +291,6 @@ def _md5(data: bytes) -> str:
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class FileStore(ObjectStore):
     """``file://`` objects: written to a temp name, fsynced, renamed into place
     and the directory fsynced, so a reader never sees half an object, a crash
@@ -306,6 +301,9 @@ class FileStore(ObjectStore):
     def __init__(self, root: str, **kw: Any) -> None:
         super().__init__(os.path.abspath(root), **kw)
         self._tls = threading.local()
+        # directory fsyncs shared by the writer threads, and the directories
+        # known to exist (tiered/archive/dirsync.py)
+        self._dirs = Directories(Path(self.root))
 
     def _path(self, key: str) -> Path:
         if key.startswith("/") or ".." in key.split("/"):
@@ -325,39 +323,35 @@ class FileStore(ObjectStore):
 
     def _write_tmp(self, path: Path, data: bytes) -> Path:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        made: list[Path] = []
         try:
-            fh = open(tmp, "wb")
-        except FileNotFoundError:
-            # the directory is created on the first write into it only: a
-            # mkdir per object costs as much as the write itself (measured
-            # at 1,000 queues: 5,000 mkdir calls for 2,000 objects)
-            self._make_dirs(path.parent)
-            fh = open(tmp, "wb")
-        with fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+            try:
+                fh = open(tmp, "wb")
+            except FileNotFoundError:
+                # the directory is created on the first write into it only: a
+                # mkdir per object costs as much as the write itself (measured
+                # at 1,000 queues: 5,000 mkdir calls for 2,000 objects)
+                made = self._dirs.prepare(path.parent)
+                fh = open(tmp, "wb")
+            with fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        finally:
+            # The new directories are made durable after the file, still before
+            # its rename names it: the file's fsync has usually committed their
+            # entries on a journaling file system already, so these are cheap.
+            # Also when the write failed: a later write into them opens them
+            # without making them again, and would never sync them.
+            self._dirs.settle(made)
         return tmp
-
-    def _make_dirs(self, directory: Path) -> None:
-        """Create ``directory`` and its missing parents, each made durable in
-        its parent: a rename into a directory whose own entry a power loss
-        can undo would not be durable either."""
-        missing = []
-        d = directory
-        while not d.exists():
-            missing.append(d)
-            d = d.parent
-        directory.mkdir(parents=True, exist_ok=True)
-        for made in reversed(missing):
-            _fsync_dir(made.parent)
 
     def _raw_put(self, key: str, data: bytes) -> None:
         path = self._path(key)
         os.replace(self._write_tmp(path, data), path)
         # the object is durable once its name is: a manifest committed after
         # this call may name it, so the rename must survive a power loss
-        _fsync_dir(path.parent)
+        self._dirs.sync(path.parent)
 
     def _raw_put_if(self, key: str, data: bytes, etag: str | None) -> str:
         path = self._path(key)
@@ -365,7 +359,7 @@ class FileStore(ObjectStore):
         try:
             if etag is None:
                 os.link(tmp, path)  # atomic create-if-absent: FileExistsError if present
-                _fsync_dir(path.parent)
+                self._dirs.sync(path.parent)
                 return _md5(data)
             while True:
                 fd = os.open(path, os.O_RDONLY)  # FileNotFoundError: no such object
@@ -378,7 +372,7 @@ class FileStore(ObjectStore):
                     if current != etag:
                         raise PreconditionFailedError("put_if_match", key)
                     os.replace(tmp, path)
-                    _fsync_dir(path.parent)
+                    self._dirs.sync(path.parent)
                     return _md5(data)
                 finally:
                     os.close(fd)
@@ -456,10 +450,12 @@ class FileStore(ObjectStore):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self._tls = threading.local()
+        self._dirs = Directories(Path(self.root))
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.pop("_tls", None)
+        state.pop("_dirs", None)
         return state
 
 
@@ -496,6 +492,10 @@ class S3Store(ObjectStore):
             "connect_timeout": o.connect_timeout,
             "read_timeout": o.read_timeout,
             "retries": {"total_max_attempts": 1, "mode": "standard"},  # no retry in botocore: retries are ours
+            # one pooled connection per upload thread (dispatch.parallelism is
+            # at most 64): past botocore's default of 10, every extra request
+            # opened a new connection (a TLS handshake) and dropped it after
+            "max_pool_connections": _POOL,
             "request_checksum_calculation": o.checksum_mode,
             "response_checksum_validation": o.checksum_mode,
         }
@@ -540,9 +540,11 @@ class S3Store(ObjectStore):
                         aws_access_key_id=o.access_key_id, aws_secret_access_key=o.secret_access_key,
                         aws_session_token=o.session_token, region_name=o.region, profile_name=o.profile,
                     )
-                    self._client = session.client(
+                    client = session.client(
                         "s3", endpoint_url=o.endpoint_url, config=Config(**self._botocore_config()),
                     )
+                    client.meta.events.register("before-sign.s3.PutObject", _checksum_is_ours)
+                    self._client = client
         return self._client
 
     def _check_pid(self) -> None:
@@ -598,10 +600,13 @@ class S3Store(ObjectStore):
         return f"{self.bucket}/{self._full(key)}"
 
     def _raw_get(self, key: str, start: int | None, end: int | None) -> bytes:
-        # max_concurrency=1: one GET, not a HEAD for the size first (a request
-        # the recorder would never see) and a fan-out of ranged GETs
         if start is None:
-            return self.fs.cat_file(self._path(key), max_concurrency=1)
+            # boto3, as the writes: a writer's reads (identity, catalog,
+            # manifests, chunks) never start s3fs's event loop thread and its
+            # aiohttp stack (~12 MiB per process, measured), and it is one GET
+            # (s3fs may HEAD for the size first, a request the recorder never sees)
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._full(key))
+            return bytes(resp["Body"].read())
         return self.fs.cat_file(self._path(key), start=start, end=end)
 
     def _raw_get_etag(self, key: str) -> tuple[bytes, str]:
@@ -689,6 +694,18 @@ class S3Store(ObjectStore):
         self._pid = os.getpid()
 
 
+def _checksum_is_ours(request: Any, **_: Any) -> None:
+    """Tell botocore's signer that the x-amz-checksum-crc32 header we
+    computed (``S3Store._checksum``) is the request's checksum, as one it
+    computed itself would be: over https it then sends the body as
+    UNSIGNED-PAYLOAD (TLS plus a checksum the store verifies), not hashed
+    whole with SHA-256 first (~0.5 CPU-s per GB); over plain http it still
+    signs the payload, the one integrity check such a link has."""
+    checksum = request.context.setdefault("checksum", {})
+    if "x-amz-checksum-crc32" in request.headers and not checksum.get("request_algorithm"):
+        checksum["request_algorithm"] = {"algorithm": "crc32", "in": "header", "name": "x-amz-checksum-crc32"}
+
+
 def op_of(etag: str | None) -> str:
     return "put_if_absent" if etag is None else "put_if_match"
 
@@ -720,13 +737,19 @@ def _bad_response(op: str, key: str, exc: Exception) -> BadResponseError | None:
         return BadResponseError(op, key, "unparsable body")
     if isinstance(exc, bx.ResponseStreamingError):
         return BadResponseError(op, key, "truncated body")
-    try:
-        import aiohttp
-    except ImportError:  # pragma: no cover - s3fs brings it
+    aiohttp = _aiohttp()
+    if aiohttp is None:
         return None
     if isinstance(exc, aiohttp.ClientPayloadError):
         return BadResponseError(op, key, "truncated body")
     return None
+
+
+def _aiohttp() -> Any:
+    """aiohttp when something in this process loaded it (s3fs does), else
+    None: an exception cannot be one of its types before it is imported, and
+    a writer that never used s3fs must not load it to translate a 404."""
+    return sys.modules.get("aiohttp")
 
 
 def _transport_error(exc: Exception) -> tuple[str, str] | None:
@@ -742,9 +765,8 @@ def _transport_error(exc: Exception) -> tuple[str, str] | None:
         return name, "timeout"
     if isinstance(exc, (bx.HTTPClientError, bx.IncompleteReadError, bx.ResponseStreamingError)):
         return name, "error"
-    try:
-        import aiohttp
-    except ImportError:  # pragma: no cover - s3fs brings it
+    aiohttp = _aiohttp()
+    if aiohttp is None:
         return None
     if isinstance(exc, (aiohttp.ServerTimeoutError, aiohttp.ConnectionTimeoutError)):
         return name, "timeout"
