@@ -140,6 +140,20 @@ def test_directories_found_but_not_known_durable_are_synced_once(tmp_path: Path,
     assert set(_dirs(synced)) == {str(root / "C/b/T"), str(root / "C/b/T/1"), str(root / "C/b/T/1/segment")}
 
 
+def test_a_whole_path_made_by_another_process_is_synced_at_the_first_write(tmp_path: Path,  # noqa: ANN001
+                                                                          synced) -> None:
+    root = tmp_path / "cold"
+    (root / "C/b/T/0/segment").mkdir(parents=True)  # all of it, by a process that died before syncing
+    store = open_store(f"file://{root}")
+    store.put("C/b/T/0/segment/a", b"1")
+    dirs = _dirs(synced)
+    assert dirs[str(root)] == {"C"} and dirs[str(root / "C")] == {"b"} and dirs[str(root / "C/b")] == {"T"}
+    assert dirs[str(root / "C/b/T")] == {"0"} and dirs[str(root / "C/b/T/0")] == {"segment"}
+    synced.clear()
+    store.put("C/b/T/0/segment/b", b"2")  # known now: the file and its name only
+    assert set(_dirs(synced)) == {str(root / "C/b/T/0/segment")}
+
+
 def test_a_failed_write_still_syncs_the_directories_it_made(tmp_path: Path, synced,  # noqa: ANN001
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
@@ -185,7 +199,7 @@ def test_directories_made_for_a_file_that_could_not_be_opened_are_synced(tmp_pat
 
     def open_(file, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
         opened.append(str(file))
-        if len(opened) == 2:  # the retry, once the directories are made
+        if len(opened) == 1:  # made before the first open: this process never synced them
             raise OSError(errno.EMFILE, "Too many open files")
         return builtins.open(file, *a, **kw)
 
@@ -193,5 +207,5 @@ def test_directories_made_for_a_file_that_could_not_be_opened_are_synced(tmp_pat
     with pytest.raises(StorageError):
         store.put("T/0/segment/obj", b"x")
     dirs = _dirs(synced)
-    assert len(opened) == 2 and (root / "T/0/segment").is_dir()
+    assert len(opened) == 1 and (root / "T/0/segment").is_dir()
     assert dirs[str(root / "T")] == {"0"} and dirs[str(root / "T/0")] == {"segment"}

@@ -107,6 +107,11 @@ class Directories:
             st = self._states.get(str(directory))
             return st.waiting if st is not None else 0
 
+    def known(self, directory: Path) -> bool:
+        """Whether this process made ``directory`` durable (a hint: it may
+        have been removed since, which the write then finds)."""
+        return str(directory) in self._known
+
     def ensure(self, directory: Path) -> None:
         """Create ``directory`` and its missing parents, each made durable in
         its parent before returning: a rename into a directory whose own entry

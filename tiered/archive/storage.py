@@ -323,7 +323,9 @@ class FileStore(ObjectStore):
 
     def _write_tmp(self, path: Path, data: bytes) -> Path:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        made: list[Path] = []
+        # a directory this process has not made durable yet (another
+        # process made it, maybe dying before syncing it) is walked once
+        made: list[Path] = [] if self._dirs.known(path.parent) else self._dirs.prepare(path.parent)
         try:
             try:
                 fh = open(tmp, "wb")
