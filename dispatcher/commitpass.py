@@ -166,7 +166,7 @@ def _gather(local: LocalStore, job: BuildJob, phys_limit: int) -> _Queue:
     # segment's first; a pass stopped there must not hand it on
     full = 0 < k < len(plain) and bool(can_be[k]) and not bool(in_budget[k])
     q = _Queue(job, builder, entries[:k], k, full=full)
-    builder.reserve(int(size[:k].sum()))  # what the pass will copy, allocated once
+    builder.reserve(int(size[:k].sum()), k)  # what the pass will copy, allocated once
     if k and k == len(plain):
         # the last written entry may be the one the broker is writing: it is
         # read again after its record, as QueueCursor._one_entry does

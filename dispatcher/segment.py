@@ -17,11 +17,13 @@ reads the segment's index section instead.
 
 from __future__ import annotations
 
+import sys
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
-from tiered.format.batch import CQ_DTYPE, RecordBatch, copy_spans, gather, join_spans
+from tiered.format.batch import CQ_DTYPE, RecordBatch, copy_spans, gather, grow, join_spans
 from tiered.format.codec import crc32
 from tiered.errors import CorruptRecordError
 from tiered.archive.layout import COMPRESSIONS, LAYOUT_V2, section_keys, segment_object_key
@@ -29,6 +31,12 @@ from tiered.format.keyindex import EMPTY_BLOOM, bloom_of_hashes, hash_spans, ind
 from tiered.archive.manifest import Segment, segment_keys
 
 _KEYS, _UNIQ = np.void(b"KEYS\x01"), np.void(b"UNIQ_KEY\x01")
+# the v2 object's tail reserved behind the records (SegmentBuilder.reserve): an
+# index entry is 12 bytes a key, two keys a record guessed (KEYS and UNIQ_KEY);
+# the descriptor and footer well under the room given. A guess short of it
+# costs one realloc in pack_v2, nothing else.
+_KEY_ROOM = 2 * 12
+_DESCRIPTOR_ROOM = 4096
 
 
 class BadProperties(ValueError):
@@ -93,6 +101,69 @@ def batch_keys(
     key_owner = np.concatenate((k_owner, owners[u]))
     nonempty = key_end > key_at
     return key_owner[nonempty], blob, key_at[nonempty], key_end[nonempty]
+
+
+def _refs(buf: bytearray) -> int:
+    return sys.getrefcount(buf)
+
+
+def _probe_refs() -> int:
+    """What ``_refs`` counts for a buffer with one holder, the caller's name:
+    measured, not assumed, as interpreters count a call's references
+    differently."""
+    probe = bytearray(1)
+    return _refs(probe)
+
+
+_ONE_HOLDER = _probe_refs()
+
+
+class BufferPool:
+    """Segment buffers given back after their upload, for the next segments.
+
+    A fresh buffer of a segment's size is memory the kernel has never mapped
+    for this process: copying the records into it page-faults every page of
+    it (half of the CommitLog pass's CPU on 16 MiB segments, once the
+    zeroing was gone). A buffer given back has its pages mapped already.
+    Bounded: at most ``limit`` buffers and ``max_bytes`` held idle, so peak
+    memory grows by at most that; ``take`` hands the most recent back first.
+    """
+
+    def __init__(self, *, limit: int, max_bytes: int) -> None:
+        self.limit = limit
+        self.max_bytes = max_bytes
+        self._idle: list[bytearray] = []
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> bytearray:
+        """A buffer of ``nbytes`` bytes whose values are undefined."""
+        with self._lock:
+            buf = self._idle.pop() if self._idle else bytearray()
+        if len(buf) > nbytes:
+            del buf[nbytes:]  # keeps the allocation while it stays over half used
+        grow(buf, nbytes)
+        return buf
+
+    def give(self, buf: bytes | bytearray, *, holders: int) -> bool:
+        """Keeps ``buf`` for a later ``take`` when nothing but its ``holders``
+        known names refers to it (a store, a retry, a view still holding it
+        keeps it out: reusing it would change bytes someone still reads)."""
+        # ``buf`` here counts as much as the probe's own name did
+        if type(buf) is not bytearray or _refs(buf) - _ONE_HOLDER != holders:
+            return False
+        with self._lock:
+            if len(self._idle) >= self.limit or sum(map(len, self._idle)) + len(buf) > self.max_bytes:
+                return False
+            self._idle.append(buf)
+        return True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._idle.clear()
+
+
+# the segments of one wave of uploads come back as the next wave's pass begins
+SEGMENT_BUFFERS = BufferPool(limit=4, max_bytes=80 << 20)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,22 +256,30 @@ class SegmentBuilder:
         if error is not None:
             raise error
 
-    def reserve(self, nbytes: int) -> None:
-        """Room for ``nbytes`` more record bytes, allocated at once (the
-        CommitLog pass knows what it will add): a buffer grown record by
-        record is moved by realloc again and again."""
-        self._room(nbytes)
+    def reserve(self, nbytes: int, records: int = 0) -> None:
+        """Room for ``nbytes`` more record bytes of ``records`` records,
+        allocated at once (the CommitLog pass knows what it will add): a
+        buffer grown record by record is moved by realloc again and again.
+        In layout v2 the room holds the object's tail too (entries, key
+        index, descriptor): ``build`` trims the buffer to the records, which
+        keeps its allocation, so ``segmeta.pack_v2(consume=True)`` appends
+        the tail without moving a segment's worth of bytes."""
+        tail = 0
+        if self.layout == LAYOUT_V2 and records:
+            tail = records * (CQ_DTYPE.itemsize + _KEY_ROOM * self.key_index) + _DESCRIPTOR_ROOM
+        self._room(nbytes + tail)
 
     def _room(self, nbytes: int) -> None:
         need = self._n + nbytes
         have = len(self._cl)
         if need <= have:
             return
-        if not have:
-            self._cl = bytearray(need)
+        if not have:  # pages a past segment mapped already, when one was given back
+            self._cl = SEGMENT_BUFFERS.take(need)
             return
-        # half as much again: a few moves over a segment read with no reservation
-        self._cl += bytes(max(need, have + have // 2) - have)
+        # not zeroed (tiered.format.batch.grow): every byte handed out is copied in first;
+        # half as much again when growing: a few moves over a segment read with no reservation
+        grow(self._cl, max(need, have + have // 2))
 
     def _add_arrays(self, batch: RecordBatch, n: int) -> None:
         """The first ``n`` records' sizes, tags and times (their bytes are in)."""

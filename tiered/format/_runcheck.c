@@ -333,7 +333,26 @@ static PyObject *py_join_spans(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* grow(buffer, n): the bytearray ``buffer`` resized to ``n`` >= len bytes
+ * without writing the new ones (bytearray(n) zeroes them: a memset, and the
+ * page faults of a fresh segment's worth of memory, before the copy writes
+ * every byte anyway). The new bytes are garbage until written: the segment
+ * builder only ever hands out the bytes it copied in. */
+static PyObject *py_grow(PyObject *self, PyObject *args) {
+    PyObject *buffer;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "O!n", &PyByteArray_Type, &buffer, &n)) return NULL;
+    if (n < PyByteArray_GET_SIZE(buffer)) {
+        PyErr_Format(PyExc_ValueError, "grow to %zd bytes, below the %zd held", n, PyByteArray_GET_SIZE(buffer));
+        return NULL;
+    }
+    /* PyByteArray_Resize refuses (BufferError) while a view is exported */
+    if (PyByteArray_Resize(buffer, n) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"grow", py_grow, METH_VARARGS, "Resize a bytearray up without initialising the new bytes."},
     {"copy_spans", py_copy_spans, METH_VARARGS, "Copy spans of a buffer one after the other into another."},
     {"join_spans", py_join_spans, METH_VARARGS, "Spans of a buffer, each behind a one-byte separator."},
     {"crc32_rows", py_crc32_rows, METH_VARARGS, "CRC-32 of the same span of every row of a 2-D buffer."},
