@@ -19,8 +19,9 @@ write (reput) order, for all the queues of a round's wave:
 2. ``_walk``: every queue's entries merged by physical offset (one argsort),
    cut into windows of one CommitLog file, each window's pages mapped in one
    call and given back behind it. In a window each queue's entries are
-   checked by ``batch.check_run``, exactly as the per-queue read checks
-   them, and added to the queue's ``SegmentBuilder`` (one copy, while the
+   checked by ``batch.check_runs`` (one call for all of them), exactly as
+   the per-queue read's ``check_run`` checks them, and added to the
+   queue's ``SegmentBuilder`` (one copy, while the
    pages are mapped: copying later, at the upload, would map every page
    again for every queue whose records it holds; measured 0.19 s more for
    64 MiB over 16 queues).
@@ -46,7 +47,7 @@ import numpy as np
 from dispatcher.buildpool import BuildJob
 from dispatcher.segment import BadProperties, SegmentBuilder, batch_keys
 from tiered.errors import CorruptRecordError, ExpiredLocallyError
-from tiered.format.batch import CQ_DTYPE, RecordBatch, check_run
+from tiered.format.batch import CQ_DTYPE, RecordBatch, check_runs
 from tiered.format.keyindex import hash_spans
 from tiered.format.codec import CQ_ENTRY_SIZE, CQ_FILLER_SIZE
 from tiered.store.localstore import LocalStore
@@ -248,20 +249,29 @@ def _stop_at(queues: list[_Queue], owners: np.ndarray, indices: np.ndarray) -> N
 
 def _window(queues: list[_Queue], view: memoryview, base: int, source: str, owners: np.ndarray,
             indices: np.ndarray) -> tuple[int, int]:
-    """Each queue's entries of one window, checked queue by queue (a queue's
-    entries in a window are consecutive), their keys found at once for the
-    whole window, then added. Returns (records, bytes)."""
+    """Each queue's entries of one window, checked as ``check_run`` checks
+    them, every queue's run in one call (a queue's entries in a window are
+    consecutive), their keys found at once for the whole window, then added.
+    Returns (records, bytes)."""
     by_queue = np.argsort(owners, kind="stable")
     owners, indices = owners[by_queue], indices[by_queue]
     cuts = np.flatnonzero(owners[1:] != owners[:-1]) + 1
-    checked: list[tuple[_Queue, RecordBatch, int, int]] = []
-    for lo, hi in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(owners)])).tolist()):
-        q = queues[int(owners[lo])]
-        i0, i1 = int(indices[lo]), min(int(indices[hi - 1]) + 1, q.limit)
+    firsts, lasts = np.concatenate(([0], cuts)), np.concatenate((cuts, [len(owners)])) - 1
+    runs: list[tuple[_Queue, int, int]] = []
+    for qi, first, last in zip(owners[firsts].tolist(), indices[firsts].tolist(), indices[lasts].tolist()):
+        q = queues[qi]
+        i0, i1 = first, min(last + 1, q.limit)
         if q.stop is not None or i0 != q.taken or i1 <= i0:
             continue  # stopped earlier in the pass: the rest is the per-queue read's
-        batch = check_run(view, base, q.entries[i0:i1], topic=q.job.topic.encode("utf-8"),
-                          queue_id=q.job.queue_id, first_offset=q.job.start + i0, source=source)
+        runs.append((q, i0, i1))
+    if not runs:
+        return 0, 0
+    # every queue's run checked in one call (a call a queue cost more than its records at 1,000 queues)
+    batches = check_runs(view, base, np.concatenate([q.entries[i0:i1] for q, i0, i1 in runs]),
+                         [(i1 - i0, q.job.topic.encode("utf-8"), q.job.queue_id, q.job.start + i0) for q, i0, i1 in runs],
+                         source=source)
+    checked: list[tuple[_Queue, RecordBatch, int, int]] = []
+    for (q, i0, i1), batch in zip(runs, batches):
         if batch is None or batch.count < i1 - i0:
             q.limit = i0 + (batch.count if batch is not None else 0)  # the per-queue read decides the next
         if batch is not None:
