@@ -231,8 +231,8 @@ def _walk(local: LocalStore, queues: list[_Queue]) -> tuple[int, int, int]:
     counts = [q.limit for q in queues]
     if not sum(counts):
         return 0, 0, 0
-    phys = np.concatenate([q.entries["phys"].astype(np.int64) for q in queues])
-    size = np.concatenate([q.entries["size"].astype(np.int64) for q in queues])
+    every = _joined([q.entries for q in queues])
+    phys, size = every["phys"].astype(np.int64), every["size"].astype(np.int64)
     owner = np.repeat(np.arange(len(queues)), counts)
     index = np.concatenate([np.arange(n) for n in counts])  # in its queue's entries
     order = np.argsort(phys, kind="stable")
@@ -274,6 +274,16 @@ def _walk(local: LocalStore, queues: list[_Queue]) -> tuple[int, int, int]:
     return records, nbytes, windows
 
 
+_RAW = np.dtype(f"V{CQ_DTYPE.itemsize}")
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """CQ_DTYPE arrays one after the other, joined as raw bytes: numpy joins
+    structured arrays field by field, promoting each array's dtype (~3 us an
+    array, a thousand arrays a window at 1,000 queues)."""
+    return np.concatenate([p.view(_RAW) for p in parts]).view(CQ_DTYPE)
+
+
 def _stop_at(queues: list[_Queue], owners: np.ndarray, indices: np.ndarray) -> None:
     for qi, i in zip(owners.tolist(), indices.tolist()):
         queues[qi].limit = min(queues[qi].limit, i)
@@ -299,7 +309,7 @@ def _window(queues: list[_Queue], view: memoryview, base: int, source: str, owne
     if not runs:
         return 0, 0
     # every queue's run checked in one call (a call a queue cost more than its records at 1,000 queues)
-    batches = check_runs(view, base, np.concatenate([q.entries[i0:i1] for q, i0, i1 in runs]),
+    batches = check_runs(view, base, _joined([q.entries[i0:i1] for q, i0, i1 in runs]),
                          [(i1 - i0, q.job.topic.encode("utf-8"), q.job.queue_id, q.job.start + i0) for q, i0, i1 in runs],
                          source=source)
     checked: list[tuple[_Queue, RecordBatch, int, int]] = []

@@ -133,12 +133,14 @@ class BufferPool:
         self.limit = limit
         self.max_bytes = max_bytes
         self._idle: list[bytearray] = []
+        self._bytes = 0  # held in _idle
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> bytearray:
         """A buffer of ``nbytes`` bytes whose values are undefined."""
         with self._lock:
             buf = self._idle.pop() if self._idle else bytearray()
+            self._bytes -= len(buf)
         if len(buf) > nbytes:
             del buf[nbytes:]  # keeps the allocation while it stays over half used
         grow(buf, nbytes)
@@ -152,18 +154,22 @@ class BufferPool:
         if type(buf) is not bytearray or _refs(buf) - _ONE_HOLDER != holders:
             return False
         with self._lock:
-            if len(self._idle) >= self.limit or sum(map(len, self._idle)) + len(buf) > self.max_bytes:
+            if len(self._idle) >= self.limit or self._bytes + len(buf) > self.max_bytes:
                 return False
             self._idle.append(buf)
+            self._bytes += len(buf)
         return True
 
     def clear(self) -> None:
         with self._lock:
             self._idle.clear()
+            self._bytes = 0
 
 
-# the segments of one wave of uploads come back as the next wave's pass begins
-SEGMENT_BUFFERS = BufferPool(limit=4, max_bytes=80 << 20)
+# the segments of one wave of uploads come back as the next wave's pass begins:
+# four of 16 MiB, or a thousand small ones of a pass over 1,000 queues (their
+# fresh pages cost the pass as much as the copy into them)
+SEGMENT_BUFFERS = BufferPool(limit=1024, max_bytes=64 << 20)
 
 
 @dataclass(frozen=True, kw_only=True)
