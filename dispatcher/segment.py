@@ -169,7 +169,7 @@ class BufferPool:
 # the segments of one wave of uploads come back as the next wave's pass begins:
 # four of 16 MiB, or a thousand small ones of a pass over 1,000 queues (their
 # fresh pages cost the pass as much as the copy into them)
-SEGMENT_BUFFERS = BufferPool(limit=1024, max_bytes=64 << 20)
+SEGMENT_BUFFERS = BufferPool(limit=1024, max_bytes=80 << 20)
 
 
 @dataclass(frozen=True, kw_only=True)
