@@ -320,11 +320,21 @@ def _window(queues: list[_Queue], view: memoryview, base: int, source: str, owne
         if batch is not None:
             checked.append((q, batch, i0, i1))
     keys = _window_keys(view, [b for q, b, _i0, _i1 in checked if q.job.key_index])
+    # keys found (or none indexed): those queues' records copied in one call
+    ready = [(q, b, i0) for q, b, i0, _i1 in checked if not q.job.key_index or id(b) in keys]
+    SegmentBuilder.add_many([(q.builder, b, keys.get(id(b))) for q, b, _i0 in ready])
     records = nbytes = 0
+    for q, batch, i0 in ready:
+        records += batch.count
+        nbytes += int(batch.sizes.sum())
+        q.taken = i0 + batch.count
+    # properties that were not UTF-8 in the window: each builder finds its own keys
     for q, batch, i0, _i1 in checked:
+        if not q.job.key_index or id(batch) in keys:
+            continue
         before = q.builder.count
         try:
-            q.builder.add(batch, keys=keys.get(id(batch)))
+            q.builder.add(batch)
         except CorruptRecordError as exc:
             q.stop = exc  # properties that are not UTF-8: the records before it are kept
         got = q.builder.count - before

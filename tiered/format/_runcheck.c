@@ -378,6 +378,71 @@ static PyObject *py_copy_spans(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(total);
 }
 
+/* copy_runs(src, dsts, ats, starts, ends, bounds) -> None: copy_spans for
+ * many destinations in one call (the CommitLog pass: every queue's records
+ * of a window into its own segment buffer). Run r is spans
+ * [bounds[r], bounds[r + 1]) of starts/ends (int64), copied one after the
+ * other into the writable dsts[r] from byte ats[r]. Every span and
+ * destination is checked before any byte is copied. */
+static PyObject *py_copy_runs(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *dsts_obj, *ats_obj, *starts_obj, *ends_obj, *bounds_obj;
+    if (!PyArg_ParseTuple(args, "OO!OOOO", &src_obj, &PyList_Type, &dsts_obj, &ats_obj, &starts_obj, &ends_obj,
+                          &bounds_obj))
+        return NULL;
+    Py_buffer views[5];
+    PyObject *objs[5] = {src_obj, ats_obj, starts_obj, ends_obj, bounds_obj};
+    int got = 0;
+    for (; got < 5; got++)
+        if (PyObject_GetBuffer(objs[got], &views[got], PyBUF_SIMPLE) < 0) { release_all(views, got); return NULL; }
+    const Py_ssize_t nruns = PyList_GET_SIZE(dsts_obj);
+    Py_ssize_t total = spans_total(&views[0], &views[2], &views[3]);
+    const int64_t *ats = views[1].buf, *bounds = views[4].buf;
+    const Py_ssize_t nspans = views[2].len / 8;
+    if (total >= 0 && (views[1].len != nruns * 8 || views[4].len != (nruns + 1) * 8 || bounds[0] != 0
+                       || bounds[nruns] != nspans)) {
+        PyErr_SetString(PyExc_ValueError, "ats and bounds must be int64 arrays of one item a run (and one more)");
+        total = -1;
+    }
+    for (Py_ssize_t r = 0; total >= 0 && r < nruns; r++)
+        if (bounds[r + 1] < bounds[r]) {
+            PyErr_Format(PyExc_ValueError, "run %zd: bounds going back", r);
+            total = -1;
+        }
+    if (total < 0) { release_all(views, 5); return NULL; }
+    Py_buffer *dsts = PyMem_Calloc(nruns ? (size_t)nruns : 1, sizeof(Py_buffer));
+    if (dsts == NULL) { release_all(views, 5); return PyErr_NoMemory(); }
+    const int64_t *s = views[2].buf, *e = views[3].buf;
+    Py_ssize_t held = 0;
+    for (; held < nruns; held++) {
+        if (PyObject_GetBuffer(PyList_GET_ITEM(dsts_obj, held), &dsts[held], PyBUF_WRITABLE) < 0) break;
+        int64_t need = 0;
+        for (int64_t i = bounds[held]; i < bounds[held + 1]; i++) need += e[i] - s[i];
+        if (ats[held] < 0 || ats[held] > dsts[held].len || need > dsts[held].len - ats[held]) {
+            PyErr_Format(PyExc_ValueError, "run %zd: the spans do not fit its destination", held);
+            held++;
+            break;
+        }
+    }
+    if (held == nruns && !PyErr_Occurred()) {
+        const uint8_t *src = (const uint8_t *)views[0].buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t r = 0; r < nruns; r++) {
+            uint8_t *out = (uint8_t *)dsts[r].buf + ats[r];
+            for (int64_t i = bounds[r]; i < bounds[r + 1]; i++) {
+                size_t len = (size_t)(e[i] - s[i]);
+                memcpy(out, src + s[i], len);
+                out += len;
+            }
+        }
+        Py_END_ALLOW_THREADS
+    }
+    for (Py_ssize_t r = 0; r < held; r++) PyBuffer_Release(&dsts[r]);
+    PyMem_Free(dsts);
+    release_all(views, 5);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* join_spans(src, starts, ends, sep) -> bytes: sep, span 0, sep, span 1, ...
  * (sep one byte): the properties of many records in one buffer, as
  * b"\x02" + b"\x02".join(...) makes it, without a slice object per record. */
@@ -431,6 +496,7 @@ static PyObject *py_grow(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"grow", py_grow, METH_VARARGS, "Resize a bytearray up without initialising the new bytes."},
+    {"copy_runs", py_copy_runs, METH_VARARGS, "copy_spans into many destinations in one call."},
     {"copy_spans", py_copy_spans, METH_VARARGS, "Copy spans of a buffer one after the other into another."},
     {"join_spans", py_join_spans, METH_VARARGS, "Spans of a buffer, each behind a one-byte separator."},
     {"crc32_rows", py_crc32_rows, METH_VARARGS, "CRC-32 of the same span of every row of a 2-D buffer."},
