@@ -161,3 +161,33 @@ def test_add_many_builds_what_add_builds_batch_by_batch() -> None:
         SegmentBuilder.add_many([(SegmentBuilder("p", 1, 0), _part(whole, 0, 2, 0), None)])
     with pytest.raises(ValueError, match="with their keys found"):
         SegmentBuilder.add_many([(SegmentBuilder("p", 0, 0), _part(whole, 0, 2, 0), None)])
+
+
+def test_a_round_gives_its_uploaded_buffers_back_and_stays_exact(tmp_path, clock, monkeypatch) -> None:  # noqa: ANN001
+    from dispatchkit import assert_exact, new_dispatcher, new_writer, produce
+    from tiered.archive.storage import open_store
+    from tiered.store.localstore import LocalStore
+
+    queues = [("T", 0), ("T", 1), ("U", 0)]
+    sd = tmp_path / "store"
+    with new_writer(sd) as w:
+        for i in range(40):
+            for q in queues:
+                produce(w, *q, 1, clock=clock, body_size=200, seed=i)
+    clock.advance(1)
+    store, local = open_store(f"file://{tmp_path / 'cold'}"), LocalStore(sd)
+    taken: list[bool] = []  # whether each segment's buffer was one given back
+    real_take = SEGMENT_BUFFERS.take
+
+    def take(nbytes: int) -> bytearray:
+        taken.append(bool(SEGMENT_BUFFERS._idle))
+        return real_take(nbytes)
+
+    monkeypatch.setattr(SEGMENT_BUFFERS, "take", take)
+    d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0, segment_bytes=2000,
+                       layout=2, single_pass=True, parallelism=2, build_processes=0)
+    result = d.run_round()
+    assert not result.errors and result.segments >= 12
+    # every uploaded segment's buffer came back: the later segments were built in them
+    assert SEGMENT_BUFFERS._idle and any(taken[2:]) and not taken[0]
+    assert assert_exact(store, local, queues) == {q: 40 for q in queues}
