@@ -107,12 +107,18 @@ def _refs(buf: bytearray) -> int:
     return sys.getrefcount(buf)
 
 
+def _refs_through(buf: bytearray) -> int:
+    """``_refs`` called as ``BufferPool.give`` calls it: from a function
+    whose parameter holds the buffer."""
+    return _refs(buf)
+
+
 def _probe_refs() -> int:
-    """What ``_refs`` counts for a buffer with one holder, the caller's name:
-    measured, not assumed, as interpreters count a call's references
-    differently."""
+    """What ``give`` counts for a buffer with one holder, its caller's name:
+    measured through the same chain of calls, not assumed, as interpreters
+    count (or borrow) a call's references differently."""
     probe = bytearray(1)
-    return _refs(probe)
+    return _refs_through(probe)
 
 
 _ONE_HOLDER = _probe_refs()
@@ -150,8 +156,8 @@ class BufferPool:
         """Keeps ``buf`` for a later ``take`` when nothing but its ``holders``
         known names refers to it (a store, a retry, a view still holding it
         keeps it out: reusing it would change bytes someone still reads)."""
-        # ``buf`` here counts as much as the probe's own name did
-        if type(buf) is not bytearray or _refs(buf) - _ONE_HOLDER != holders:
+        # counted as _probe_refs counted its one holder
+        if type(buf) is not bytearray or _refs(buf) - _ONE_HOLDER != holders - 1:
             return False
         with self._lock:
             if len(self._idle) >= self.limit or self._bytes + len(buf) > self.max_bytes:
