@@ -184,3 +184,15 @@ def test_many_runs_refuse_tables_outside_their_entries(runs: dict) -> None:
         batch._native.check_runs(memoryview(data), 0, entries[:4].copy(), bad, b"\x01T", True, out)
     with pytest.raises(ValueError, match="of the wrong size"):
         batch._native.check_runs(memoryview(data), 0, entries[:4].copy(), bad[:, :7].copy(), b"\x01T", True, out)
+
+
+def test_entries_in_native_byte_order_are_read_as_the_same_entries(runs: dict) -> None:
+    # numpy joins CQ_DTYPE arrays into the native byte order (same values): the compiled loop reads big-endian
+    data, entries = runs[("T", 0)]
+    native_order = np.concatenate([entries[:0], entries])
+    assert native_order.dtype != CQ_DTYPE and native_order.tolist() == entries.tolist()
+    want = _fields(batch.check_run(memoryview(data), 0, entries, topic=b"T", queue_id=0, first_offset=0, source="cl"))
+    got = batch.check_run(memoryview(data), 0, native_order, topic=b"T", queue_id=0, first_offset=0, source="cl")
+    assert want is not None and _fields(got) == want
+    runs_got = batch.check_runs(memoryview(data), 0, native_order, [(len(entries), b"T", 0, 0)], source="cl")
+    assert [_fields(b) for b in runs_got] == [want]

@@ -228,8 +228,10 @@ def check_run(
         return None
     v2 = tlen > 127  # the broker writes the 2-byte topic length exactly then
     out = np.empty((6, n), np.int64)
-    k = native.check_run(view, base, np.ascontiguousarray(entries), tlen.to_bytes(2 if v2 else 1, "big") + topic,
-                         MAGIC_V2 if v2 else MAGIC_V1, queue_id, first_offset, verify_crc, out)
+    # as CQ_DTYPE: the loop reads big-endian, a numpy join hands back the native order
+    k = native.check_run(view, base, np.ascontiguousarray(entries, CQ_DTYPE),
+                         tlen.to_bytes(2 if v2 else 1, "big") + topic, MAGIC_V2 if v2 else MAGIC_V1, queue_id,
+                         first_offset, verify_crc, out)
     if k == 0:
         return None
     return RecordBatch(first_offset, view, source, out[0, :k], out[1, :k], out[2, :k], out[3, :k], out[4, :k],
