@@ -20,7 +20,7 @@ from typing import TypeVar
 from dispatcher.buildpool import BuildJob, ProcessBuilds, build_segment
 from dispatcher.commitpass import PassStats, Planned, build_pass
 from dispatcher.firststarts import FirstStarts, starts_path
-from dispatcher.segment import BuiltSegment
+from dispatcher.segment import SEGMENT_BUFFERS, BuiltSegment
 from tiered.clock import Clock
 from tiered.archive.coldtier import ColdTier, ConflictError
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, FencedError, StoreBehindError, TieredError
@@ -424,6 +424,8 @@ class QueueArchiver:
                                      consume=True)  # the built segment is not used again
             store.put(seg.keys()[0], packed)
             seg = replace(seg, stored_bytes=len(packed))  # the manifest knows it, the descriptor cannot
+            if packed is built.commitlog:  # uploaded: its mapped pages serve a next segment
+                SEGMENT_BUFFERS.give(packed, holders=2)  # this name and the built segment's
         else:
             # The ConsumeQueue object last: its descriptor promises the others exist.
             store.put(seg.commitlog_key, built.commitlog)

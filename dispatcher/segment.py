@@ -17,17 +17,102 @@ reads the segment's index section instead.
 
 from __future__ import annotations
 
+import sys
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
-from tiered.format.batch import CQ_DTYPE, RecordBatch, copy_spans
+from tiered.format.batch import CQ_DTYPE, RecordBatch, copy_runs, copy_spans, grow
 from tiered.format.codec import crc32
 from tiered.errors import CorruptRecordError
 from tiered.archive.layout import COMPRESSIONS, LAYOUT_V2, section_keys, segment_object_key
 from tiered.format.keyindex import (  # noqa: F401  (BadProperties, batch_keys: their home before keyindex)
     EMPTY_BLOOM, BadProperties, batch_keys, bloom_of_hashes, index_of_hashes, record_key_hashes)
 from tiered.archive.manifest import Segment, segment_keys
+
+# the v2 object's tail reserved behind the records (SegmentBuilder.reserve): an
+# index entry is 12 bytes a key, two keys a record guessed (KEYS and UNIQ_KEY);
+# the descriptor and footer well under the room given. A guess short of it
+# costs one realloc in pack_v2, nothing else.
+_KEY_ROOM = 2 * 12
+_DESCRIPTOR_ROOM = 4096
+
+
+def _refs(buf: bytearray) -> int:
+    return sys.getrefcount(buf)
+
+
+def _refs_through(buf: bytearray) -> int:
+    """``_refs`` called as ``BufferPool.give`` calls it: from a function
+    whose parameter holds the buffer."""
+    return _refs(buf)
+
+
+def _probe_refs() -> int:
+    """What ``give`` counts for a buffer with one holder, its caller's name:
+    measured through the same chain of calls, not assumed, as interpreters
+    count (or borrow) a call's references differently."""
+    probe = bytearray(1)
+    return _refs_through(probe)
+
+
+_ONE_HOLDER = _probe_refs()
+
+
+class BufferPool:
+    """Segment buffers given back after their upload, for the next segments.
+
+    A fresh buffer of a segment's size is memory the kernel has never mapped
+    for this process: copying the records into it page-faults every page of
+    it (half of the CommitLog pass's CPU on 16 MiB segments, once the
+    zeroing was gone). A buffer given back has its pages mapped already.
+    Bounded: at most ``limit`` buffers and ``max_bytes`` held idle, so peak
+    memory grows by at most that; ``take`` hands the most recent back first.
+    """
+
+    def __init__(self, *, limit: int, max_bytes: int) -> None:
+        self.limit = limit
+        self.max_bytes = max_bytes
+        self._idle: list[bytearray] = []
+        self._bytes = 0  # held in _idle
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> bytearray:
+        """A buffer of ``nbytes`` bytes whose values are undefined."""
+        with self._lock:
+            buf = self._idle.pop() if self._idle else bytearray()
+            self._bytes -= len(buf)
+        if len(buf) > nbytes:
+            del buf[nbytes:]  # keeps the allocation while it stays over half used
+        grow(buf, nbytes)
+        return buf
+
+    def give(self, buf: bytes | bytearray, *, holders: int) -> bool:
+        """Keeps ``buf`` for a later ``take`` when nothing but its ``holders``
+        known names refers to it (a store, a retry, a view still holding it
+        keeps it out: reusing it would change bytes someone still reads)."""
+        # counted as _probe_refs counted its one holder
+        if type(buf) is not bytearray or _refs(buf) - _ONE_HOLDER != holders - 1:
+            return False
+        with self._lock:
+            if len(self._idle) >= self.limit or self._bytes + len(buf) > self.max_bytes:
+                return False
+            self._idle.append(buf)
+            self._bytes += len(buf)
+        return True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._idle.clear()
+            self._bytes = 0
+
+
+# the segments of one wave of uploads come back as the next wave's pass begins:
+# four of 16 MiB, or a thousand small ones of a pass over 1,000 queues (their
+# fresh pages cost the pass as much as the copy into them)
+SEGMENT_BUFFERS = BufferPool(limit=1024, max_bytes=80 << 20)
+
 
 @dataclass(frozen=True, kw_only=True)
 class BuiltSegment:
@@ -119,22 +204,60 @@ class SegmentBuilder:
         if error is not None:
             raise error
 
-    def reserve(self, nbytes: int) -> None:
-        """Room for ``nbytes`` more record bytes, allocated at once (the
-        CommitLog pass knows what it will add): a buffer grown record by
-        record is moved by realloc again and again."""
-        self._room(nbytes)
+    @staticmethod
+    def add_many(adds: list[tuple[SegmentBuilder, RecordBatch, tuple[np.ndarray, np.ndarray] | None]]) -> None:
+        """``builder.add(batch, keys=keys)`` for each of ``adds`` (distinct
+        builders; batches over one view; keys found already, or no key
+        index), the records of all copied in one call: in a CommitLog pass
+        over 1,000 queues a call a queue cost more than its records."""
+        if not adds:
+            return
+        view = adds[0][1].view
+        totals = []
+        for builder, batch, keys in adds:
+            if batch.first_offset != builder.next_offset:
+                raise ValueError(f"record {batch.first_offset} does not follow {builder.next_offset - 1}")
+            if batch.view is not view or (keys is None and builder.key_index):
+                raise ValueError("add_many takes batches of one view with their keys found")
+            total = int(batch.sizes.sum())
+            builder._room(total)
+            totals.append(total)
+        positions = np.concatenate([b.positions for _, b, _k in adds])
+        bounds = np.zeros(len(adds) + 1, np.int64)
+        np.cumsum([b.count for _, b, _k in adds], out=bounds[1:])
+        copy_runs(view, [builder._cl for builder, _b, _k in adds], np.array([b._n for b, _, _k in adds], np.int64),
+                  positions, positions + np.concatenate([b.sizes for _, b, _k in adds]), bounds)
+        for (builder, batch, keys), total in zip(adds, totals):
+            if keys is not None and len(keys[0]):
+                builder._key_offsets.append(keys[0] + (batch.first_offset - builder.q_start))
+                builder._key_hashes.append(keys[1])
+            builder._n += total
+            builder._add_arrays(batch, batch.count)
+
+    def reserve(self, nbytes: int, records: int = 0) -> None:
+        """Room for ``nbytes`` more record bytes of ``records`` records,
+        allocated at once (the CommitLog pass knows what it will add): a
+        buffer grown record by record is moved by realloc again and again.
+        In layout v2 the room holds the object's tail too (entries, key
+        index, descriptor): ``build`` trims the buffer to the records, which
+        keeps its allocation, so ``segmeta.pack_v2(consume=True)`` appends
+        the tail without moving a segment's worth of bytes."""
+        tail = 0
+        if self.layout == LAYOUT_V2 and records:
+            tail = records * (CQ_DTYPE.itemsize + _KEY_ROOM * self.key_index) + _DESCRIPTOR_ROOM
+        self._room(nbytes + tail)
 
     def _room(self, nbytes: int) -> None:
         need = self._n + nbytes
         have = len(self._cl)
         if need <= have:
             return
-        if not have:
-            self._cl = bytearray(need)
+        if not have:  # pages a past segment mapped already, when one was given back
+            self._cl = SEGMENT_BUFFERS.take(need)
             return
-        # half as much again: a few moves over a segment read with no reservation
-        self._cl += bytes(max(need, have + have // 2) - have)
+        # not zeroed (tiered.format.batch.grow): every byte handed out is copied in first;
+        # half as much again when growing: a few moves over a segment read with no reservation
+        grow(self._cl, max(need, have + have // 2))
 
     def _add_arrays(self, batch: RecordBatch, n: int) -> None:
         """The first ``n`` records' sizes, tags and times (their bytes are in)."""

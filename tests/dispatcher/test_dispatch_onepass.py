@@ -85,16 +85,17 @@ def _segments(store, topic: str, qid: int) -> list[tuple]:  # noqa: ANN001
 def counted(monkeypatch):  # noqa: ANN001, ANN201
     """The records the pass validated, in the order it did: (file start, start, end)."""
     seen: list[tuple[int, int, int]] = []
-    real = commitpass.check_run
+    real = commitpass.check_runs
 
-    def check_run(view, base, entries, **kw):  # noqa: ANN001, ANN003, ANN202
-        batch = real(view, base, entries, **kw)
-        if batch is not None:
-            file_start = int(Path(kw["source"]).name)
-            seen.extend((file_start, p, p + n) for p, n in zip(batch.positions.tolist(), batch.sizes.tolist()))
-        return batch
+    def check_runs(view, base, entries, runs, **kw):  # noqa: ANN001, ANN003, ANN202
+        batches = real(view, base, entries, runs, **kw)
+        file_start = int(Path(kw["source"]).name)
+        for batch in batches:
+            if batch is not None:
+                seen.extend((file_start, p, p + n) for p, n in zip(batch.positions.tolist(), batch.sizes.tolist()))
+        return batches
 
-    monkeypatch.setattr(commitpass, "check_run", check_run)
+    monkeypatch.setattr(commitpass, "check_runs", check_runs)
     return seen
 
 
@@ -322,3 +323,57 @@ def test_the_next_wave_uploads_as_soon_as_a_thread_is_free(tmp_path, clock):
     assert waves[0] == 2 and sum(waves) == 5, waves
     assert waited == [True]  # the second wave uploaded while the first still did
     assert_exact(store, local, queues)
+
+
+MANY = [(f"Many{i % 7}", i // 7) for i in range(70)]
+
+
+@pytest.mark.parametrize(("compiled", "scan"), [(True, 1024), (False, 1024), (True, 2)])
+def test_a_corrupt_record_in_a_window_of_many_queues_stops_only_its_queue(tmp_path, clock, monkeypatch, compiled,
+                                                                          scan):
+    """70 queues interleaved in one window, checked by one ``check_runs``
+    call: the queue with a corrupt body stops at that record with the typed
+    error naming the CommitLog file and the record's offset, the queue with
+    properties that are not UTF-8 at its record, every other queue is built
+    whole; all exactly as ``build_segment`` builds them, compiled or not."""
+    from dispatcher.buildpool import BuildJob, build_segment
+    from tiered.errors import CorruptRecordError
+    from tiered.format import batch as batch_module
+
+    if not compiled:
+        monkeypatch.setattr(batch_module, "_native", None)
+    monkeypatch.setattr(commitpass, "_SCAN", scan)  # 2: the entries read in several steps, joined
+    sd = tmp_path / "store"
+    with new_writer(sd, commitlog_file_size=1 << 20) as w:
+        for i in range(12):
+            for q in MANY:
+                produce(w, *q, 1, clock=clock, body_size=120, seed=i)
+    bad, spoiled = MANY[33], MANY[50]
+    local = LocalStore(sd)
+    phys = next(iter(local.iter_queue(*bad, 5, max_count=1))).record.physical_offset
+    _flip_body_byte(sd, *bad, 5)
+    _spoil_properties(sd, *spoiled, 9)
+    calls = []
+    real = commitpass.check_runs
+    monkeypatch.setattr(commitpass, "check_runs", lambda *a, **kw: calls.append(len(a[3])) or real(*a, **kw))
+    jobs = [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=0, cl_start=0, segment_bytes=1 << 20,
+                     key_index=True, layout=2) for t, q in MANY]
+    planned, stats = commitpass.build_pass(local, jobs)
+    assert calls == [70] and stats.windows == 1  # one call for every queue of the window
+    for job in jobs:
+        got_job, builder, stop = planned[(job.topic, job.queue_id)]
+        want, want_stop = build_segment(local, job, 5)
+        got = builder.build(5)
+        assert got.segment == want.segment and bytes(got.commitlog) == bytes(want.commitlog)
+        assert got.consumequeue == want.consumequeue and got.index == want.index
+        assert type(stop) is type(want_stop) and str(stop) == str(want_stop)
+        q = (job.topic, job.queue_id)
+        if q == bad:
+            assert isinstance(stop, CorruptRecordError) and "CRC" in stop.reason
+            assert stop.source == str(sd / "commitlog" / f"{0:020d}") and stop.offset == phys
+            assert got.segment.messages == 5
+        elif q == spoiled:
+            assert isinstance(stop, CorruptRecordError) and "UTF-8" in stop.reason
+            assert got.segment.messages == 9
+        else:
+            assert stop is None and got.segment.messages == 12, q

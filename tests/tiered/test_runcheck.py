@@ -132,3 +132,67 @@ def test_corrupt_runs_give_the_same_batch(runs: dict, key: tuple[str, int],
                          value if fmt != ">q" else value << 8)
     native, numpy = _both(bytes(buf), entries, *key, verify_crc=verify_crc)
     assert native == numpy
+
+
+_KEYS = [(t, q) for t in TOPICS for q in (0, 1)]
+
+
+@settings(max_examples=200, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(_KEYS), st.integers(0, 40), st.integers(0, 40), st.integers(-1, 1),
+                          st.sampled_from([0, 0, 0, 1, -1])), max_size=8),
+       st.lists(st.tuples(st.integers(0, 1 << 20), st.sampled_from([">B", ">I"]), st.integers(0, 0xFFFFFFFF)),
+                max_size=3),
+       st.booleans())
+def test_many_runs_in_one_call_answer_as_one_call_a_run(runs: dict, spec: list, changes: list,
+                                                        verify_crc: bool) -> None:
+    # a window of the CommitLog pass: runs of several queues (parts of them,
+    # with wrong queue ids or first offsets at times) over one view, bytes
+    # changed anywhere in it; one compiled call, run by run with numpy, and
+    # one check_run a run all give the same batches
+    data = bytearray(next(iter(runs.values()))[0])
+    for at, fmt, value in changes:
+        width = struct.calcsize(fmt)
+        pos = min(at, len(data) - width)
+        struct.pack_into(fmt, data, pos, value & ((1 << (8 * width)) - 1))
+    view = memoryview(bytes(data))
+    parts, table = [], []
+    for (topic, q), lo, n, q_shift, off_shift in spec:
+        entries = runs[(topic, q)][1]
+        lo = min(lo, len(entries))
+        part = entries[lo:lo + n]
+        parts.append(part)
+        table.append((len(part), topic.encode(), q + q_shift, lo + off_shift, ))
+    entries = np.concatenate(parts) if parts else np.zeros(0, CQ_DTYPE)
+    native = batch.check_runs(view, 0, entries, table, source="cl", verify_crc=verify_crc)
+    numpy = batch.check_runs_numpy(view, 0, entries, table, source="cl", verify_crc=verify_crc)
+    one_by_one = [batch.check_run(view, 0, part, topic=topic, queue_id=q, first_offset=first, source="cl",
+                                  verify_crc=verify_crc) for part, (_n, topic, q, first) in zip(parts, table)]
+    assert [_fields(b) for b in native] == [_fields(b) for b in numpy] == [_fields(b) for b in one_by_one]
+
+
+def test_many_runs_refuse_tables_outside_their_entries(runs: dict) -> None:
+    data, entries = runs[("T", 0)]
+    with pytest.raises(ValueError, match="runs of 5 entries over 4 entries"):
+        batch.check_runs(memoryview(data), 0, entries[:4], [(5, b"T", 0, 0)], source="cl")
+    out = np.empty((6, 4), np.int64)
+    bad = np.array([[2, 3, 0, 0, 0, 0, 1, 0]], np.int64)  # entries 2..5 of 4
+    with pytest.raises(ValueError, match="run 0 outside the entries or tails given"):
+        batch._native.check_runs(memoryview(data), 0, entries[:4].copy(), bad, b"\x01T", True, out)
+    bad = np.array([[0, 4, 0, 0, 0, 1, 2, 0]], np.int64)  # a tail past the tails given
+    with pytest.raises(ValueError, match="run 0 outside the entries or tails given"):
+        batch._native.check_runs(memoryview(data), 0, entries[:4].copy(), bad, b"\x01T", True, out)
+    with pytest.raises(ValueError, match="of the wrong size"):
+        batch._native.check_runs(memoryview(data), 0, entries[:4].copy(), bad[:, :7].copy(), b"\x01T", True, out)
+
+
+def test_entries_in_native_byte_order_are_read_as_the_same_entries(runs: dict) -> None:
+    # numpy joins CQ_DTYPE arrays into the native byte order (same values): the compiled loop reads big-endian
+    data, entries = runs[("T", 0)]
+    native_order = np.concatenate([entries[:0], entries])
+    assert native_order.dtype != CQ_DTYPE and native_order.tolist() == entries.tolist()
+    want = _fields(batch.check_run(memoryview(data), 0, entries, topic=b"T", queue_id=0, first_offset=0, source="cl"))
+    got = batch.check_run(memoryview(data), 0, native_order, topic=b"T", queue_id=0, first_offset=0, source="cl")
+    assert want is not None and _fields(got) == want
+    runs_got = batch.check_runs(memoryview(data), 0, native_order, [(len(entries), b"T", 0, 0)], source="cl")
+    assert [_fields(b) for b in runs_got] == [want]

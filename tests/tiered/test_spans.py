@@ -69,3 +69,62 @@ def test_strided_offsets_are_made_contiguous(impl: str) -> None:
     dst = bytearray(9)
     assert batch.copy_spans(dst, 0, SRC, wide[:, 0], wide[:, 0] + 3) == 9
     assert bytes(dst) == SRC[0:3] + SRC[10:13] + SRC[20:23]
+
+
+def test_grow_lengthens_keeping_the_bytes_held(impl: str) -> None:
+    buf = bytearray(b"records")
+    batch.grow(buf, 4096)
+    assert len(buf) == 4096 and buf[:7] == b"records"
+    batch.grow(buf, 4096)  # already that long: nothing changes
+    assert len(buf) == 4096 and buf[:7] == b"records"
+    with pytest.raises(ValueError, match="below the 4096 held"):
+        batch.grow(buf, 10)
+    view = memoryview(buf)
+    with pytest.raises(BufferError):  # a view of it would point at freed memory
+        batch.grow(buf, 1 << 20)
+    view.release()
+    assert len(buf) == 4096 and buf[:7] == b"records"
+    if impl == "compiled":
+        with pytest.raises(TypeError):
+            batch._native.grow(b"bytes", 10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(runs=st.lists(st.tuples(_SPANS, st.integers(0, 5)), max_size=6))
+def test_copy_runs_gives_each_destination_its_spans(runs: list[tuple[list[tuple[int, int]], int]]) -> None:
+    spans = [s for run, _at in runs for s in run]
+    starts, ends = _arrays(spans) if spans else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    bounds = np.array([0] + list(np.cumsum([len(run) for run, _at in runs])), np.int64)
+    ats = np.array([at for _run, at in runs], np.int64)
+    for native in (batch._native, None):
+        saved, batch._native = batch._native, native
+        try:
+            dsts = [bytearray(b"\xee" * (at + sum(e - s for s, e in run) + 2)) for run, at in runs]
+            batch.copy_runs(memoryview(SRC), dsts, ats, starts, ends, bounds)
+            for dst, (run, at) in zip(dsts, runs):
+                body = b"".join(SRC[s:e] for s, e in run)
+                assert bytes(dst) == b"\xee" * at + body + b"\xee\xee"
+        finally:
+            batch._native = saved
+
+
+def test_copy_runs_refuses_before_copying_anything(impl: str) -> None:
+    starts, ends = np.array([0, 10], np.int64), np.array([4, 14], np.int64)
+    two = np.array([0, 1, 2], np.int64)
+    small, fits = bytearray(3), bytearray(4)
+    with pytest.raises(ValueError, match="run 1: the spans do not fit its destination"):
+        batch.copy_runs(SRC, [bytearray(4), small], np.zeros(2, np.int64), starts, ends, two)
+    with pytest.raises(ValueError, match="run 0: the spans do not fit its destination"):
+        batch.copy_runs(SRC, [fits, bytearray(4)], np.array([1, 0], np.int64), starts, ends, two)
+    assert fits == bytearray(4) and small == bytearray(3)
+    with pytest.raises(ValueError, match="one item a run"):
+        batch.copy_runs(SRC, [fits], np.zeros(1, np.int64), starts, ends, two)
+    if impl == "compiled":
+        with pytest.raises(ValueError, match="outside a buffer of 768 bytes"):
+            batch.copy_runs(SRC, [fits], np.zeros(1, np.int64), np.array([766], np.int64),
+                            np.array([770], np.int64), np.array([0, 1], np.int64))
+        with pytest.raises(ValueError, match="bounds going back"):
+            batch.copy_runs(SRC, [fits, fits], np.zeros(2, np.int64), starts, ends, np.array([0, 3, 2], np.int64))
+        with pytest.raises(BufferError):
+            batch.copy_runs(SRC, [b"read-only"], np.zeros(1, np.int64), starts[:1], ends[:1],
+                            np.array([0, 1], np.int64))

@@ -172,6 +172,84 @@ static PyObject *py_check_run(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(n);
 }
 
+/* check_runs(view, base, entries, runs, tails, verify_crc, out) -> None
+ * Many queues' runs of one window in one call (the CommitLog pass: at
+ * 1,000 queues a call per queue cost more than its records). ``entries``:
+ * the runs' ConsumeQueue entries one after the other; ``runs``: an int64
+ * buffer of 7 items a run: first entry, entry count, queue id, first queue
+ * offset, magic, where its tail starts in ``tails`` and how long it is
+ * (topic length + topic), its answer (the count of leading plainly valid
+ * records) written into the 8th; ``out``: 6 x len(entries) int64 items
+ * (positions, sizes, tags, store ms, born ms, props at), each run's rows at
+ * its entries' rows. Every run is checked exactly as check_run checks it. */
+#define RUN_FIELDS 8
+static PyObject *py_check_runs(PyObject *self, PyObject *args) {
+    PyObject *view_obj, *entries_obj, *runs_obj, *tails_obj, *out_obj;
+    long long base;
+    int verify_crc;
+    if (!PyArg_ParseTuple(args, "OLOOOpO", &view_obj, &base, &entries_obj, &runs_obj, &tails_obj, &verify_crc,
+                          &out_obj))
+        return NULL;
+    if (verify_crc && crc32_impl == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "set_crc32 was not called");
+        return NULL;
+    }
+    Py_buffer views[5];
+    PyObject *objs[5] = {view_obj, entries_obj, tails_obj, runs_obj, out_obj};
+    int held = 0;
+    for (; held < 5; held++) {
+        int flags = held >= 3 ? PyBUF_WRITABLE : PyBUF_SIMPLE;
+        if (PyObject_GetBuffer(objs[held], &views[held], flags) != 0) {
+            release_all(views, held);
+            return NULL;
+        }
+    }
+    const Py_ssize_t count = views[1].len / CQ_ENTRY;
+    int64_t *runs = (int64_t *)views[3].buf;
+    const Py_ssize_t nruns = views[3].len / (Py_ssize_t)(RUN_FIELDS * sizeof(int64_t));
+    if (views[1].len % CQ_ENTRY != 0 || views[3].len % (Py_ssize_t)(RUN_FIELDS * sizeof(int64_t)) != 0
+        || views[4].len < (Py_ssize_t)(OUTPUTS * sizeof(int64_t)) * count) {
+        release_all(views, 5);
+        PyErr_SetString(PyExc_ValueError, "entries, runs or out of the wrong size");
+        return NULL;
+    }
+    /* every run's entries and tail inside the buffers given, before any is read */
+    for (Py_ssize_t r = 0; r < nruns; r++) {
+        const int64_t *run = runs + r * RUN_FIELDS;
+        if (run[0] < 0 || run[1] < 0 || run[0] > count - run[1] || run[5] < 0 || run[6] < 0
+            || run[5] > views[2].len - run[6] || run[4] < 0 || run[4] > 0xFFFFFFFFLL
+            || run[2] < INT32_MIN || run[2] > INT32_MAX) {
+            release_all(views, 5);
+            PyErr_Format(PyExc_ValueError, "run %zd outside the entries or tails given", r);
+            return NULL;
+        }
+    }
+    const uint8_t *entries = views[1].buf, *tails = views[2].buf;
+    int64_t *out = views[4].buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < nruns; r++) {
+        int64_t *run = runs + r * RUN_FIELDS;
+        run_t one;
+        one.buf = views[0].buf;
+        one.len = views[0].len;
+        one.base = base;
+        one.entries = entries + run[0] * CQ_ENTRY;
+        one.count = (Py_ssize_t)run[1];
+        one.tail = tails + run[5];
+        one.tail_len = run[6] + 2;
+        one.magic = (uint32_t)run[4];
+        one.queue_id = (int32_t)run[2];
+        one.first_offset = run[3];
+        one.verify_crc = verify_crc;
+        for (int k = 0; k < OUTPUTS; k++) one.out[k] = out + k * count + run[0];
+        /* as check_run: no record is plainly valid in a view shorter than a fixed part */
+        run[7] = (one.count == 0 || one.len < FIXED_V4) ? 0 : (int64_t)check(&one);
+    }
+    Py_END_ALLOW_THREADS
+    release_all(views, 5);
+    Py_RETURN_NONE;
+}
+
 /* set_crc32(address): zng_crc32 of the zlib_ng extension, as an integer. */
 static PyObject *py_set_crc32(PyObject *self, PyObject *arg) {
     void *address = PyLong_AsVoidPtr(arg);
@@ -300,6 +378,71 @@ static PyObject *py_copy_spans(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(total);
 }
 
+/* copy_runs(src, dsts, ats, starts, ends, bounds) -> None: copy_spans for
+ * many destinations in one call (the CommitLog pass: every queue's records
+ * of a window into its own segment buffer). Run r is spans
+ * [bounds[r], bounds[r + 1]) of starts/ends (int64), copied one after the
+ * other into the writable dsts[r] from byte ats[r]. Every span and
+ * destination is checked before any byte is copied. */
+static PyObject *py_copy_runs(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *dsts_obj, *ats_obj, *starts_obj, *ends_obj, *bounds_obj;
+    if (!PyArg_ParseTuple(args, "OO!OOOO", &src_obj, &PyList_Type, &dsts_obj, &ats_obj, &starts_obj, &ends_obj,
+                          &bounds_obj))
+        return NULL;
+    Py_buffer views[5];
+    PyObject *objs[5] = {src_obj, ats_obj, starts_obj, ends_obj, bounds_obj};
+    int got = 0;
+    for (; got < 5; got++)
+        if (PyObject_GetBuffer(objs[got], &views[got], PyBUF_SIMPLE) < 0) { release_all(views, got); return NULL; }
+    const Py_ssize_t nruns = PyList_GET_SIZE(dsts_obj);
+    Py_ssize_t total = spans_total(&views[0], &views[2], &views[3]);
+    const int64_t *ats = views[1].buf, *bounds = views[4].buf;
+    const Py_ssize_t nspans = views[2].len / 8;
+    if (total >= 0 && (views[1].len != nruns * 8 || views[4].len != (nruns + 1) * 8 || bounds[0] != 0
+                       || bounds[nruns] != nspans)) {
+        PyErr_SetString(PyExc_ValueError, "ats and bounds must be int64 arrays of one item a run (and one more)");
+        total = -1;
+    }
+    for (Py_ssize_t r = 0; total >= 0 && r < nruns; r++)
+        if (bounds[r + 1] < bounds[r]) {
+            PyErr_Format(PyExc_ValueError, "run %zd: bounds going back", r);
+            total = -1;
+        }
+    if (total < 0) { release_all(views, 5); return NULL; }
+    Py_buffer *dsts = PyMem_Calloc(nruns ? (size_t)nruns : 1, sizeof(Py_buffer));
+    if (dsts == NULL) { release_all(views, 5); return PyErr_NoMemory(); }
+    const int64_t *s = views[2].buf, *e = views[3].buf;
+    Py_ssize_t held = 0;
+    for (; held < nruns; held++) {
+        if (PyObject_GetBuffer(PyList_GET_ITEM(dsts_obj, held), &dsts[held], PyBUF_WRITABLE) < 0) break;
+        int64_t need = 0;
+        for (int64_t i = bounds[held]; i < bounds[held + 1]; i++) need += e[i] - s[i];
+        if (ats[held] < 0 || ats[held] > dsts[held].len || need > dsts[held].len - ats[held]) {
+            PyErr_Format(PyExc_ValueError, "run %zd: the spans do not fit its destination", held);
+            held++;
+            break;
+        }
+    }
+    if (held == nruns && !PyErr_Occurred()) {
+        const uint8_t *src = (const uint8_t *)views[0].buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t r = 0; r < nruns; r++) {
+            uint8_t *out = (uint8_t *)dsts[r].buf + ats[r];
+            for (int64_t i = bounds[r]; i < bounds[r + 1]; i++) {
+                size_t len = (size_t)(e[i] - s[i]);
+                memcpy(out, src + s[i], len);
+                out += len;
+            }
+        }
+        Py_END_ALLOW_THREADS
+    }
+    for (Py_ssize_t r = 0; r < held; r++) PyBuffer_Release(&dsts[r]);
+    PyMem_Free(dsts);
+    release_all(views, 5);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* join_spans(src, starts, ends, sep) -> bytes: sep, span 0, sep, span 1, ...
  * (sep one byte): the properties of many records in one buffer, as
  * b"\x02" + b"\x02".join(...) makes it, without a slice object per record. */
@@ -333,10 +476,31 @@ static PyObject *py_join_spans(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* grow(buffer, n): the bytearray ``buffer`` resized to ``n`` >= len bytes
+ * without writing the new ones (bytearray(n) zeroes them: a memset, and the
+ * page faults of a fresh segment's worth of memory, before the copy writes
+ * every byte anyway). The new bytes are garbage until written: the segment
+ * builder only ever hands out the bytes it copied in. */
+static PyObject *py_grow(PyObject *self, PyObject *args) {
+    PyObject *buffer;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "O!n", &PyByteArray_Type, &buffer, &n)) return NULL;
+    if (n < PyByteArray_GET_SIZE(buffer)) {
+        PyErr_Format(PyExc_ValueError, "grow to %zd bytes, below the %zd held", n, PyByteArray_GET_SIZE(buffer));
+        return NULL;
+    }
+    /* PyByteArray_Resize refuses (BufferError) while a view is exported */
+    if (PyByteArray_Resize(buffer, n) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"grow", py_grow, METH_VARARGS, "Resize a bytearray up without initialising the new bytes."},
+    {"copy_runs", py_copy_runs, METH_VARARGS, "copy_spans into many destinations in one call."},
     {"copy_spans", py_copy_spans, METH_VARARGS, "Copy spans of a buffer one after the other into another."},
     {"join_spans", py_join_spans, METH_VARARGS, "Spans of a buffer, each behind a one-byte separator."},
     {"crc32_rows", py_crc32_rows, METH_VARARGS, "CRC-32 of the same span of every row of a 2-D buffer."},
+    {"check_runs", py_check_runs, METH_VARARGS, "Validate many queues' runs of one window in one call."},
     {"check_run", py_check_run, METH_VARARGS, "Validate a run of records; returns how many lead the run."},
     {"set_crc32", py_set_crc32, METH_O, "Install the crc32(crc, buf, len) function at this address."},
     {"crc32", py_crc32, METH_O, "CRC-32 of a buffer through the installed function."},

@@ -147,6 +147,43 @@ def copy_spans(dst: bytearray | memoryview, at: int, src: memoryview | bytes, st
     return pos - at
 
 
+def copy_runs(src: memoryview | bytes, dsts: list[bytearray], ats: np.ndarray, starts: np.ndarray,
+              ends: np.ndarray, bounds: np.ndarray) -> None:
+    """``copy_spans`` of spans ``bounds[r]:bounds[r + 1]`` into ``dsts[r]``
+    from byte ``ats[r]``, for every r: compiled, one call for them all (the
+    CommitLog pass copies a window's records into a thousand segment
+    buffers; a call each cost more than the copying), everything checked
+    before a byte is copied."""
+    native = getattr(_native, "copy_runs", None)
+    if native is not None:
+        native(src, dsts, _int64(ats), _int64(starts), _int64(ends), _int64(bounds))
+        return
+    if len(bounds) != len(dsts) + 1 or len(ats) != len(dsts):
+        raise ValueError("ats and bounds must be int64 arrays of one item a run (and one more)")
+    for r, dst in enumerate(dsts):
+        lo, hi = int(bounds[r]), int(bounds[r + 1])
+        if int((ends[lo:hi] - starts[lo:hi]).sum()) > len(dst) - int(ats[r]):
+            raise ValueError(f"run {r}: the spans do not fit its destination")
+    for r, dst in enumerate(dsts):
+        lo, hi = int(bounds[r]), int(bounds[r + 1])
+        copy_spans(dst, int(ats[r]), src, starts[lo:hi], ends[lo:hi])
+
+
+def grow(buffer: bytearray, n: int) -> None:
+    """``buffer`` lengthened to ``n`` bytes; the new bytes' values are
+    undefined until written. Compiled: without writing them (a fresh
+    segment's 16 MiB zeroed by ``bytearray(n)`` cost a memset and its page
+    faults before the copy wrote every byte anyway, ~19% of the CommitLog
+    pass); else zeroed. Refused (BufferError) while a view of it is held."""
+    native = getattr(_native, "grow", None)
+    if native is not None:
+        native(buffer, n)
+        return
+    if n < len(buffer):
+        raise ValueError(f"grow to {n} bytes, below the {len(buffer)} held")
+    buffer.extend(bytes(n - len(buffer)))
+
+
 def join_spans(src: memoryview | bytes, starts: np.ndarray, ends: np.ndarray, sep: bytes) -> bytes:
     """``sep + sep.join(src[starts[i]:ends[i]] ...)``, ``sep`` one byte."""
     native = getattr(_native, "join_spans", None)
@@ -191,12 +228,92 @@ def check_run(
         return None
     v2 = tlen > 127  # the broker writes the 2-byte topic length exactly then
     out = np.empty((6, n), np.int64)
-    k = native.check_run(view, base, np.ascontiguousarray(entries), tlen.to_bytes(2 if v2 else 1, "big") + topic,
-                         MAGIC_V2 if v2 else MAGIC_V1, queue_id, first_offset, verify_crc, out)
+    # as CQ_DTYPE: the loop reads big-endian, a numpy join hands back the native order
+    k = native.check_run(view, base, np.ascontiguousarray(entries, CQ_DTYPE),
+                         tlen.to_bytes(2 if v2 else 1, "big") + topic, MAGIC_V2 if v2 else MAGIC_V1, queue_id,
+                         first_offset, verify_crc, out)
     if k == 0:
         return None
     return RecordBatch(first_offset, view, source, out[0, :k], out[1, :k], out[2, :k], out[3, :k], out[4, :k],
                        out[5, :k])
+
+
+def _tail(topic: bytes) -> tuple[bytes, int] | None:
+    """[topic length][topic] as a record of ``topic`` holds them, and its
+    magic; None for a topic no record can hold."""
+    tlen = len(topic)
+    if tlen > 0xFFFF:
+        return None
+    v2 = tlen > 127  # the broker writes the 2-byte topic length exactly then
+    return tlen.to_bytes(2 if v2 else 1, "big") + topic, MAGIC_V2 if v2 else MAGIC_V1
+
+
+def check_runs(
+    view: memoryview,
+    base: int,
+    entries: np.ndarray,
+    runs: list[tuple[int, bytes, int, int]],
+    *,
+    source: str,
+    verify_crc: bool = True,
+) -> list[RecordBatch | None]:
+    """``check_run`` of many runs of one ``view``, for the queues of a
+    CommitLog pass's window: ``entries`` (CQ_DTYPE) holds the runs one after
+    the other, ``runs`` each run's (entry count, topic, queue id, first
+    queue offset). The same answer as one ``check_run`` a run, in one
+    compiled call for them all (a call a queue cost more than its records at
+    1,000 queues), else run by run with numpy."""
+    native = _native
+    if native is None:
+        return check_runs_numpy(view, base, entries, runs, source=source, verify_crc=verify_crc)
+    table = np.empty((len(runs), 8), np.int64)
+    tails: dict[bytes, tuple[int, int, int]] = {}  # topic -> (at, length, magic) in ``blob``
+    blob = bytearray()
+    row = 0
+    for r, (count, topic, queue_id, first_offset) in enumerate(runs):
+        t = tails.get(topic)
+        if t is None:
+            made = _tail(topic)
+            tail, magic = made if made is not None else (b"", 0)
+            t = tails[topic] = (len(blob), len(tail), magic)
+            blob += tail
+        # a topic no record can hold: a run of none, as check_run answers
+        table[r] = (row, count if t[2] else 0, queue_id, first_offset, t[2], t[0], t[1], 0)
+        row += count
+    if row != len(entries):
+        raise ValueError(f"runs of {row} entries over {len(entries)} entries")
+    out = np.empty((6, len(entries)), np.int64)
+    # CQ_DTYPE as the loop reads it (big-endian): a concatenation with an empty
+    # array hands back the native byte order, the same values
+    native.check_runs(view, base, np.ascontiguousarray(entries, CQ_DTYPE), table, bytes(blob), verify_crc, out)
+    batches: list[RecordBatch | None] = []
+    for (_count, _topic, _queue_id, first_offset), (at, k) in zip(runs, table[:, [0, 7]].tolist()):
+        e = at + k
+        batches.append(RecordBatch(first_offset, view, source, out[0, at:e], out[1, at:e], out[2, at:e],
+                                   out[3, at:e], out[4, at:e], out[5, at:e]) if k else None)
+    return batches
+
+
+def check_runs_numpy(
+    view: memoryview,
+    base: int,
+    entries: np.ndarray,
+    runs: list[tuple[int, bytes, int, int]],
+    *,
+    source: str,
+    verify_crc: bool = True,
+) -> list[RecordBatch | None]:
+    """``check_runs`` run by run with ``check_run_numpy``."""
+    out: list[RecordBatch | None] = []
+    at = 0
+    for count, topic, queue_id, first_offset in runs:
+        out.append(check_run_numpy(view, base, entries[at:at + count], topic=topic, queue_id=queue_id,
+                                   first_offset=first_offset, source=source, verify_crc=verify_crc)
+                   if len(topic) <= 0xFFFF else None)
+        at += count
+    if at != len(entries):
+        raise ValueError(f"runs of {at} entries over {len(entries)} entries")
+    return out
 
 
 def check_run_numpy(

@@ -1,0 +1,76 @@
+"""The pass's reading of a queue's pending ConsumeQueue entries
+(dispatcher.commitpass._pending and _plain): read forward in steps, it
+must take exactly what reading up to the written end found by bisection
+(queuecursor._written_end) and checking every entry took."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dispatcher import commitpass
+from tiered.format.batch import CQ_DTYPE
+from tiered.format.codec import CQ_FILLER_SIZE
+from tiered.store.queuecursor import _written_end
+
+
+def _by_bisection(view: memoryview, first: int, last: int, phys_limit: int,
+                  budget: int) -> tuple[list[tuple[int, int, int]], bool, int | None]:
+    """Entries taken, full, and the written end when every entry read is taken: as the pass read them before."""
+    hi = _written_end(view, first, last)
+    entries = np.frombuffer(view, CQ_DTYPE, count=hi - first, offset=first * 20)
+    k, full = commitpass._plain(entries, phys_limit, budget)
+    return entries[:k].tolist(), full, hi if k == len(entries) else None
+
+
+def _reference_plain(entries: np.ndarray, phys_limit: int, budget: int) -> tuple[int, bool]:
+    # the checks written out entry by entry
+    total, prev_end = 0, None
+    for i, (phys, size, _tags) in enumerate(entries.tolist()):
+        total += size
+        can_be = size > 0 and size != CQ_FILLER_SIZE and phys >= 0 and phys + size <= phys_limit
+        ok = can_be and total <= budget and (prev_end is None or phys >= prev_end)
+        if not ok:
+            return i, i > 0 and can_be and total > budget
+        prev_end = phys + size
+    return len(entries), False
+
+
+_SIZES = st.one_of(st.integers(1, 3000), st.sampled_from([-5, CQ_FILLER_SIZE, 1 << 20]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_SIZES, max_size=300), st.integers(0, 200), st.integers(0, 250), st.integers(0, 3),
+       st.sampled_from([1 << 62, 50_000, 200_000]), st.sampled_from([1000, 100_000, 4 << 20, 1 << 40]),
+       st.sampled_from([1, 3, 1024]))
+def test_reading_forward_takes_what_bisection_took(sizes, written_gap, first, back_steps, phys_limit, budget, scan):
+    # written entries (phys growing, with a step back now and then), then zeros
+    rows, phys = [], 0
+    for i, size in enumerate(sizes):
+        if back_steps and i % 37 == 20:
+            phys -= 10
+        rows.append((phys, size, i))
+        phys += abs(size) if size != CQ_FILLER_SIZE else 100
+    capacity = len(rows) + written_gap + 1
+    table = np.zeros(capacity, CQ_DTYPE)
+    table[:len(rows)] = rows
+    view = memoryview(table.tobytes())
+    first = min(first, capacity - 1)
+    saved, commitpass._SCAN = commitpass._SCAN, scan  # steps of one entry and more: every step boundary
+    try:
+        got, hi = commitpass._pending(view, first, capacity, phys_limit, budget)
+    finally:
+        commitpass._SCAN = saved
+    k, full = commitpass._plain(got, phys_limit, budget)
+    assert (got[:k].tolist(), full, hi if k == len(got) else None) == _by_bisection(view, first, capacity,
+                                                                                   phys_limit, budget)
+    assert (k, full) == _reference_plain(got, phys_limit, budget)
+    assert hi is None or hi == max(first, len(rows))  # the first entry of size 0
+
+
+def test_a_file_written_to_its_end_is_read_to_its_end():
+    table = np.zeros(5000, CQ_DTYPE)
+    table["phys"], table["size"] = np.arange(5000) * 10, 10
+    got, hi = commitpass._pending(memoryview(table.tobytes()), 3, 5000, 1 << 62, 1 << 40)
+    assert hi == 5000 and got.tolist() == table[3:].tolist()

@@ -1,0 +1,193 @@
+"""Segment buffers: allocated without zeroing, with room for the v2 tail,
+and reused after their upload (dispatcher/segment.py BufferPool). None of
+it may change a byte of what is archived."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from dispatcher.segment import SEGMENT_BUFFERS, BufferPool, SegmentBuilder
+from tiered.archive import segmeta
+from tiered.format.batch import RecordBatch
+from tiered.format.keyindex import lookup
+
+PROPS = [b"KEYS\x01k%d a%d\x02UNIQ_KEY\x01u%d" % (i, i % 3, i) for i in range(40)]
+
+
+def _batch(first_offset: int = 0) -> RecordBatch:
+    buf = bytearray()
+    positions, sizes, props_at = [], [], []
+    for i, props in enumerate(PROPS):
+        head = bytes([i]) * (50 + i)
+        positions.append(len(buf))
+        props_at.append(len(buf) + len(head))
+        buf += head + props
+        sizes.append(len(head) + len(props))
+    n = len(PROPS)
+    a = lambda v: np.array(v, np.int64)  # noqa: E731
+    return RecordBatch(first_offset, memoryview(bytes(buf)), "/store/commitlog/0", a(positions), a(sizes),
+                       np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64) + 7, np.arange(n, dtype=np.int64),
+                       a(props_at))
+
+
+def _address(buf: bytearray) -> int:
+    view = (ctypes.c_char * 1).from_buffer(buf)
+    try:
+        return ctypes.addressof(view)
+    finally:
+        del view  # the export ends here: the buffer may be resized again
+
+
+def _packed(builder: SegmentBuilder) -> bytearray:
+    built = builder.build(1_700_000_000_000)
+    desc = segmeta.Descriptor(cluster="c", broker="b", topic="T", queue_id=3, history="h", segment=built.segment)
+    packed = segmeta.pack_v2(built.commitlog, built.consumequeue, built.index, desc, consume=True)
+    assert isinstance(packed, bytearray)
+    return packed
+
+
+def _reserved(key_index: bool = True) -> SegmentBuilder:
+    b = _batch()
+    builder = SegmentBuilder("p", 0, 1000, key_index=key_index)
+    builder.reserve(b.nbytes, b.count)
+    builder.add(b)
+    return builder
+
+
+@pytest.fixture(autouse=True)
+def _empty_pool():  # noqa: ANN202
+    SEGMENT_BUFFERS.clear()  # nothing another test gave back decides what these see
+    yield
+    SEGMENT_BUFFERS.clear()
+
+
+def test_a_reserved_segment_packs_in_place_into_the_same_bytes() -> None:
+    fresh = SegmentBuilder("p", 0, 1000)
+    fresh.add(_batch())  # grown as it goes, no reservation
+    expected = bytes(_packed(fresh))
+    builder = _reserved()
+    at = _address(builder._cl)
+    packed = _packed(builder)
+    assert _address(packed) == at  # entries, index and descriptor appended without a move
+    assert bytes(packed) == expected
+    records = b"".join(bytes(_batch().view[p:p + s]) for p, s in zip(_batch().positions, _batch().sizes))
+    assert packed[:len(records)] == records
+
+
+def test_a_reused_buffer_full_of_old_bytes_builds_the_same_segment() -> None:
+    expected = bytes(_packed(_reserved()))
+    junk = bytearray(b"\xee" * (1 << 16))
+    SEGMENT_BUFFERS.give(junk, holders=1)
+    del junk  # now only the pool holds it
+    builder = _reserved()
+    assert len(SEGMENT_BUFFERS._idle) == 0  # the pass took it
+    assert bytes(_packed(builder)) == expected
+    built = _reserved().build(0)
+    assert built.index is not None and lookup(built.index, "u7") == [7] and lookup(built.index, "a1") == list(
+        range(1, 40, 3))
+
+
+def test_take_gives_exactly_the_bytes_asked_whatever_was_given_back() -> None:
+    pool = BufferPool(limit=2, max_bytes=1 << 20)
+    big = bytearray(5000)
+    assert pool.give(big, holders=1)
+    del big
+    assert len(pool.take(100)) == 100  # shrunk to what is asked
+    assert len(pool.take(7000)) == 7000  # none left: a fresh one
+    assert pool._idle == []
+
+
+def test_a_buffer_someone_still_holds_is_not_taken_back() -> None:
+    pool = BufferPool(limit=4, max_bytes=1 << 20)
+    held = bytearray(10)
+    other = held  # a second name: a store or a retry keeping the object
+    assert not pool.give(held, holders=1)
+    assert pool.give(held, holders=2)
+    del other
+    viewed = bytearray(10)
+    view = memoryview(viewed)
+    assert not pool.give(viewed, holders=1)  # a view would see the next segment's bytes
+    view.release()
+    assert not pool.give(b"immutable", holders=1)
+    assert [len(b) for b in pool._idle] == [10]
+
+
+def test_the_pool_is_bounded_in_count_and_bytes() -> None:
+    pool = BufferPool(limit=2, max_bytes=100)
+    a, b, c, d, e = bytearray(101), bytearray(60), bytearray(41), bytearray(40), bytearray(0)
+    assert not pool.give(a, holders=1)  # over the bytes alone
+    assert pool.give(b, holders=1)
+    assert not pool.give(c, holders=1)  # 101 bytes would be idle
+    assert pool.give(d, holders=1)
+    assert not pool.give(e, holders=1)  # a third buffer
+    assert sorted(len(x) for x in pool._idle) == [40, 60]
+
+
+def _part(b: RecordBatch, lo: int, hi: int, first_offset: int) -> RecordBatch:
+    return RecordBatch(first_offset, b.view, b.source, b.positions[lo:hi], b.sizes[lo:hi], b.tags[lo:hi],
+                       b.store_ms[lo:hi], b.born_ms[lo:hi], b.props_at[lo:hi])
+
+
+def test_add_many_builds_what_add_builds_batch_by_batch() -> None:
+    from dispatcher.segment import batch_keys
+    from tiered.format.keyindex import hash_spans
+
+    whole = _batch()
+    cuts = [(0, 7, 0), (7, 30, 100), (30, 40, 5)]  # three queues' batches over one view
+
+    def keys_of(b: RecordBatch) -> tuple[np.ndarray, np.ndarray]:
+        owners, blob, at, end = batch_keys(b.view, b.props_at, b.positions + b.sizes)
+        return owners, hash_spans(blob, at, end)
+
+    one, many = [], []
+    for lo, hi, q_start in cuts:
+        for out, reserve in ((one, False), (many, True)):
+            builder = SegmentBuilder("p", q_start, 10 * q_start, key_index=lo != 30)  # one queue unindexed
+            if reserve:
+                builder.reserve(10, 1)  # less than the batch: add_many makes room
+            out.append(builder)
+    for builder, (lo, hi, q_start) in zip(one, cuts):
+        builder.add(_part(whole, lo, hi, q_start))
+    SegmentBuilder.add_many([(builder, part, keys_of(part) if builder.key_index else None)
+                             for builder, part in ((b, _part(whole, lo, hi, q)) for b, (lo, hi, q) in zip(many, cuts))])
+    for a, b in zip(one, many):
+        x, y = a.build(7), b.build(7)
+        assert x.segment == y.segment and bytes(x.commitlog) == bytes(y.commitlog)
+        assert x.consumequeue == y.consumequeue and x.index == y.index
+    with pytest.raises(ValueError, match="does not follow"):
+        SegmentBuilder.add_many([(SegmentBuilder("p", 1, 0), _part(whole, 0, 2, 0), None)])
+    with pytest.raises(ValueError, match="with their keys found"):
+        SegmentBuilder.add_many([(SegmentBuilder("p", 0, 0), _part(whole, 0, 2, 0), None)])
+
+
+def test_a_round_gives_its_uploaded_buffers_back_and_stays_exact(tmp_path, clock, monkeypatch) -> None:  # noqa: ANN001
+    from dispatchkit import assert_exact, new_dispatcher, new_writer, produce
+    from tiered.archive.storage import open_store
+    from tiered.store.localstore import LocalStore
+
+    queues = [("T", 0), ("T", 1), ("U", 0)]
+    sd = tmp_path / "store"
+    with new_writer(sd) as w:
+        for i in range(40):
+            for q in queues:
+                produce(w, *q, 1, clock=clock, body_size=200, seed=i)
+    clock.advance(1)
+    store, local = open_store(f"file://{tmp_path / 'cold'}"), LocalStore(sd)
+    taken: list[bool] = []  # whether each segment's buffer was one given back
+    real_take = SEGMENT_BUFFERS.take
+
+    def take(nbytes: int) -> bytearray:
+        taken.append(bool(SEGMENT_BUFFERS._idle))
+        return real_take(nbytes)
+
+    monkeypatch.setattr(SEGMENT_BUFFERS, "take", take)
+    d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0, segment_bytes=2000,
+                       layout=2, single_pass=True, parallelism=2, build_processes=0)
+    result = d.run_round()
+    assert not result.errors and result.segments >= 12
+    # every uploaded segment's buffer came back: the later segments were built in them
+    assert SEGMENT_BUFFERS._idle and any(taken[2:]) and not taken[0]
+    assert assert_exact(store, local, queues) == {q: 40 for q in queues}
