@@ -37,14 +37,15 @@ def test_directories_are_made_only_when_a_write_finds_them_missing(tmp_path: Pat
         real(self, *args, **kw)
 
     monkeypatch.setattr(Path, "mkdir", mkdir)
+    levels = [tmp_path / p for p in ("C", "C/B", "C/B/T", "C/B/T/0", "C/B/T/0/seg")]
     store.put("C/B/T/0/seg/1", b"one")
-    assert made[0] == tmp_path / "C/B/T/0/seg"  # then its parents, as mkdir(parents=True) does
+    assert made == levels  # each once, parents first
     made.clear()
     store.put("C/B/T/0/seg/2", b"two")  # the directory exists: no mkdir at all
     store.put_if_absent("C/B/T/0/seg/3", b"three")
     assert made == []
     shutil.rmtree(tmp_path / "C")  # removed behind the store's back: made again
     store.put("C/B/T/0/seg/4", b"four")
-    assert made[0] == tmp_path / "C/B/T/0/seg"
+    assert made[-5:] == levels  # the remembered parents were gone: every level made again
     assert [o.key for o in store.list_keys("C/")] == ["C/B/T/0/seg/4"]
     assert store.get("C/B/T/0/seg/4") == b"four"
