@@ -14,23 +14,17 @@ from tiered.archive import segmeta
 from tiered.format.batch import RecordBatch
 from tiered.format.keyindex import lookup
 
+from dispatchkit import props_batch
+
 PROPS = [b"KEYS\x01k%d a%d\x02UNIQ_KEY\x01u%d" % (i, i % 3, i) for i in range(40)]
 
 
 def _batch(first_offset: int = 0) -> RecordBatch:
-    buf = bytearray()
-    positions, sizes, props_at = [], [], []
-    for i, props in enumerate(PROPS):
-        head = bytes([i]) * (50 + i)
-        positions.append(len(buf))
-        props_at.append(len(buf) + len(head))
-        buf += head + props
-        sizes.append(len(head) + len(props))
-    n = len(PROPS)
-    a = lambda v: np.array(v, np.int64)  # noqa: E731
-    return RecordBatch(first_offset, memoryview(bytes(buf)), "/store/commitlog/0", a(positions), a(sizes),
-                       np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64) + 7, np.arange(n, dtype=np.int64),
-                       a(props_at))
+    # records far bigger than the tail reserved behind them, as in a real
+    # segment: build's trim to the records keeps the allocation (a bytearray
+    # cut below half of it is reallocated, and then may move when the tail
+    # is appended, as the allocator pleases)
+    return props_batch([(bytes([i]) * (2000 + i), props) for i, props in enumerate(PROPS)], first_offset)
 
 
 def _address(buf: bytearray) -> int:

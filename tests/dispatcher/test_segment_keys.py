@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dispatcher.segment import SegmentBuilder, batch_keys
-from tiered.format.batch import RecordBatch
 from tiered.format.codec import decode_properties
 from tiered.errors import CorruptRecordError
 from tiered.format.keyindex import lookup
+
+from dispatchkit import props_batch
 
 _NAMES = st.sampled_from(["KEYS", "UNIQ_KEY", "TAGS", "XKEYS", "KEYSX", "UNIQ_KEYS", "", "K", "k€ys"])
 _VALUE = st.lists(st.sampled_from(list("ab  c\x01é€K") + ["KEYS", "UNIQ_KEY\x01x"]), max_size=8).map("".join)
@@ -26,22 +26,6 @@ def _expected(props: bytes) -> list[str]:
     return keys + ([uniq] if uniq else [])
 
 
-def _batch(records: list[tuple[bytes, bytes]], first_offset: int = 0) -> RecordBatch:
-    """A batch over a buffer of (bytes before the properties, properties)
-    pairs: all that batch_keys reads of a record."""
-    buf = bytearray()
-    positions, sizes, props_at = [], [], []
-    for head, props in records:
-        positions.append(len(buf))
-        props_at.append(len(buf) + len(head))
-        buf += head + props
-        sizes.append(len(head) + len(props))
-    n = len(records)
-    a = lambda v: np.array(v, np.int64)  # noqa: E731
-    return RecordBatch(first_offset, memoryview(bytes(buf)), "/store/commitlog/0", a(positions), a(sizes),
-                       np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64), a(props_at))
-
-
 def _encode(items: list[tuple[str, str]], trailing: bool) -> bytes:
     text = "\x02".join(f"{k}\x01{v}" for k, v in items) + ("\x02" if trailing and items else "")
     return text.encode("utf-8")
@@ -51,7 +35,7 @@ def _encode(items: list[tuple[str, str]], trailing: bool) -> bytes:
 @given(st.lists(st.tuples(_PROPS, st.booleans(), st.binary(max_size=20)), min_size=1, max_size=8))
 def test_batch_keys_equal_what_the_codec_reads(records) -> None:  # noqa: ANN001
     raw = [(head, _encode(items, trailing)) for items, trailing, head in records]
-    b = _batch(raw)
+    b = props_batch(raw)
     owners, blob, at, end = batch_keys(b.view, b.props_at, b.positions + b.sizes)
     got: list[list[str]] = [[] for _ in raw]
     for owner, a, e in zip(owners.tolist(), at.tolist(), end.tolist()):
@@ -61,7 +45,7 @@ def test_batch_keys_equal_what_the_codec_reads(records) -> None:  # noqa: ANN001
 
 def test_batch_keys_of_ordinary_records() -> None:
     raw = [(b"\x00" * 30, f"TAGS\x01t\x02KEYS\x01k{i} other\x02UNIQ_KEY\x01U{i:04d}\x02".encode()) for i in range(5)]
-    b = _batch(raw)
+    b = props_batch(raw)
     owners, blob, at, end = batch_keys(b.view, b.props_at, b.positions + b.sizes)
     pairs = sorted((o, blob[a:e]) for o, a, e in zip(owners.tolist(), at.tolist(), end.tolist()))
     assert pairs == sorted([(i, f"k{i}".encode()) for i in range(5)] + [(i, b"other") for i in range(5)]
@@ -70,7 +54,7 @@ def test_batch_keys_of_ordinary_records() -> None:
 
 def test_properties_that_are_not_utf8_name_the_record_and_byte() -> None:
     raw = [(b"h" * 10, b"KEYS\x01a\x02"), (b"h" * 10, b"KEYS\x01ok\x02"), (b"h" * 10, b"KEYS\x01b\xff\x02")]
-    batch = _batch(raw, first_offset=7)
+    batch = props_batch(raw, first_offset=7)
     with pytest.raises(CorruptRecordError) as exc:
         SegmentBuilder("p", 7, 0).add(batch)
     assert exc.value.source == "/store/commitlog/0"
@@ -81,7 +65,7 @@ def test_builder_keeps_the_records_before_corrupt_properties() -> None:
     raw = [(b"h" * 10, b"KEYS\x01a\x02"), (b"h" * 10, b"KEYS\x01b\x02"), (b"h" * 10, b"KEYS\x01\xc3(\x02")]
     builder = SegmentBuilder("p", 100, 0)
     with pytest.raises(CorruptRecordError):
-        builder.add(_batch(raw, first_offset=100))
+        builder.add(props_batch(raw, first_offset=100))
     assert builder.count == 2
     built = builder.build(now_ms=1)
     assert bytes(built.commitlog) == b"".join(h + p for h, p in raw[:2])
@@ -92,8 +76,8 @@ def test_builder_keeps_the_records_before_corrupt_properties() -> None:
 def test_the_segment_holds_exactly_the_records_whatever_was_reserved(reserve: int) -> None:
     # room reserved and not filled is cut at build; a builder outgrowing it
     # (the per-queue read finishing what the pass began) keeps every byte
-    first = _batch([(b"head-%d|" % i, b"KEYS\x01k%d" % i) for i in range(3)])
-    second = _batch([(b"more-%d|" % i, b"UNIQ_KEY\x01u%d" % i) for i in range(4)], first_offset=3)
+    first = props_batch([(b"head-%d|" % i, b"KEYS\x01k%d" % i) for i in range(3)])
+    second = props_batch([(b"more-%d|" % i, b"UNIQ_KEY\x01u%d" % i) for i in range(4)], first_offset=3)
     b = SegmentBuilder("p", 0, 0, key_index=True, layout=2)
     b.reserve(reserve)
     b.add(first)
@@ -109,7 +93,7 @@ def test_a_v2_object_packed_in_place_is_the_one_packed_by_copy() -> None:
     from tiered.archive import segmeta
 
     b = SegmentBuilder("p", 0, 0, key_index=True, layout=2)
-    b.add(_batch([(b"head-%d|" % i, b"KEYS\x01k%d" % i) for i in range(5)]))
+    b.add(props_batch([(b"head-%d|" % i, b"KEYS\x01k%d" % i) for i in range(5)]))
     built = b.build(0)
     desc = segmeta.Descriptor(cluster="C", broker="b", topic="T", queue_id=0, history="h", segment=built.segment)
     copied = segmeta.pack_v2(bytes(built.commitlog), built.consumequeue, built.index, desc)

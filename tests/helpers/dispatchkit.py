@@ -11,8 +11,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
 from tiered.clock import ManualClock
+from tiered.format.batch import RecordBatch
 from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, Host, decode_record
 from tiered.archive.coldtier import ColdTier
 from tiered.errors import CorruptRecordError
@@ -234,3 +237,19 @@ def produce_draws(seed: int, n: int, body_size: int) -> list[tuple[str, bytes]]:
         raw = b"".join(int(w).to_bytes(8, "little") for w in gen.random_raw(words))
         out.append((raw[:16].hex().upper(), raw[16:16 + body_size]))
     return out
+
+
+def props_batch(records: list[tuple[bytes, bytes]], first_offset: int = 0) -> RecordBatch:
+    """A batch over a buffer of (bytes before the properties, properties)
+    pairs: all that batch_keys reads of a record."""
+    buf = bytearray()
+    positions, sizes, props_at = [], [], []
+    for head, props in records:
+        positions.append(len(buf))
+        props_at.append(len(buf) + len(head))
+        buf += head + props
+        sizes.append(len(head) + len(props))
+    n = len(records)
+    a = lambda v: np.array(v, np.int64)  # noqa: E731
+    return RecordBatch(first_offset, memoryview(bytes(buf)), "/store/commitlog/0", a(positions), a(sizes),
+                       np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64), a(props_at))
