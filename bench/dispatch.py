@@ -290,20 +290,23 @@ def phase_raw_boto3(args: argparse.Namespace) -> dict:
         finally:
             fh.close()
 
-    with AnonPeak() as anon:
-        started = time.perf_counter()
-        sent = 0
-        with ThreadPoolExecutor(args.parallelism) as pool:
-            inflight = []
-            for i, data in enumerate(chunks()):
-                inflight.append(pool.submit(client.put_object, Bucket=args.bucket, Key=f"raw/{i:08d}", Body=data))
-                sent += len(data)
-                if len(inflight) >= args.parallelism:  # as many objects in memory as the dispatcher's segments
-                    inflight.pop(0).result()
-            for fut in inflight:
-                fut.result()
-        seconds = time.perf_counter() - started
-    return {"bytes": sent, "seconds": seconds, "maxrss_mib": maxrss_mib(), "anon_peak_mib": anon.peak_kib / 1024}
+    # as many objects in memory as the dispatcher's segments, the next read as
+    # soon as any upload ends (not the oldest: no thread waits on another's)
+    room = threading.Semaphore(args.parallelism)
+    started = time.perf_counter()
+    sent = 0
+    with ThreadPoolExecutor(args.parallelism) as pool:
+        futures = []
+        for i, data in enumerate(chunks()):
+            room.acquire()
+            fut = pool.submit(client.put_object, Bucket=args.bucket, Key=f"raw/{i:08d}", Body=data)
+            fut.add_done_callback(lambda _f: room.release())
+            futures.append(fut)
+            sent += len(data)
+        for fut in futures:
+            fut.result()
+    seconds = time.perf_counter() - started
+    return {"bytes": sent, "seconds": seconds, "maxrss_mib": maxrss_mib()}
 
 
 def _counting_recorder():  # noqa: ANN202
@@ -391,7 +394,7 @@ def moto_server(bucket: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def seaweed_servers(work: Path) -> Iterator[Callable[[str], contextlib.AbstractContextManager[str]]]:
+def seaweed_servers(work: Path) -> Iterator[Callable[[str], contextlib.AbstractContextManager[tuple[str, str]]]]:
     """One real SeaweedFS (tests/helpers/seaweed.py; ``weed`` from the test
     extra) for the phase, a fresh bucket for each run."""
     sys.path.insert(0, str(ROOT / "tests" / "helpers"))
@@ -404,11 +407,18 @@ def seaweed_servers(work: Path) -> Iterator[Callable[[str], contextlib.AbstractC
     count = iter(range(1 << 30))
 
     @contextlib.contextmanager
-    def bucket(name: str) -> Iterator[str]:
+    def bucket(name: str) -> Iterator[tuple[str, str]]:
         client = boto3.client("s3", endpoint_url=server.endpoint)
         fresh = f"{name}-{next(count)}"
         client.create_bucket(Bucket=fresh)
-        yield server.endpoint, fresh
+        try:
+            yield server.endpoint, fresh
+        finally:  # every run on a server holding as little as the first did
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=fresh):
+                keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+                if keys:
+                    client.delete_objects(Bucket=fresh, Delete={"Objects": keys})
+            client.delete_bucket(Bucket=fresh)
     try:
         yield bucket
     finally:
@@ -417,7 +427,7 @@ def seaweed_servers(work: Path) -> Iterator[Callable[[str], contextlib.AbstractC
 
 
 @contextlib.contextmanager
-def moto_servers(work: Path) -> Iterator[Callable[[str], contextlib.AbstractContextManager[str]]]:
+def moto_servers(work: Path) -> Iterator[Callable[[str], contextlib.AbstractContextManager[tuple[str, str]]]]:
     """A fresh moto server for each run, as moto slows down with what it holds."""
     @contextlib.contextmanager
     def bucket(name: str) -> Iterator[tuple[str, str]]:
@@ -498,36 +508,38 @@ def measure_s3(args: argparse.Namespace, work: Path, nbytes: int, servers: Calla
 
 
 def _measure_s3(args: argparse.Namespace, work: Path, nbytes: int, fresh: Callable) -> dict[str, Any]:
+    """Runs interleaved (dispatch, raw, same objects; again), so no side
+    gets the server when it is fresher, and a last dispatch, sampled."""
     import boto3
 
-    runs = []
-    for sample in [0] * args.repeat + [1]:
+    def dispatch(sample: int) -> tuple[dict, list[int]]:
         with fresh("bench-tiered") as (endpoint, bucket):
-            runs.append(run_phase("dispatch", args, url=f"s3://{bucket}/archive", endpoint=endpoint,
-                                  sample=sample))
-            assert runs[-1]["bytes"] == nbytes
+            run = run_phase("dispatch", args, url=f"s3://{bucket}/archive", endpoint=endpoint, sample=sample)
+            assert run["bytes"] == nbytes
             listing = boto3.client("s3", endpoint_url=endpoint).get_paginator("list_objects_v2")
-            written = [o["Size"] for page in listing.paginate(Bucket=bucket)
-                       for o in page.get("Contents", [])]
-    sd = best_of(runs[:-1])
-    sd.update({k: runs[-1][k] for k in MEMORY_KEYS})
-    # the baseline uploads the same bytes in objects of the size the dispatcher produced
-    object_bytes = -(-nbytes // sd["segments"])
-    # and the objects the dispatcher wrote, as many and as big (CommitLog,
-    # ConsumeQueue, index, manifests, catalog, lease): what the protocol costs
+            return run, [o["Size"] for page in listing.paginate(Bucket=bucket) for o in page.get("Contents", [])]
+
+    def put(**extra: object) -> dict:
+        with fresh("bench-raw") as (endpoint, bucket):
+            return run_phase("raw_boto3", args, endpoint=endpoint, bucket=bucket, **extra)
+
+    runs, raws, sames = [], [], []
     sizes_file = work / "written-sizes.json"
-    sizes_file.write_text(json.dumps(written))
-    raws, sames = [], []
     for _ in range(args.repeat):
-        with fresh("bench-raw") as (endpoint, bucket):
-            raws.append(run_phase("raw_boto3", args, endpoint=endpoint, bucket=bucket, bytes=nbytes,
-                                  object_bytes=object_bytes))
-        with fresh("bench-raw") as (endpoint, bucket):
-            sames.append(run_phase("raw_boto3", args, endpoint=endpoint, bucket=bucket, bytes=sum(written),
-                                   object_bytes=0, sizes=sizes_file))
+        run, written = dispatch(0)
+        runs.append(run)
+        # the same bytes in objects of the size the dispatcher produced; and the
+        # objects the dispatcher wrote, as many and as big (data, manifests,
+        # chunks, catalog, lease): what the protocol costs
+        object_bytes = -(-nbytes // run["segments"])
+        raws.append(put(bytes=nbytes, object_bytes=object_bytes))
+        sizes_file.write_text(json.dumps(written))
+        sames.append(put(bytes=sum(written), object_bytes=0, sizes=sizes_file))
+    sd = best_of(runs)
+    sampled, _ = dispatch(1)
+    sd.update({k: sampled[k] for k in MEMORY_KEYS})
     raw = min(raws, key=lambda r: r["seconds"])
     same = min(sames, key=lambda r: r["seconds"])
-
     return {"sd": sd, "raw": raw, "same": same, "written": written, "object_bytes": object_bytes}
 
 
