@@ -81,6 +81,9 @@ class PassStats:
     windows: int = 0
     continued: int = 0  # queues the per-queue read finished
     seconds: float = 0.0
+    # the pass's own CPU (it runs in one thread): its wall time also counts
+    # waiting for the GIL while upload threads run Python
+    cpu_seconds: float = 0.0
 
 
 @dataclass
@@ -111,7 +114,7 @@ def build_pass(local: LocalStore, jobs: list[BuildJob]) -> tuple[dict[tuple[str,
     records) gives the segment; ``stop`` is the corrupt record or expired
     offset that ended it early, as in ``build_segment``. Raises nothing for
     a queue's data."""
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.thread_time()
     confirmed = local.confirmed_offset()
     phys_limit = confirmed if confirmed is not None else NO_LIMIT
     local.commitlog.refresh()  # files the broker started or deleted since the last look
@@ -126,7 +129,7 @@ def build_pass(local: LocalStore, jobs: list[BuildJob]) -> tuple[dict[tuple[str,
             local.release_queue(q.job.topic, q.job.queue_id)  # what the per-queue read mapped
         out[(q.job.topic, q.job.queue_id)] = (q.job, q.builder, q.stop)
     stats = PassStats(queues=len(jobs), records=records, nbytes=nbytes, windows=windows, continued=continued,
-                      seconds=time.perf_counter() - started)
+                      seconds=time.perf_counter() - started, cpu_seconds=time.thread_time() - cpu)
     return out, stats
 
 
