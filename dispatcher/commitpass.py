@@ -47,7 +47,7 @@ import numpy as np
 from dispatcher.buildpool import BuildJob
 from dispatcher.segment import SegmentBuilder
 from tiered.errors import CorruptRecordError, ExpiredLocallyError
-from tiered.format.batch import CQ_DTYPE, RecordBatch, check_runs
+from tiered.format.batch import CQ_DTYPE, RUN_FIELDS, RecordBatch, check_runs_table, copy_runs, run_tails
 from tiered.format.keyindex import BadProperties, record_key_hashes
 from tiered.format.codec import CQ_ENTRY_SIZE, CQ_FILLER_SIZE
 from tiered.store.localstore import LocalStore
@@ -228,16 +228,73 @@ def _recheck_last(local: LocalStore, q: _Queue) -> None:
     q.redo = now != seen
 
 
+class _Columns:
+    """The pass's per-queue state as arrays, one item a queue of ``queues``:
+    a window updates it with array operations over all its queues (a Python
+    step a queue a window cost more than the queue's records at 1,000
+    queues). The records a window takes are kept as arrays too and handed to
+    each builder once, at the end of the walk (``flush``)."""
+
+    def __init__(self, queues: list[_Queue]) -> None:
+        n = len(queues)
+        self.queues = queues
+        counts = np.fromiter((len(q.entries) for q in queues), np.int64, n)
+        self.first = np.cumsum(counts) - counts  # of each queue's entries in ``every``
+        self.every = _joined([q.entries for q in queues])
+        self.limit = np.fromiter((q.limit for q in queues), np.int64, n)
+        self.taken = np.zeros(n, np.int64)
+        self.filled = np.fromiter((q.builder.nbytes for q in queues), np.int64, n)  # bytes in its buffer
+        self.stopped = np.zeros(n, bool)  # stopped by the fallback's own key search
+        self.start = np.fromiter((q.job.start for q in queues), np.int64, n)
+        self.queue_id = np.fromiter((q.job.queue_id for q in queues), np.int64, n)
+        self.keyed = np.fromiter((q.job.key_index for q in queues), bool, n)
+        self.tails, self.blob = run_tails([q.job.topic.encode("utf-8") for q in queues])
+        # check_runs_table's answers, each record's at its entry's row of ``every``: a
+        # queue's records stay in order with no sort; handed to its builder from ``given``
+        self.out = np.empty((6, len(self.every)), np.int64)
+        self.given = np.zeros(n, np.int64)
+        # keys taken and not handed yet, window by window: (queue, offset in the segment, hash)
+        self.keys: list[np.ndarray] = []
+
+    def flush(self) -> None:
+        """Every builder given the records taken for it since the last flush.
+        (The order of a queue's keys is free: ``index_of_hashes`` sorts them.)"""
+        due = np.flatnonzero(self.taken > self.given)
+        if not len(due):
+            return
+        keys = np.concatenate(self.keys, axis=1) if self.keys else np.zeros((3, 0), np.int64)
+        self.keys = []
+        n = len(self.queues)
+        # grouped by queue in one radix sort (16 bits when they fit)
+        group = keys[0].astype(np.uint16) if n <= 0xFFFF else keys[0]
+        keys = keys[:, np.argsort(group, kind="stable")]
+        k_cut = np.searchsorted(keys[0], np.arange(n + 1)).tolist()
+        k_offsets, k_hashes = keys[1], keys[2].view(np.uint64)
+        sizes, tags, store, born = self.out[1], self.out[2], self.out[3], self.out[4]
+        for qi, lo, hi, end in zip(due.tolist(), (self.first[due] + self.given[due]).tolist(),
+                                   (self.first[due] + self.taken[due]).tolist(), self.filled[due].tolist()):
+            k_lo, k_hi = k_cut[qi], k_cut[qi + 1]
+            self.queues[qi].builder.extend(end, sizes[lo:hi], tags[lo:hi], store[lo:hi], born[lo:hi],
+                                           k_offsets[k_lo:k_hi], k_hashes[k_lo:k_hi])
+        self.given[due] = self.taken[due]
+
+    def settle(self) -> None:
+        """The arrays' word written back to each queue, after the walk."""
+        self.flush()
+        for q, limit, taken in zip(self.queues, self.limit.tolist(), self.taken.tolist()):
+            q.limit, q.taken = limit, taken
+
+
 def _walk(local: LocalStore, queues: list[_Queue]) -> tuple[int, int, int]:
     """Every queue's plain entries read in physical order, window by window.
     Returns (records, bytes, windows) read."""
     counts = [q.limit for q in queues]
     if not sum(counts):
         return 0, 0, 0
-    every = _joined([q.entries for q in queues])
-    phys, size = every["phys"].astype(np.int64), every["size"].astype(np.int64)
+    cols = _Columns(queues)
+    phys, size = cols.every["phys"].astype(np.int64), cols.every["size"].astype(np.int64)
     owner = np.repeat(np.arange(len(queues)), counts)
-    index = np.concatenate([np.arange(n) for n in counts])  # in its queue's entries
+    index = np.arange(len(phys)) - np.repeat(cols.first, counts)  # in its queue's entries
     order = np.argsort(phys, kind="stable")
     phys, size, owner, index = phys[order], size[order], owner[order], index[order]
     commitlog = local.commitlog
@@ -252,28 +309,29 @@ def _walk(local: LocalStore, queues: list[_Queue]) -> tuple[int, int, int]:
         f = int(file_at[lo])
         w_phys, w_size, w_owner, w_index = phys[lo:hi], size[lo:hi], owner[lo:hi], index[lo:hi]
         if f < 0:
-            _stop_at(queues, w_owner, w_index)  # before the first file: the per-queue read reports it
+            np.minimum.at(cols.limit, w_owner, w_index)  # before the first file: the per-queue read reports it
             continue
         base = int(starts[f])
         try:
             view = commitlog.view(base, int((w_phys + w_size).max()) - base)
         except FileNotFoundError:
-            _stop_at(queues, w_owner, w_index)  # deleted meanwhile: the per-queue read reports the gap
+            np.minimum.at(cols.limit, w_owner, w_index)  # deleted meanwhile: the per-queue read reports the gap
             continue
         inside = w_phys + w_size - base <= len(view)
         if not inside.all():  # the file ends before them: a tail, which the per-queue read decides
-            _stop_at(queues, w_owner[~inside], w_index[~inside])
+            np.minimum.at(cols.limit, w_owner[~inside], w_index[~inside])
         r_lo, r_hi = int(w_phys[0]) - base, int((w_phys + w_size).max()) - base
         if int(w_size.sum()) * _DENSE >= r_hi - r_lo:
             commitlog.populate(base, r_lo, r_hi)
         source = str(commitlog.path(base))
         try:
-            n, b = _window(queues, view, base, source, w_owner, w_index)
+            n, b = _window(cols, view, base, source, w_owner, w_index)
         finally:
             commitlog.release(base, r_lo, r_hi)  # the builders copied what they keep
         records += n
         nbytes += b
         windows += 1
+    cols.settle()
     return records, nbytes, windows
 
 
@@ -288,87 +346,111 @@ def _joined(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.asarray(p, CQ_DTYPE).view(_RAW) for p in parts]).view(CQ_DTYPE)
 
 
-def _stop_at(queues: list[_Queue], owners: np.ndarray, indices: np.ndarray) -> None:
-    for qi, i in zip(owners.tolist(), indices.tolist()):
-        queues[qi].limit = min(queues[qi].limit, i)
+def _ragged(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """starts[r], starts[r] + 1, ... counts[r] items for each r, one after the other."""
+    ends = np.cumsum(counts)
+    return np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(starts - (ends - counts), counts)
 
 
-def _window(queues: list[_Queue], view: memoryview, base: int, source: str, owners: np.ndarray,
+def _window(cols: _Columns, view: memoryview, base: int, source: str, owners: np.ndarray,
             indices: np.ndarray) -> tuple[int, int]:
     """Each queue's entries of one window, checked as ``check_run`` checks
     them, every queue's run in one call (a queue's entries in a window are
-    consecutive), their keys found at once for the whole window, then added.
-    Returns (records, bytes)."""
+    consecutive), their keys found at once for the whole window, then copied
+    into their builders' buffers in one call. Returns (records, bytes)."""
     by_queue = np.argsort(owners, kind="stable")
     owners, indices = owners[by_queue], indices[by_queue]
     cuts = np.flatnonzero(owners[1:] != owners[:-1]) + 1
     firsts, lasts = np.concatenate(([0], cuts)), np.concatenate((cuts, [len(owners)])) - 1
-    runs: list[tuple[_Queue, int, int]] = []
-    for qi, first, last in zip(owners[firsts].tolist(), indices[firsts].tolist(), indices[lasts].tolist()):
-        q = queues[qi]
-        i0, i1 = first, min(last + 1, q.limit)
-        if q.stop is not None or i0 != q.taken or i1 <= i0:
-            continue  # stopped earlier in the pass: the rest is the per-queue read's
-        runs.append((q, i0, i1))
-    if not runs:
+    qs, i0 = owners[firsts], indices[firsts]
+    i1 = np.minimum(indices[lasts] + 1, cols.limit[qs])
+    go = ~cols.stopped[qs] & (i0 == cols.taken[qs]) & (i1 > i0)  # else stopped earlier: the per-queue read's
+    qs, i0, counts = qs[go], i0[go], (i1 - i0)[go]
+    if not len(qs):
         return 0, 0
+    table = np.empty((len(qs), RUN_FIELDS), np.int64)
+    table[:, 0] = cols.first[qs] + i0  # each run's rows of ``every``, whose answers go to the same rows of ``out``
+    table[:, 1] = np.where(cols.tails[qs, 0] != 0, counts, 0)  # a topic no record can hold: a run of none
+    table[:, 2] = cols.queue_id[qs]
+    table[:, 3] = cols.start[qs] + i0
+    table[:, 4:7] = cols.tails[qs]
     # every queue's run checked in one call (a call a queue cost more than its records at 1,000 queues)
-    batches = check_runs(view, base, _joined([q.entries[i0:i1] for q, i0, i1 in runs]),
-                         [(i1 - i0, q.job.topic.encode("utf-8"), q.job.queue_id, q.job.start + i0) for q, i0, i1 in runs],
-                         source=source)
-    checked: list[tuple[_Queue, RecordBatch, int, int]] = []
-    for (q, i0, i1), batch in zip(runs, batches):
-        if batch is None or batch.count < i1 - i0:
-            q.limit = i0 + (batch.count if batch is not None else 0)  # the per-queue read decides the next
-        if batch is not None:
-            checked.append((q, batch, i0, i1))
-    keys = _window_keys(view, [b for q, b, _i0, _i1 in checked if q.job.key_index])
-    # keys found (or none indexed): those queues' records copied in one call
-    ready = [(q, b, i0) for q, b, i0, _i1 in checked if not q.job.key_index or id(b) in keys]
-    SegmentBuilder.add_many([(q.builder, b, keys.get(id(b))) for q, b, _i0 in ready])
+    check_runs_table(view, base, cols.every, table, cols.blob, source=source, out=cols.out)
+    k = table[:, 7]
+    short = k < counts
+    cols.limit[qs[short]] = i0[short] + k[short]  # the per-queue read decides the next
+    some = k > 0
+    qs, i0, k, rows = qs[some], i0[some], k[some], table[some, 0]
+    if not len(qs):
+        return 0, 0
+    taken = _ragged(rows, k)  # the records taken, run after run: their rows of ``out``
+    pos, ends = cols.out[0, taken], cols.out[0, taken] + cols.out[1, taken]
+    run_of = np.repeat(np.arange(len(qs)), k)
+    try:
+        keys = _window_keys(view, pos, ends, cols.out[5, taken], run_of, cols.keyed[qs])
+    except BadProperties:
+        return _window_one_by_one(cols, view, source, cols.out[:, taken], qs, i0, k)
+    total = _copy(cols, view, pos, ends, qs, k)
+    if keys is not None:
+        at, hashes = keys
+        cols.keys.append(np.stack((qs[run_of[at]], taken[at] - cols.first[qs[run_of[at]]], hashes.view(np.int64))))
+    return int(k.sum()), total
+
+
+def _window_keys(view: memoryview, pos: np.ndarray, ends: np.ndarray, props: np.ndarray, run_of: np.ndarray,
+                 keyed: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The keys of the window's records (run after run) of queues with a key
+    index, found in one go, as ``SegmentBuilder.add`` would find them batch
+    by batch: (the record's index, key hash). Raises BadProperties when a
+    record's properties are not UTF-8."""
+    rows = np.flatnonzero(keyed[run_of]) if not keyed.all() else None
+    if rows is None:
+        return record_key_hashes(view, props, ends)
+    if not len(rows):
+        return None
+    at, hashes = record_key_hashes(view, props[rows], ends[rows])
+    return rows[at], hashes
+
+
+def _copy(cols: _Columns, view: memoryview, pos: np.ndarray, ends: np.ndarray, qs: np.ndarray, k: np.ndarray) -> int:
+    """The window's records taken (run after run) copied into their queues'
+    buffers, in one call. Returns the bytes copied."""
+    bounds = np.zeros(len(qs) + 1, np.int64)
+    np.cumsum(k, out=bounds[1:])
+    done = np.cumsum(ends - pos)
+    run_bytes = np.diff(done[bounds[1:] - 1], prepend=0)
+    at = cols.filled[qs]
+    # the room was reserved for every entry the pass reads; ``buffer`` makes more if not
+    builders = [cols.queues[qi].builder for qi in qs.tolist()]
+    copy_runs(view, [b.buffer(e) for b, e in zip(builders, (at + run_bytes).tolist())], at, pos, ends, bounds)
+    cols.filled[qs] = at + run_bytes
+    cols.taken[qs] += k
+    return int(done[-1])
+
+
+def _window_one_by_one(cols: _Columns, view: memoryview, source: str, out: np.ndarray, qs: np.ndarray,
+                       i0: np.ndarray, k: np.ndarray) -> tuple[int, int]:
+    """A window with a record whose properties are not UTF-8: each queue's
+    records added by its builder, which finds its own keys and stops its
+    queue at that record (the records before it kept)."""
+    cols.flush()  # the builders up to date before they add
+    bounds = np.concatenate(([0], np.cumsum(k))).tolist()
     records = nbytes = 0
-    for q, batch, i0 in ready:
-        records += batch.count
-        nbytes += int(batch.sizes.sum())
-        q.taken = i0 + batch.count
-    # properties that were not UTF-8 in the window: each builder finds its own keys
-    for q, batch, i0, _i1 in checked:
-        if not q.job.key_index or id(batch) in keys:
-            continue
-        before = q.builder.count
+    for r, (qi, first) in enumerate(zip(qs.tolist(), i0.tolist())):
+        q = cols.queues[qi]
+        lo, hi = bounds[r], bounds[r + 1]
+        batch = RecordBatch(q.job.start + first, view, source, *(out[f, lo:hi] for f in range(6)))
+        before, had = q.builder.count, q.builder.nbytes
         try:
             q.builder.add(batch)
         except CorruptRecordError as exc:
-            q.stop = exc  # properties that are not UTF-8: the records before it are kept
-        got = q.builder.count - before
-        records += got
-        nbytes += int(batch.sizes[:got].sum())
-        q.taken = i0 + got
+            q.stop = exc
+            cols.stopped[qi] = True
+        records += q.builder.count - before
+        nbytes += q.builder.nbytes - had
+        cols.taken[qi] = cols.given[qi] = q.builder.count  # the builder holds them already
+        cols.filled[qi] = q.builder.nbytes
     return records, nbytes
-
-
-def _window_keys(view: memoryview, batches: list[RecordBatch]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """The keys of every record of ``batches`` (all read from ``view``), found
-    in one go: id(batch) -> (record index in the batch, key hash), as
-    ``SegmentBuilder.add`` would find them batch by batch. Empty when a
-    record's properties are not UTF-8: each builder then finds its own keys
-    and stops its queue at that record."""
-    if not batches:
-        return {}
-    counts = np.fromiter((b.count for b in batches), np.int64, len(batches))
-    props_at = np.concatenate([b.props_at for b in batches])
-    # array operations once per window, not once per batch (1,000 queues: 1,000 batches a window)
-    ends = np.concatenate([b.positions for b in batches]) + np.concatenate([b.sizes for b in batches])
-    try:
-        owners, hashes = record_key_hashes(view, props_at, ends)
-    except BadProperties:
-        return {}
-    order = np.argsort(owners, kind="stable")
-    owners, hashes = owners[order], hashes[order]
-    bounds = np.concatenate(([0], np.cumsum(counts)))
-    cut = np.searchsorted(owners, bounds).tolist()
-    local = owners - np.repeat(bounds[:-1], counts)[owners]  # record index in its own batch
-    return {id(b): (local[cut[i]:cut[i + 1]], hashes[cut[i]:cut[i + 1]]) for i, b in enumerate(batches)}
 
 
 def _finish(local: LocalStore, q: _Queue) -> int:
