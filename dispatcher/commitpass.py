@@ -40,6 +40,7 @@ first record of a segment is taken whatever its size"), same bytes.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -142,25 +143,32 @@ def _gather(local: LocalStore, job: BuildJob, phys_limit: int) -> _Queue:
     start = files.locate(byte)
     if start is None:
         return _Queue(job, builder, none, 0)  # the per-queue read says why (expired, nothing yet)
+    rel = byte - start
     try:
-        view = files.view(start, byte - start + CQ_ENTRY_SIZE)
+        # read, not mapped: a queue's few KiB of entries cost a pread, where a
+        # map cost page faults and an madvise to give the pages back
+        head, size = files.read(start, rel, _SCAN * CQ_ENTRY_SIZE)
     except FileNotFoundError:
         return _Queue(job, builder, none, 0)
-    rel = byte - start
-    end = min(len(view), files.entries_per_file(start, view) * CQ_ENTRY_SIZE)
+    end = files.entries_end(start, size)
     if rel + CQ_ENTRY_SIZE > end:
         return _Queue(job, builder, none, 0)
-    try:
-        entries, hi = _pending(view, rel // CQ_ENTRY_SIZE, end // CQ_ENTRY_SIZE, phys_limit, job.segment_bytes)
-    finally:
-        files.release(start, rel, end)  # copied: 20 bytes a record, and the ConsumeQueue pages read are given back
+    first = np.frombuffer(head, CQ_DTYPE, count=min(len(head), end - rel) // CQ_ENTRY_SIZE)
+
+    def read(at: int, n: int) -> np.ndarray:
+        if at == rel // CQ_ENTRY_SIZE and n <= len(first):
+            return first[:n]
+        more = files.read(start, at * CQ_ENTRY_SIZE, n * CQ_ENTRY_SIZE)[0]  # FileNotFoundError: the pass fails over
+        return np.frombuffer(more, CQ_DTYPE, count=len(more) // CQ_ENTRY_SIZE)
+
+    entries, hi = _pending(None, rel // CQ_ENTRY_SIZE, end // CQ_ENTRY_SIZE, phys_limit, job.segment_bytes, read=read)
     k, full = _plain(entries, phys_limit, job.segment_bytes)
     q = _Queue(job, builder, entries[:k], k, full=full)
     builder.reserve(int(entries["size"][:k].sum(dtype=np.int64)), k)  # what the pass will copy, allocated once
     if k and k == len(entries) and hi is not None:
         # the last written entry may be the one the broker is writing: it is
         # read again after its record, as QueueCursor._one_entry does
-        q.last = (start, (hi - 1) * CQ_ENTRY_SIZE, bytes(view[(hi - 1) * CQ_ENTRY_SIZE:hi * CQ_ENTRY_SIZE]))
+        q.last = (start, (hi - 1) * CQ_ENTRY_SIZE, entries[k - 1:k].tobytes())
         q.at_end = hi * CQ_ENTRY_SIZE < end
     return q
 
@@ -169,26 +177,31 @@ def _gather(local: LocalStore, job: BuildJob, phys_limit: int) -> _Queue:
 _SCAN = 1024
 
 
-def _pending(view: memoryview, first: int, last: int, phys_limit: int, budget: int) -> tuple[np.ndarray, int | None]:
+def _pending(view: memoryview | None, first: int, last: int, phys_limit: int, budget: int, *,
+             read: Callable[[int, int], np.ndarray] | None = None) -> tuple[np.ndarray, int | None]:
     """The entries from ``first`` (copied) up to the written end (the first
     entry of size 0, or ``last``; entries are written in order), and that
     end; or, when an entry the pass cannot take (``_plain``) comes first,
     the entries up to and past it, and None. Read forward in growing steps:
     what a segment takes and a step more, where finding the written end by
     bisection over the whole file faulted in a page for each probe (a
-    fifth of the pass's CPU at 1,000 queues)."""
+    fifth of the pass's CPU at 1,000 queues). From ``view``, or by
+    ``read(at, n)`` (up to ``n`` entries from entry ``at``; fewer: the file
+    ends there now)."""
+    if read is None:
+        def read(at: int, n: int) -> np.ndarray:
+            return np.frombuffer(view, CQ_DTYPE, count=n, offset=at * CQ_ENTRY_SIZE)
     parts: list[np.ndarray] = []
     at, step = first, _SCAN
     while True:
-        n = min(step, last - at)
-        chunk = np.frombuffer(view, CQ_DTYPE, count=n, offset=at * CQ_ENTRY_SIZE)
+        chunk = read(at, min(step, last - at))
+        short = len(chunk) < min(step, last - at)
         zero = np.flatnonzero(chunk["size"] == 0)
-        if len(zero):
-            n = int(zero[0])
+        n = int(zero[0]) if len(zero) else len(chunk)
         parts.append(chunk[:n].copy())
         at += n
         entries = parts[0] if len(parts) == 1 else _joined(parts)
-        if len(zero) or at >= last:
+        if len(zero) or at >= last or short:
             return entries, at
         if _plain(entries, phys_limit, budget)[0] < len(entries):
             return entries, None
@@ -218,11 +231,8 @@ def _recheck_last(local: LocalStore, q: _Queue) -> None:
     if q.last is None or q.taken != len(q.entries):
         return
     start, at, seen = q.last
-    files = local._queue(q.job.topic, q.job.queue_id)
     try:
-        view = files.view(start, at + CQ_ENTRY_SIZE)
-        now = bytes(view[at:at + CQ_ENTRY_SIZE])
-        files.release(start, at, at + CQ_ENTRY_SIZE)
+        now = local._queue(q.job.topic, q.job.queue_id).read(start, at, CQ_ENTRY_SIZE)[0]
     except FileNotFoundError:
         now = b""
     q.redo = now != seen
