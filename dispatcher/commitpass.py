@@ -263,8 +263,8 @@ class _Columns:
         # queue's records stay in order with no sort; handed to its builder from ``given``
         self.out = np.empty((6, len(self.every)), np.int64)
         self.given = np.zeros(n, np.int64)
-        # keys taken and not handed yet, window by window: (queue, offset in the segment, hash)
-        self.keys: list[np.ndarray] = []
+        # keys taken and not handed yet, window by window: (their record's row of ``every``, hash)
+        self.keys: list[tuple[np.ndarray, np.ndarray]] = []
 
     def flush(self) -> None:
         """Every builder given the records taken for it since the last flush.
@@ -272,20 +272,21 @@ class _Columns:
         due = np.flatnonzero(self.taken > self.given)
         if not len(due):
             return
-        keys = np.concatenate(self.keys, axis=1) if self.keys else np.zeros((3, 0), np.int64)
-        self.keys = []
-        n = len(self.queues)
-        # grouped by queue in one radix sort (16 bits when they fit)
-        group = keys[0].astype(np.uint16) if n <= 0xFFFF else keys[0]
-        keys = keys[:, np.argsort(group, kind="stable")]
-        k_cut = np.searchsorted(keys[0], np.arange(n + 1)).tolist()
-        k_offsets, k_hashes = keys[1], keys[2].view(np.uint64)
+        # keys by their record's row of ``every``, which orders them by queue and
+        # offset: one sort of a few runs already in order (a window's are)
+        rows = np.concatenate([r for r, _h in self.keys]) if self.keys else np.zeros(0, np.int64)
+        hashes = np.concatenate([h for _r, h in self.keys]) if self.keys else np.zeros(0, np.uint64)
+        several, self.keys = len(self.keys) > 1, []
+        if several or np.any(rows[1:] < rows[:-1]):
+            order = np.argsort(rows, kind="stable")
+            rows, hashes = rows[order], hashes[order]
+        lo, hi = self.first[due] + self.given[due], self.first[due] + self.taken[due]
+        k_lo, k_hi = np.searchsorted(rows, lo).tolist(), np.searchsorted(rows, hi).tolist()
         sizes, tags, store, born = self.out[1], self.out[2], self.out[3], self.out[4]
-        for qi, lo, hi, end in zip(due.tolist(), (self.first[due] + self.given[due]).tolist(),
-                                   (self.first[due] + self.taken[due]).tolist(), self.filled[due].tolist()):
-            k_lo, k_hi = k_cut[qi], k_cut[qi + 1]
-            self.queues[qi].builder.extend(end, sizes[lo:hi], tags[lo:hi], store[lo:hi], born[lo:hi],
-                                           k_offsets[k_lo:k_hi], k_hashes[k_lo:k_hi])
+        for qi, first, r_lo, r_hi, a, b, end in zip(due.tolist(), self.first[due].tolist(), lo.tolist(),
+                                                    hi.tolist(), k_lo, k_hi, self.filled[due].tolist()):
+            self.queues[qi].builder.extend(end, sizes[r_lo:r_hi], tags[r_lo:r_hi], store[r_lo:r_hi],
+                                           born[r_lo:r_hi], rows[a:b] - first, hashes[a:b])
         self.given[due] = self.taken[due]
 
     def settle(self) -> None:
@@ -403,7 +404,7 @@ def _window(cols: _Columns, view: memoryview, base: int, source: str, owners: np
     total = _copy(cols, view, pos, ends, qs, k)
     if keys is not None:
         at, hashes = keys
-        cols.keys.append(np.stack((qs[run_of[at]], taken[at] - cols.first[qs[run_of[at]]], hashes.view(np.int64))))
+        cols.keys.append((taken[at], hashes))
     return int(k.sum()), total
 
 
