@@ -119,7 +119,7 @@ def build_pass(local: LocalStore, jobs: list[BuildJob]) -> tuple[dict[tuple[str,
     confirmed = local.confirmed_offset()
     phys_limit = confirmed if confirmed is not None else NO_LIMIT
     local.commitlog.refresh()  # files the broker started or deleted since the last look
-    queues = [_gather(local, job, phys_limit) for job in jobs]
+    queues = _gather(local, jobs, phys_limit)
     records, nbytes, windows = _walk(local, queues)
     out: dict[tuple[str, int], Planned] = {}
     continued = 0
@@ -134,25 +134,52 @@ def build_pass(local: LocalStore, jobs: list[BuildJob]) -> tuple[dict[tuple[str,
     return out, stats
 
 
-def _gather(local: LocalStore, job: BuildJob, phys_limit: int) -> _Queue:
-    builder = SegmentBuilder(job.prefix, job.start, job.cl_start, key_index=job.key_index, layout=job.layout,
-                             compression=job.compression)
+def _gather(local: LocalStore, jobs: list[BuildJob], phys_limit: int) -> list[_Queue]:
+    """Each job's queue with the plain entries the pass reads: read queue
+    by queue, checked (``_plain_many``) for all queues at once."""
+    read = [_read_pending(local, job, phys_limit) for job in jobs]
     none = np.zeros(0, CQ_DTYPE)
+    k, full, nbytes = _plain_many([r[0] if r is not None else none for r in read], phys_limit,
+                                  np.fromiter((job.segment_bytes for job in jobs), np.int64, len(jobs)))
+    queues = []
+    for job, got, k_, full_, nbytes_ in zip(jobs, read, k.tolist(), full.tolist(), nbytes.tolist()):
+        builder = SegmentBuilder(job.prefix, job.start, job.cl_start, key_index=job.key_index, layout=job.layout,
+                                 compression=job.compression)
+        if got is None:
+            queues.append(_Queue(job, builder, none, 0))  # the per-queue read says why (expired, nothing yet)
+            continue
+        entries, hi, start, end = got
+        q = _Queue(job, builder, entries[:k_], k_, full=full_)
+        builder.reserve(nbytes_, k_)  # what the pass will copy, allocated once
+        if k_ and k_ == len(entries) and hi is not None:
+            # the last written entry may be the one the broker is writing: it is
+            # read again after its record, as QueueCursor._one_entry does
+            q.last = (start, (hi - 1) * CQ_ENTRY_SIZE, entries[k_ - 1:k_].tobytes())
+            q.at_end = hi * CQ_ENTRY_SIZE < end
+        queues.append(q)
+    return queues
+
+
+def _read_pending(local: LocalStore, job: BuildJob, phys_limit: int
+                  ) -> tuple[np.ndarray, int | None, int, int] | None:
+    """``_pending`` of the job's queue from its start, in the ConsumeQueue file
+    of that offset, and that file's start and entries' end; None when there
+    is nothing to read there (the per-queue read says why)."""
     files = local._queue(job.topic, job.queue_id)
     byte = job.start * CQ_ENTRY_SIZE
     start = files.locate(byte)
     if start is None:
-        return _Queue(job, builder, none, 0)  # the per-queue read says why (expired, nothing yet)
+        return None
     rel = byte - start
     try:
         # read, not mapped: a queue's few KiB of entries cost a pread, where a
         # map cost page faults and an madvise to give the pages back
         head, size = files.read(start, rel, _SCAN * CQ_ENTRY_SIZE)
     except FileNotFoundError:
-        return _Queue(job, builder, none, 0)
+        return None
     end = files.entries_end(start, size)
     if rel + CQ_ENTRY_SIZE > end:
-        return _Queue(job, builder, none, 0)
+        return None
     first = np.frombuffer(head, CQ_DTYPE, count=min(len(head), end - rel) // CQ_ENTRY_SIZE)
 
     def read(at: int, n: int) -> np.ndarray:
@@ -162,15 +189,7 @@ def _gather(local: LocalStore, job: BuildJob, phys_limit: int) -> _Queue:
         return np.frombuffer(more, CQ_DTYPE, count=len(more) // CQ_ENTRY_SIZE)
 
     entries, hi = _pending(None, rel // CQ_ENTRY_SIZE, end // CQ_ENTRY_SIZE, phys_limit, job.segment_bytes, read=read)
-    k, full = _plain(entries, phys_limit, job.segment_bytes)
-    q = _Queue(job, builder, entries[:k], k, full=full)
-    builder.reserve(int(entries["size"][:k].sum(dtype=np.int64)), k)  # what the pass will copy, allocated once
-    if k and k == len(entries) and hi is not None:
-        # the last written entry may be the one the broker is writing: it is
-        # read again after its record, as QueueCursor._one_entry does
-        q.last = (start, (hi - 1) * CQ_ENTRY_SIZE, entries[k - 1:k].tobytes())
-        q.at_end = hi * CQ_ENTRY_SIZE < end
-    return q
+    return entries, hi, start, end
 
 
 # ConsumeQueue entries read at first by ``_pending``, then four times more each step
@@ -222,6 +241,41 @@ def _plain(entries: np.ndarray, phys_limit: int, budget: int) -> tuple[int, bool
     plain[1:] &= phys[1:] >= phys[:-1] + size[:-1]  # merged by physical offset, a queue keeps its order
     k = int(np.argmin(plain)) if not plain.all() else len(plain)
     return k, 0 < k < len(plain) and bool(can_be[k]) and not bool(in_budget[k])
+
+
+def _plain_many(parts: list[np.ndarray], phys_limit: int, budgets: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_plain`` of every queue's entries at once (a dozen numpy calls a
+    queue cost more than its few entries at 1,000 queues): for each, how
+    many leading entries the pass takes, whether the one after them passes
+    the budget, and the bytes of those taken."""
+    counts = np.fromiter((len(p) for p in parts), np.int64, len(parts))
+    firsts = np.cumsum(counts) - counts
+    ends = firsts + counts
+    if not counts.sum():
+        zeros = np.zeros(len(parts), np.int64)
+        return zeros, zeros.astype(bool), zeros
+    every = _joined(parts)
+    phys, size = every["phys"].astype(np.int64), every["size"].astype(np.int64)
+    can_be = (size > 0) & (size != CQ_FILLER_SIZE) & (phys >= 0) & (phys + size <= phys_limit)
+    total = np.cumsum(size)
+    before = np.concatenate(([0], total))[firsts]  # each queue's sums start again
+    total -= np.repeat(before, counts)
+    in_budget = total <= np.repeat(budgets, counts)
+    plain = can_be & in_budget
+    grows = np.ones(len(every), bool)
+    grows[1:] = phys[1:] >= phys[:-1] + size[:-1]  # merged by physical offset, a queue keeps its order
+    grows[firsts[counts > 0]] = True  # a queue's first entry follows no other
+    plain &= grows
+    # the first entry not taken of each queue, or the queue's end
+    bad = np.append(np.flatnonzero(~plain), len(every))
+    stop = np.minimum(bad[np.searchsorted(bad, firsts)], ends)
+    k = stop - firsts
+    inside = (k > 0) & (k < counts)
+    probe = np.minimum(stop, len(every) - 1)
+    full = inside & can_be[probe] & ~in_budget[probe]
+    nbytes = np.where(k > 0, total[np.maximum(stop - 1, 0)], 0)
+    return k, full, nbytes
 
 
 def _recheck_last(local: LocalStore, q: _Queue) -> None:
