@@ -309,6 +309,9 @@ class _Columns:
         self.taken = np.zeros(n, np.int64)
         self.filled = np.fromiter((q.builder.nbytes for q in queues), np.int64, n)  # bytes in its buffer
         self.stopped = np.zeros(n, bool)  # stopped by the fallback's own key search
+        # each builder's buffer (``SegmentBuilder.buffer``) and its length, asked once
+        self.buffers = [q.builder.buffer(q.builder.nbytes) for q in queues]
+        self.room = np.fromiter(map(len, self.buffers), np.int64, n)
         self.start = np.fromiter((q.job.start for q in queues), np.int64, n)
         self.queue_id = np.fromiter((q.job.queue_id for q in queues), np.int64, n)
         self.keyed = np.fromiter((q.job.key_index for q in queues), bool, n)
@@ -485,9 +488,14 @@ def _copy(cols: _Columns, view: memoryview, pos: np.ndarray, ends: np.ndarray, q
     done = np.cumsum(ends - pos)
     run_bytes = np.diff(done[bounds[1:] - 1], prepend=0)
     at = cols.filled[qs]
-    # the room was reserved for every entry the pass reads; ``buffer`` makes more if not
-    builders = [cols.queues[qi].builder for qi in qs.tolist()]
-    copy_runs(view, [b.buffer(e) for b, e in zip(builders, (at + run_bytes).tolist())], at, pos, ends, bounds)
+    need = at + run_bytes
+    short = need > cols.room[qs]
+    if short.any():  # the room was reserved for every entry the pass reads: never, unless that changed
+        for qi, end in zip(qs[short].tolist(), need[short].tolist()):
+            cols.buffers[qi] = cols.queues[qi].builder.buffer(end)
+            cols.room[qi] = len(cols.buffers[qi])
+    buffers = cols.buffers
+    copy_runs(view, [buffers[qi] for qi in qs.tolist()], at, pos, ends, bounds)
     cols.filled[qs] = at + run_bytes
     cols.taken[qs] += k
     return int(done[-1])
@@ -515,6 +523,8 @@ def _window_one_by_one(cols: _Columns, view: memoryview, source: str, out: np.nd
         nbytes += q.builder.nbytes - had
         cols.taken[qi] = cols.given[qi] = q.builder.count  # the builder holds them already
         cols.filled[qi] = q.builder.nbytes
+        cols.buffers[qi] = q.builder.buffer(q.builder.nbytes)  # ``add`` may have grown it
+        cols.room[qi] = len(cols.buffers[qi])
     return records, nbytes
 
 
