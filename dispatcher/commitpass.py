@@ -336,7 +336,7 @@ class _Columns:
         several, self.keys = len(self.keys) > 1, []
         if several or np.any(rows[1:] < rows[:-1]):
             order = np.argsort(rows, kind="stable")
-            rows, hashes = rows[order], hashes[order]
+            rows, hashes = rows.take(order), hashes.take(order)
         lo, hi = self.first[due] + self.given[due], self.first[due] + self.taken[due]
         k_lo, k_hi = np.searchsorted(rows, lo).tolist(), np.searchsorted(rows, hi).tolist()
         sizes, tags, store, born = self.out[1], self.out[2], self.out[3], self.out[4]
@@ -364,7 +364,8 @@ def _walk(local: LocalStore, queues: list[_Queue]) -> tuple[int, int, int]:
     owner = np.repeat(np.arange(len(queues)), counts)
     index = np.arange(len(phys)) - np.repeat(cols.first, counts)  # in its queue's entries
     order = np.argsort(phys, kind="stable")
-    phys, size, owner, index = phys[order], size[order], owner[order], index[order]
+    # (take: a third of the time of indexing with an array)
+    phys, size, owner, index = phys.take(order), size.take(order), owner.take(order), index.take(order)
     commitlog = local.commitlog
     starts = np.asarray(commitlog.starts, np.int64)
     file_at = np.searchsorted(starts, phys, side="right") - 1
@@ -427,7 +428,7 @@ def _window(cols: _Columns, view: memoryview, base: int, source: str, owners: np
     consecutive), their keys found at once for the whole window, then copied
     into their builders' buffers in one call. Returns (records, bytes)."""
     by_queue = np.argsort(owners, kind="stable")
-    owners, indices = owners[by_queue], indices[by_queue]
+    owners, indices = owners.take(by_queue), indices.take(by_queue)
     cuts = np.flatnonzero(owners[1:] != owners[:-1]) + 1
     firsts, lasts = np.concatenate(([0], cuts)), np.concatenate((cuts, [len(owners)])) - 1
     qs, i0 = owners[firsts], indices[firsts]
@@ -452,16 +453,17 @@ def _window(cols: _Columns, view: memoryview, base: int, source: str, owners: np
     if not len(qs):
         return 0, 0
     taken = _ragged(rows, k)  # the records taken, run after run: their rows of ``out``
-    pos, ends = cols.out[0, taken], cols.out[0, taken] + cols.out[1, taken]
+    pos = cols.out[0].take(taken)
+    ends = pos + cols.out[1].take(taken)
     run_of = np.repeat(np.arange(len(qs)), k)
     try:
-        keys = _window_keys(view, pos, ends, cols.out[5, taken], run_of, cols.keyed[qs])
+        keys = _window_keys(view, pos, ends, cols.out[5].take(taken), run_of, cols.keyed[qs])
     except BadProperties:
         return _window_one_by_one(cols, view, source, cols.out[:, taken], qs, i0, k)
     total = _copy(cols, view, pos, ends, qs, k)
     if keys is not None:
         at, hashes = keys
-        cols.keys.append((taken[at], hashes))
+        cols.keys.append((taken.take(at), hashes))
     return int(k.sum()), total
 
 
@@ -476,8 +478,8 @@ def _window_keys(view: memoryview, pos: np.ndarray, ends: np.ndarray, props: np.
         return record_key_hashes(view, props, ends)
     if not len(rows):
         return None
-    at, hashes = record_key_hashes(view, props[rows], ends[rows])
-    return rows[at], hashes
+    at, hashes = record_key_hashes(view, props.take(rows), ends.take(rows))
+    return rows.take(at), hashes
 
 
 def _copy(cols: _Columns, view: memoryview, pos: np.ndarray, ends: np.ndarray, qs: np.ndarray, k: np.ndarray) -> int:
