@@ -15,16 +15,21 @@ write (reput) order, for all the queues of a round's wave:
    be a record, below the confirmed offset, physical offsets growing. The
    queue's last written entry is read again after its record, as the
    per-queue read does (the broker may have been writing it): when it
-   changed, the queue is read again by the per-queue read.
+   changed, the queue is read again by the per-queue read. The entries are
+   read with ``pread`` (``_FileSet.read``), a few KiB a queue, not mapped;
+   the plain ones are found for all queues at once (``_plain_many``).
 2. ``_walk``: every queue's entries merged by physical offset (one argsort),
    cut into windows of one CommitLog file, each window's pages mapped in one
    call and given back behind it. In a window each queue's entries are
-   checked by ``batch.check_runs`` (one call for all of them), exactly as
-   the per-queue read's ``check_run`` checks them, and added to the
-   queue's ``SegmentBuilder`` (one copy, while the
+   checked by ``batch.check_runs_table`` (one call for all of them), exactly
+   as the per-queue read's ``check_run`` checks them, and copied into the
+   queue's ``SegmentBuilder`` buffer (one call for all of them, while the
    pages are mapped: copying later, at the upload, would map every page
    again for every queue whose records it holds; measured 0.19 s more for
-   64 MiB over 16 queues).
+   64 MiB over 16 queues). The pass's per-queue state is kept as arrays
+   (``_Columns``), so a window costs array operations over its queues, not
+   Python calls a queue; each builder is handed its records' arrays once,
+   after the walk.
 3. ``_finish``: where the pass left a queue short of its budget (a record
    ``check_run`` does not accept, a filler, the last entry, the end of a
    ConsumeQueue file, a CommitLog file gone), the per-queue read continues
@@ -55,8 +60,8 @@ from tiered.store.localstore import LocalStore
 from tiered.store.queuecursor import NO_LIMIT
 
 # A window of one CommitLog file: mapped in one call, given back behind the
-# pass. Each queue with records in a window costs a check and an add (~100 us
-# of numpy calls, whatever its record count), so a pass over many queues
+# pass. A window costs some array operations over its queues whatever their
+# records (once ~100 us of numpy calls a queue), so a pass over many queues
 # takes wider windows, up to MAX_WINDOW of mapped pages at a time: one per
 # QUEUES_PER_WINDOW_STEP queues more WINDOW bytes.
 WINDOW = 32 << 20
