@@ -212,6 +212,7 @@ def _pending(view: memoryview | None, first: int, last: int, phys_limit: int, bu
     fifth of the pass's CPU at 1,000 queues). From ``view``, or by
     ``read(at, n)`` (up to ``n`` entries from entry ``at``; fewer: the file
     ends there now)."""
+    mapped = read is None  # then copied: the mapped pages are given back behind the read
     if read is None:
         def read(at: int, n: int) -> np.ndarray:
             return np.frombuffer(view, CQ_DTYPE, count=n, offset=at * CQ_ENTRY_SIZE)
@@ -222,7 +223,7 @@ def _pending(view: memoryview | None, first: int, last: int, phys_limit: int, bu
         short = len(chunk) < min(step, last - at)
         zero = np.flatnonzero(chunk["size"] == 0)
         n = int(zero[0]) if len(zero) else len(chunk)
-        parts.append(chunk[:n].copy())
+        parts.append(chunk[:n].copy() if mapped else chunk[:n])
         at += n
         entries = parts[0] if len(parts) == 1 else _joined(parts)
         if len(zero) or at >= last or short:
