@@ -187,10 +187,13 @@ def _read_pending(local: LocalStore, job: BuildJob, phys_limit: int
         return None
     first = np.frombuffer(head, CQ_DTYPE, count=min(len(head), end - rel) // CQ_ENTRY_SIZE)
 
-    def read(at: int, n: int) -> np.ndarray:
+    def read(at: int, n: int) -> np.ndarray | None:
         if at == rel // CQ_ENTRY_SIZE and n <= len(first):
             return first[:n]
-        more = files.read(start, at * CQ_ENTRY_SIZE, n * CQ_ENTRY_SIZE)[0]  # FileNotFoundError: the pass fails over
+        try:
+            more = files.read_bytes(start, at * CQ_ENTRY_SIZE, n * CQ_ENTRY_SIZE)
+        except FileNotFoundError:
+            return None  # deleted since the first read: the per-queue read goes on from here and reports it
         return np.frombuffer(more, CQ_DTYPE, count=len(more) // CQ_ENTRY_SIZE)
 
     entries, hi = _pending(None, rel // CQ_ENTRY_SIZE, end // CQ_ENTRY_SIZE, phys_limit, job.segment_bytes, read=read)
@@ -202,7 +205,7 @@ _SCAN = 1024
 
 
 def _pending(view: memoryview | None, first: int, last: int, phys_limit: int, budget: int, *,
-             read: Callable[[int, int], np.ndarray] | None = None) -> tuple[np.ndarray, int | None]:
+             read: Callable[[int, int], np.ndarray | None] | None = None) -> tuple[np.ndarray, int | None]:
     """The entries from ``first`` (copied) up to the written end (the first
     entry of size 0, or ``last``; entries are written in order), and that
     end; or, when an entry the pass cannot take (``_plain``) comes first,
@@ -211,7 +214,8 @@ def _pending(view: memoryview | None, first: int, last: int, phys_limit: int, bu
     bisection over the whole file faulted in a page for each probe (a
     fifth of the pass's CPU at 1,000 queues). From ``view``, or by
     ``read(at, n)`` (up to ``n`` entries from entry ``at``; fewer: the file
-    ends there now)."""
+    ends there now; None: it cannot be read any more, and the entries read
+    so far are returned with None)."""
     mapped = read is None  # then copied: the mapped pages are given back behind the read
     if read is None:
         def read(at: int, n: int) -> np.ndarray:
@@ -220,6 +224,8 @@ def _pending(view: memoryview | None, first: int, last: int, phys_limit: int, bu
     at, step = first, _SCAN
     while True:
         chunk = read(at, min(step, last - at))
+        if chunk is None:
+            return (_joined(parts) if parts else np.zeros(0, CQ_DTYPE)), None
         short = len(chunk) < min(step, last - at)
         zero = np.flatnonzero(chunk["size"] == 0)
         n = int(zero[0]) if len(zero) else len(chunk)
@@ -292,7 +298,7 @@ def _recheck_last(local: LocalStore, q: _Queue) -> None:
         return
     start, at, seen = q.last
     try:
-        now = local._queue(q.job.topic, q.job.queue_id).read(start, at, CQ_ENTRY_SIZE)[0]
+        now = local._queue(q.job.topic, q.job.queue_id).read_bytes(start, at, CQ_ENTRY_SIZE)
     except FileNotFoundError:
         now = b""
     q.redo = now != seen

@@ -97,3 +97,23 @@ def test_plain_many_answers_as_plain_queue_by_queue(queues, phys_limit):
         want_k, want_full = _reference_plain(entries, phys_limit, budget)
         assert (int(k[i]), bool(full[i])) == (want_k, want_full), i
         assert int(nbytes[i]) == int(entries["size"][:want_k].astype(np.int64).sum()), i
+
+
+def test_a_file_gone_mid_read_hands_the_queue_to_the_per_queue_read():
+    # entries read in steps of 2, 8, 32 (no zero entry yet); the file is gone at the third
+    # step: what was read is returned, with no written end (so the pass trusts no last entry)
+    table = np.zeros(40, CQ_DTYPE)
+    table[:] = [(i * 100, 100, i) for i in range(40)]
+    calls = []
+
+    def read(at: int, n: int):
+        calls.append((at, n))
+        return table[at:at + n] if len(calls) < 3 else None
+
+    saved, commitpass._SCAN = commitpass._SCAN, 2
+    try:
+        got, hi = commitpass._pending(None, 0, 40, 1 << 62, 1 << 40, read=read)
+    finally:
+        commitpass._SCAN = saved
+    assert calls == [(0, 2), (2, 8), (10, 30)]
+    assert hi is None and got.tobytes() == table[:10].tobytes()

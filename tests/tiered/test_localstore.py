@@ -665,6 +665,7 @@ def test_read_gives_a_files_bytes_as_they_are_now_without_mapping(tmp_path: Path
     assert files.read(0, 10, 20) == (bytes(range(10, 30)), 100)
     assert files.read(0, 90, 20) == (bytes(range(90, 100)), 100)  # the file ends there
     assert files.read(60, 0, 100) == (b"\x07" * 30, 30)
+    assert files.read_bytes(0, 95, 20) == bytes(range(95, 100))
     assert files._maps == {}
     assert files.entries_end(0, 100) == 60  # the next file starts at entry 3
     assert files.entries_end(60, 30) == 30  # the last file: its size

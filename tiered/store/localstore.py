@@ -137,6 +137,15 @@ class _FileSet:
         finally:
             os.close(fd)
 
+    def read_bytes(self, start: int, lo: int, n: int) -> bytes:
+        """``read`` without the file's size: one system call less (each gives
+        the GIL up, and a pass over 1,000 queues waits to get it back)."""
+        fd = os.open(f"{self._prefix}{start:020d}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return os.pread(fd, n, lo)
+        finally:
+            os.close(fd)
+
     def release(self, start: int, lo: int = 0, hi: int | None = None) -> None:
         """Give back this process's pages of file ``start`` from the page
         holding ``lo`` to the page boundary at or below ``hi`` (relative;
