@@ -257,6 +257,7 @@ def phase_dispatch(args: argparse.Namespace) -> dict:
             "workers_rss_mib": workers_rss, "anon_peak_mib": anon.peak_kib / 1024, "requests": dict(rec.ops),
             "round_requests": {k: v - before.get(k, 0) for k, v in rec.ops.items() if v > before.get(k, 0)},
             "pss_peak_mib": pss.peak_kib / 1024, "pass_seconds": sum(p.seconds for p in passes),
+            "pass_cpu_seconds": sum(p.cpu_seconds for p in passes),
             "passes": len(passes)}
 
 
@@ -482,6 +483,7 @@ def best_of(runs: list[dict]) -> dict:
     best = dict(min(runs, key=lambda r: r["seconds"]))
     best["cpu_seconds"] = min(r["cpu_seconds"] for r in runs)
     best["pass_seconds"] = min(r["pass_seconds"] for r in runs)
+    best["pass_cpu_seconds"] = min(r["pass_cpu_seconds"] for r in runs)
     return best
 
 
@@ -562,7 +564,7 @@ def report(args: argparse.Namespace, nbytes: int, cp: dict[str, float], fd: dict
     def dispatched(r: dict) -> str:
         return (f"{r['seconds']:.2f} s, {r['segments']} segments, CPU {r['cpu_seconds']:.2f} s "
                 f"({r['workers_cpu_seconds']:.2f} in build workers), read+build {r['pass_seconds']:.2f} s "
-                f"in {r['passes']} CommitLog passes, peak PSS {r['pss_peak_mib']:.0f} MiB "
+                f"(CPU {r['pass_cpu_seconds']:.2f} s) in {r['passes']} CommitLog passes, peak PSS {r['pss_peak_mib']:.0f} MiB "
                 f"(RSS {r['maxrss_mib']:.0f} + workers {r['workers_rss_mib']:.0f})")
 
     rows = [
@@ -598,6 +600,9 @@ def report(args: argparse.Namespace, nbytes: int, cp: dict[str, float], fd: dict
         ("CPU s per GB (file://)", fd["cpu_seconds"] / gb, "<=", 1.5),
         (f"{args.many_queues} vs {args.queues} q. read+build", (fm["pass_seconds"] / fm["bytes"]) / (
             fd["pass_seconds"] / nbytes) if fd["pass_seconds"] else float("nan"), "<=", 1.25),
+        # the pass's own CPU: its wall time also counts waiting for the GIL the upload threads hold
+        (f"{args.many_queues} vs {args.queues} q. read+build CPU", (fm["pass_cpu_seconds"] / fm["bytes"]) / (
+            fd["pass_cpu_seconds"] / nbytes) if fd["pass_cpu_seconds"] else float("nan"), "<=", 1.25),
         (f"{args.many_queues} vs {args.queues} q. whole (ref.)", (fm["seconds"] / fm["bytes"]) / (
             fd["seconds"] / nbytes), ">=", 0.0),
         *s3_checks,

@@ -234,6 +234,30 @@ class SegmentBuilder:
             builder._n += total
             builder._add_arrays(batch, batch.count)
 
+    def buffer(self, end: int) -> bytearray:
+        """The segment's buffer with room for record bytes up to ``end``, for a
+        caller that copies records into it itself (the CommitLog pass, a
+        window's records of every queue in one call) and then ``extend``s."""
+        self._room(end - self._n)
+        return self._cl
+
+    def extend(self, end: int, sizes: np.ndarray, tags: np.ndarray, store_ms: np.ndarray, born_ms: np.ndarray,
+               key_offsets: np.ndarray | None, key_hashes: np.ndarray | None) -> None:
+        """Records the caller copied into ``buffer(end)`` from ``nbytes`` up to
+        ``end``: their sizes, tags and times, and their keys (queue offset -
+        ``q_start``, hash), as ``add`` keeps them."""
+        if end - self._n != int(sizes.sum()):
+            raise ValueError(f"records of {int(sizes.sum())} bytes extend {self._n} to {end}")
+        if key_offsets is not None and len(key_offsets):
+            self._key_offsets.append(key_offsets)
+            self._key_hashes.append(key_hashes)
+        self._n = end
+        self._sizes.append(sizes)
+        self._tags.append(tags)
+        self._store.append(store_ms)
+        self._born.append(born_ms)
+        self.count += len(sizes)
+
     def reserve(self, nbytes: int, records: int = 0) -> None:
         """Room for ``nbytes`` more record bytes of ``records`` records,
         allocated at once (the CommitLog pass knows what it will add): a

@@ -74,3 +74,46 @@ def test_a_file_written_to_its_end_is_read_to_its_end():
     table["phys"], table["size"] = np.arange(5000) * 10, 10
     got, hi = commitpass._pending(memoryview(table.tobytes()), 3, 5000, 1 << 62, 1 << 40)
     assert hi == 5000 and got.tolist() == table[3:].tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(_SIZES, max_size=40), st.integers(0, 3), st.sampled_from([1000, 5000, 1 << 40])),
+                max_size=12),
+       st.sampled_from([1 << 62, 20_000, 60_000]))
+def test_plain_many_answers_as_plain_queue_by_queue(queues, phys_limit):
+    # queues interleaved in one physical space, some stepping back; empty ones among them
+    parts, budgets, phys = [], [], 0
+    for sizes, back, budget in queues:
+        rows = []
+        for i, size in enumerate(sizes):
+            if back and i % 7 == back:
+                phys -= 10
+            rows.append((phys, size, i))
+            phys += abs(size) if size != CQ_FILLER_SIZE else 100
+        parts.append(np.array(rows, CQ_DTYPE) if rows else np.zeros(0, CQ_DTYPE))
+        budgets.append(budget)
+    k, full, nbytes = commitpass._plain_many(parts, phys_limit, np.array(budgets, np.int64))
+    for i, (entries, budget) in enumerate(zip(parts, budgets)):
+        want_k, want_full = _reference_plain(entries, phys_limit, budget)
+        assert (int(k[i]), bool(full[i])) == (want_k, want_full), i
+        assert int(nbytes[i]) == int(entries["size"][:want_k].astype(np.int64).sum()), i
+
+
+def test_a_file_gone_mid_read_hands_the_queue_to_the_per_queue_read():
+    # entries read in steps of 2, 8, 32 (no zero entry yet); the file is gone at the third
+    # step: what was read is returned, with no written end (so the pass trusts no last entry)
+    table = np.zeros(40, CQ_DTYPE)
+    table[:] = [(i * 100, 100, i) for i in range(40)]
+    calls = []
+
+    def read(at: int, n: int):
+        calls.append((at, n))
+        return table[at:at + n] if len(calls) < 3 else None
+
+    saved, commitpass._SCAN = commitpass._SCAN, 2
+    try:
+        got, hi = commitpass._pending(None, 0, 40, 1 << 62, 1 << 40, read=read)
+    finally:
+        commitpass._SCAN = saved
+    assert calls == [(0, 2), (2, 8), (10, 30)]
+    assert hi is None and got.tobytes() == table[:10].tobytes()

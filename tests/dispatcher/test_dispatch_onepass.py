@@ -85,17 +85,17 @@ def _segments(store, topic: str, qid: int) -> list[tuple]:  # noqa: ANN001
 def counted(monkeypatch):  # noqa: ANN001, ANN201
     """The records the pass validated, in the order it did: (file start, start, end)."""
     seen: list[tuple[int, int, int]] = []
-    real = commitpass.check_runs
+    real = commitpass.check_runs_table
 
-    def check_runs(view, base, entries, runs, **kw):  # noqa: ANN001, ANN003, ANN202
-        batches = real(view, base, entries, runs, **kw)
+    def check_runs_table(view, base, entries, table, blob, **kw):  # noqa: ANN001, ANN003, ANN202
+        out = real(view, base, entries, table, blob, **kw)
         file_start = int(Path(kw["source"]).name)
-        for batch in batches:
-            if batch is not None:
-                seen.extend((file_start, p, p + n) for p, n in zip(batch.positions.tolist(), batch.sizes.tolist()))
-        return batches
+        for row, k in table[:, [0, 7]].tolist():
+            seen.extend((file_start, p, p + n) for p, n in zip(out[0, row:row + k].tolist(),
+                                                                out[1, row:row + k].tolist()))
+        return out
 
-    monkeypatch.setattr(commitpass, "check_runs", check_runs)
+    monkeypatch.setattr(commitpass, "check_runs_table", check_runs_table)
     return seen
 
 
@@ -154,7 +154,7 @@ def test_one_pass_builds_the_per_queue_segments(tmp_path, clock, recorder, monke
                 # two waves at once (one uploading): each holds half of pass_bytes
                 assert d.archiver.passes[0].queues == (len(QUEUES) if pass_bytes == 1 << 30 else 2)
             stats = d.archiver.passes[0]
-            assert stats.records > 0
+            assert stats.records > 0 and stats.cpu_seconds > 0
     assert recorder.corrupt[BAD] == 1
     assert any("stopped at offset 23" in r.getMessage() for r in caplog.records)
     # byte for byte the segments the per-queue reads build
@@ -354,8 +354,8 @@ def test_a_corrupt_record_in_a_window_of_many_queues_stops_only_its_queue(tmp_pa
     _flip_body_byte(sd, *bad, 5)
     _spoil_properties(sd, *spoiled, 9)
     calls = []
-    real = commitpass.check_runs
-    monkeypatch.setattr(commitpass, "check_runs", lambda *a, **kw: calls.append(len(a[3])) or real(*a, **kw))
+    real = commitpass.check_runs_table
+    monkeypatch.setattr(commitpass, "check_runs_table", lambda *a, **kw: calls.append(len(a[3])) or real(*a, **kw))
     jobs = [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=0, cl_start=0, segment_bytes=1 << 20,
                      key_index=True, layout=2) for t, q in MANY]
     planned, stats = commitpass.build_pass(local, jobs)
@@ -377,3 +377,45 @@ def test_a_corrupt_record_in_a_window_of_many_queues_stops_only_its_queue(tmp_pa
             assert got.segment.messages == 9
         else:
             assert stop is None and got.segment.messages == 12, q
+
+
+@pytest.mark.parametrize(("compiled", "spoil_keyed"), [(True, True), (False, True), (True, False), (False, False)])
+def test_queues_with_and_without_a_key_index_in_one_window(tmp_path, clock, monkeypatch, compiled, spoil_keyed):
+    """Jobs with and without a key index in one window (the pass finds the
+    keys of the keyed queues' records only): every segment is the one
+    ``build_segment`` builds. Properties that are not UTF-8 stop a keyed
+    queue at that record (the window's builders then find their own keys);
+    an unkeyed queue never reads them and takes it (the window's keys are
+    found at once)."""
+    from dispatcher.buildpool import BuildJob, build_segment
+    from tiered.errors import CorruptRecordError
+    from tiered.format import batch as batch_module
+
+    if not compiled:
+        monkeypatch.setattr(batch_module, "_native", None)
+    sd = tmp_path / "store"
+    with new_writer(sd, commitlog_file_size=1 << 20) as w:
+        for i in range(10):
+            for q in MANY[:20]:
+                produce(w, *q, 1, clock=clock, body_size=100, seed=i)
+    keyed_bad, unkeyed_bad = MANY[4], MANY[5]  # queue 4 keyed, queue 5 not
+    if spoil_keyed:
+        _spoil_properties(sd, *keyed_bad, 6)
+    _spoil_properties(sd, *unkeyed_bad, 3)
+    local = LocalStore(sd)
+    jobs = [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=0, cl_start=0, segment_bytes=1 << 20,
+                     key_index=i % 2 == 0, layout=2) for i, (t, q) in enumerate(MANY[:20])]
+    planned, stats = commitpass.build_pass(local, jobs)
+    assert stats.windows == 1
+    for job in jobs:
+        _job, builder, stop = planned[(job.topic, job.queue_id)]
+        want, want_stop = build_segment(local, job, 5)
+        got = builder.build(5)
+        assert got.segment == want.segment and bytes(got.commitlog) == bytes(want.commitlog)
+        assert got.consumequeue == want.consumequeue and got.index == want.index
+        assert type(stop) is type(want_stop) and str(stop) == str(want_stop)
+        if spoil_keyed and (job.topic, job.queue_id) == keyed_bad:
+            assert isinstance(stop, CorruptRecordError) and "UTF-8" in stop.reason and got.segment.messages == 6
+        else:
+            assert stop is None and got.segment.messages == 10
+            assert (got.index is not None) == job.key_index

@@ -185,3 +185,36 @@ def test_a_round_gives_its_uploaded_buffers_back_and_stays_exact(tmp_path, clock
     # every uploaded segment's buffer came back: the later segments were built in them
     assert SEGMENT_BUFFERS._idle and any(taken[2:]) and not taken[0]
     assert assert_exact(store, local, queues) == {q: 40 for q in queues}
+
+
+def test_records_copied_into_buffer_and_extended_build_what_add_builds() -> None:
+    """The CommitLog pass copies a window's records into each builder's
+    ``buffer`` itself, then ``extend``s it with their arrays and keys: the
+    same segment, byte for byte, as ``add``."""
+    from tiered.format.keyindex import record_key_hashes
+
+    whole = _batch()
+    expected = SegmentBuilder("p", 0, 1000)
+    expected.add(whole)
+    builder = SegmentBuilder("p", 0, 1000)
+    sizes = whole.sizes
+    ends = whole.positions + sizes
+    owners, hashes = record_key_hashes(whole.view, whole.props_at, ends)
+    for lo, hi in ((0, 2), (2, whole.count)):  # two windows
+        at = builder.nbytes
+        end = at + int(sizes[lo:hi].sum())
+        buf = builder.buffer(end)
+        assert len(buf) >= end
+        for p, e in zip(whole.positions[lo:hi].tolist(), ends[lo:hi].tolist()):
+            buf[at:at + e - p] = whole.view[p:e]
+            at += e - p
+        mine = (owners >= lo) & (owners < hi)
+        builder.extend(end, sizes[lo:hi], whole.tags[lo:hi], whole.store_ms[lo:hi], whole.born_ms[lo:hi],
+                       owners[mine], hashes[mine])
+    assert builder.count == expected.count and builder.nbytes == expected.nbytes
+    got, want = builder.build(5), expected.build(5)
+    assert got.segment == want.segment and bytes(got.commitlog) == bytes(want.commitlog)
+    assert got.consumequeue == want.consumequeue and got.index == want.index
+    with pytest.raises(ValueError, match="extend 0 to 7"):
+        SegmentBuilder("p", 0, 0).extend(7, sizes[:1], whole.tags[:1], whole.store_ms[:1], whole.born_ms[:1], None,
+                                          None)

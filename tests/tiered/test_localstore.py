@@ -650,3 +650,28 @@ def test_truncated_commitlog_with_later_entries_is_corruption(tmp_path: Path) ->
     with LocalStore(tmp_path) as store:
         seen, err = _iter_until_error(store)
         assert seen == list(range(8)) and err.offset == a.commitlog_offset % FILE
+
+
+def test_read_gives_a_files_bytes_as_they_are_now_without_mapping(tmp_path: Path) -> None:
+    """``_FileSet.read`` (the CommitLog pass's ConsumeQueue reads): the bytes
+    asked, fewer where the file ends, the file's size, and nothing mapped;
+    ``entries_end`` bounds a file's entries by the next file's start."""
+    d = tmp_path / "consumequeue" / "T" / "0"
+    d.mkdir(parents=True)
+    (d / f"{0:020d}").write_bytes(bytes(range(100)))
+    (d / f"{60:020d}").write_bytes(b"\x07" * 30)
+    store = LocalStore(tmp_path)
+    files = store._queue("T", 0)
+    assert files.read(0, 10, 20) == (bytes(range(10, 30)), 100)
+    assert files.read(0, 90, 20) == (bytes(range(90, 100)), 100)  # the file ends there
+    assert files.read(60, 0, 100) == (b"\x07" * 30, 30)
+    assert files.read_bytes(0, 95, 20) == bytes(range(95, 100))
+    assert files._maps == {}
+    assert files.entries_end(0, 100) == 60  # the next file starts at entry 3
+    assert files.entries_end(60, 30) == 30  # the last file: its size
+    with (d / f"{0:020d}").open("ab") as fh:
+        fh.write(b"\x09" * 5)  # grown: read sees it
+    assert files.read(0, 98, 20) == (bytes([98, 99]) + b"\x09" * 5, 105)
+    (d / f"{0:020d}").unlink()
+    with pytest.raises(FileNotFoundError):
+        files.read(0, 0, 20)

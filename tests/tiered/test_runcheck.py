@@ -196,3 +196,45 @@ def test_entries_in_native_byte_order_are_read_as_the_same_entries(runs: dict) -
     assert want is not None and _fields(got) == want
     runs_got = batch.check_runs(memoryview(data), 0, native_order, [(len(entries), b"T", 0, 0)], source="cl")
     assert [_fields(b) for b in runs_got] == [want]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_table_of_runs_at_any_rows_answers_as_check_run(runs: dict, monkeypatch, compiled: bool) -> None:
+    """``check_runs_table`` (the CommitLog pass's call): runs taking rows of
+    one entries array in any order, one cut short by a flipped CRC, one of a
+    wrong queue id, one of a topic no record can hold; answers written at
+    their entries' rows of the ``out`` given, every other row untouched."""
+    if not compiled:
+        monkeypatch.setattr(batch, "_native", None)
+    data = bytearray(runs[("T", 0)][0])
+    t0, t1 = runs[("T", 0)][1], runs[(TOPICS[1], 1)][1]
+    every = np.concatenate([t0, t1]).astype(CQ_DTYPE)
+    flipped = int(t1["phys"][6]) + 8  # record 6's stored body CRC: it no longer matches
+    data[flipped] ^= 0x5A
+    view = memoryview(bytes(data))
+    topics = [TOPICS[1].encode(), b"T", b"T", b"x" * 0x10000]
+    tails, blob = batch.run_tails(topics)
+    # (first row, count, queue id, first queue offset): t1 from entry 2, t0 from entry 3, t0 with queue 5, too long a topic
+    spec = [(len(t0) + 2, 8, 1, 2), (3, 5, 0, 3), (9, 2, 5, 9), (12, 2, 0, 12)]
+    table = np.zeros((len(spec), batch.RUN_FIELDS), np.int64)
+    for r, (row, count, qid, first) in enumerate(spec):
+        table[r, :4] = (row, count if tails[r, 0] else 0, qid, first)
+        table[r, 4:7] = tails[r]
+    out = np.full((6, len(every)), -7, np.int64)
+    got = batch.check_runs_table(view, 0, every, table, blob, source="cl", out=out)
+    assert got is out
+    assert table[:, 7].tolist() == [4, 5, 0, 0]  # t1 stops at entry 6 (2 + 4), the wrong queue and topic at once
+    written = set()
+    for (row, count, qid, first), k, topic in zip(spec, table[:, 7].tolist(), topics):
+        want = batch.check_run(view, 0, every[row:row + count], topic=topic, queue_id=qid, first_offset=first,
+                               source="cl") if len(topic) <= 0xFFFF else None
+        assert (want.count if want is not None else 0) == k
+        if k:
+            assert [out[f, row:row + k].tolist() for f in range(6)] == [
+                c.tolist() for c in (want.positions, want.sizes, want.tags, want.store_ms, want.born_ms,
+                                     want.props_at)]
+            written.update(range(row, row + k))
+    untouched = [i for i in range(len(every)) if i not in written]
+    assert (out[:, untouched] == -7).all()
+    with pytest.raises(ValueError, match="contiguous 6 x"):
+        batch.check_runs_table(view, 0, every, table, blob, source="cl", out=np.empty((6, 3), np.int64))

@@ -263,35 +263,92 @@ def check_runs(
     queue offset). The same answer as one ``check_run`` a run, in one
     compiled call for them all (a call a queue cost more than its records at
     1,000 queues), else run by run with numpy."""
-    native = _native
-    if native is None:
+    if _native is None:
         return check_runs_numpy(view, base, entries, runs, source=source, verify_crc=verify_crc)
-    table = np.empty((len(runs), 8), np.int64)
-    tails: dict[bytes, tuple[int, int, int]] = {}  # topic -> (at, length, magic) in ``blob``
-    blob = bytearray()
-    row = 0
-    for r, (count, topic, queue_id, first_offset) in enumerate(runs):
-        t = tails.get(topic)
-        if t is None:
-            made = _tail(topic)
-            tail, magic = made if made is not None else (b"", 0)
-            t = tails[topic] = (len(blob), len(tail), magic)
-            blob += tail
-        # a topic no record can hold: a run of none, as check_run answers
-        table[r] = (row, count if t[2] else 0, queue_id, first_offset, t[2], t[0], t[1], 0)
-        row += count
-    if row != len(entries):
-        raise ValueError(f"runs of {row} entries over {len(entries)} entries")
-    out = np.empty((6, len(entries)), np.int64)
-    # CQ_DTYPE as the loop reads it (big-endian): a concatenation with an empty
-    # array hands back the native byte order, the same values
-    native.check_runs(view, base, np.ascontiguousarray(entries, CQ_DTYPE), table, bytes(blob), verify_crc, out)
+    tails, blob = run_tails([topic for _count, topic, _queue_id, _first in runs])
+    table = np.empty((len(runs), RUN_FIELDS), np.int64)
+    counts = np.fromiter((r[0] for r in runs), np.int64, len(runs))
+    table[:, 0] = np.cumsum(counts) - counts
+    table[:, 1] = np.where(tails[:, 0] != 0, counts, 0)  # a topic no record can hold: a run of none
+    table[:, 2] = np.fromiter((r[2] for r in runs), np.int64, len(runs))
+    table[:, 3] = np.fromiter((r[3] for r in runs), np.int64, len(runs))
+    table[:, 4:7] = tails
+    if int(counts.sum()) != len(entries):
+        raise ValueError(f"runs of {int(counts.sum())} entries over {len(entries)} entries")
+    out = check_runs_table(view, base, entries, table, blob, source=source, verify_crc=verify_crc)
     batches: list[RecordBatch | None] = []
     for (_count, _topic, _queue_id, first_offset), (at, k) in zip(runs, table[:, [0, 7]].tolist()):
         e = at + k
         batches.append(RecordBatch(first_offset, view, source, out[0, at:e], out[1, at:e], out[2, at:e],
                                    out[3, at:e], out[4, at:e], out[5, at:e]) if k else None)
     return batches
+
+
+# columns of a ``check_runs_table`` row: first entry, entry count, queue id, first
+# queue offset, magic, tail at, tail length (in the blob), and the answer
+RUN_FIELDS = 8
+
+
+def run_tails(topics: list[bytes]) -> tuple[np.ndarray, bytes]:
+    """For each of ``topics``: (magic, at, length) of its [topic length][topic]
+    in the returned blob, each distinct topic once; magic 0 for a topic no
+    record can hold. Rows 4:7 of a ``check_runs_table`` row."""
+    rows = np.zeros((len(topics), 3), np.int64)
+    seen: dict[bytes, tuple[int, int, int]] = {}
+    blob = bytearray()
+    for r, topic in enumerate(topics):
+        t = seen.get(topic)
+        if t is None:
+            made = _tail(topic)
+            tail, magic = made if made is not None else (b"", 0)
+            t = seen[topic] = (magic, len(blob), len(tail))
+            blob += tail
+        rows[r] = t
+    return rows, bytes(blob)
+
+
+def check_runs_table(
+    view: memoryview,
+    base: int,
+    entries: np.ndarray,
+    table: np.ndarray,
+    blob: bytes,
+    *,
+    source: str,
+    verify_crc: bool = True,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """``check_runs`` with the runs as an int64 table (RUN_FIELDS columns, the
+    topics' tails from ``run_tails``), for a caller that builds it with array
+    operations: the CommitLog pass, where a Python tuple and a RecordBatch a
+    queue a window cost more than the queue's records. Writes each run's
+    answer (its leading valid records) into column 7 and returns the 6 x
+    len(entries) int64 arrays (positions, sizes, tags, store ms, born ms,
+    properties at), each run's at its entries' rows (into ``out`` when
+    given: rows of runs not checked keep what they held). The runs may
+    take any rows of ``entries``, in any order."""
+    if out is None:
+        out = np.empty((6, len(entries)), np.int64)
+    elif out.shape != (6, len(entries)) or out.dtype != np.int64 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a contiguous 6 x {len(entries)} int64 array")
+    table[:, 7] = 0
+    if _native is not None:
+        # CQ_DTYPE as the loop reads it (big-endian): a concatenation with an empty
+        # array hands back the native byte order, the same values
+        _native.check_runs(view, base, np.ascontiguousarray(entries, CQ_DTYPE), table, blob, verify_crc, out)
+        return out
+    for r, (row, count, queue_id, first, magic, at, length) in enumerate(table[:, :7].tolist()):
+        if not count:
+            continue
+        topic = blob[at + (2 if magic == MAGIC_V2 else 1):at + length]
+        batch = check_run_numpy(view, base, entries[row:row + count], topic=topic, queue_id=queue_id,
+                                first_offset=first, source=source, verify_crc=verify_crc)
+        if batch is not None:
+            k = table[r, 7] = batch.count
+            for i, column in enumerate((batch.positions, batch.sizes, batch.tags, batch.store_ms, batch.born_ms,
+                                        batch.props_at)):
+                out[i, row:row + k] = column
+    return out
 
 
 def check_runs_numpy(
