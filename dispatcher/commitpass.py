@@ -218,8 +218,12 @@ def _pending(view: memoryview | None, first: int, last: int, phys_limit: int, bu
     so far are returned with None)."""
     mapped = read is None  # then copied: the mapped pages are given back behind the read
     if read is None:
+        if view is None:
+            raise ValueError("_pending reads a view or through read")
+        mapped_view = view
+
         def read(at: int, n: int) -> np.ndarray:
-            return np.frombuffer(view, CQ_DTYPE, count=n, offset=at * CQ_ENTRY_SIZE)
+            return np.frombuffer(mapped_view, CQ_DTYPE, count=n, offset=at * CQ_ENTRY_SIZE)
     parts: list[np.ndarray] = []
     at, step = first, _SCAN
     while True:

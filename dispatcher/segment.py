@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tiered.format.batch import CQ_DTYPE, RecordBatch, copy_runs, copy_spans, grow
+from tiered.format.batch import CQ_DTYPE, RecordBatch, copy_spans, grow
 from tiered.format.codec import crc32
 from tiered.errors import CorruptRecordError
 from tiered.archive.layout import COMPRESSIONS, LAYOUT_V2, section_keys, segment_object_key
@@ -204,36 +204,6 @@ class SegmentBuilder:
         if error is not None:
             raise error
 
-    @staticmethod
-    def add_many(adds: list[tuple[SegmentBuilder, RecordBatch, tuple[np.ndarray, np.ndarray] | None]]) -> None:
-        """``builder.add(batch, keys=keys)`` for each of ``adds`` (distinct
-        builders; batches over one view; keys found already, or no key
-        index), the records of all copied in one call: in a CommitLog pass
-        over 1,000 queues a call a queue cost more than its records."""
-        if not adds:
-            return
-        view = adds[0][1].view
-        totals = []
-        for builder, batch, keys in adds:
-            if batch.first_offset != builder.next_offset:
-                raise ValueError(f"record {batch.first_offset} does not follow {builder.next_offset - 1}")
-            if batch.view is not view or (keys is None and builder.key_index):
-                raise ValueError("add_many takes batches of one view with their keys found")
-            total = int(batch.sizes.sum())
-            builder._room(total)
-            totals.append(total)
-        positions = np.concatenate([b.positions for _, b, _k in adds])
-        bounds = np.zeros(len(adds) + 1, np.int64)
-        np.cumsum([b.count for _, b, _k in adds], out=bounds[1:])
-        copy_runs(view, [builder._cl for builder, _b, _k in adds], np.array([b._n for b, _, _k in adds], np.int64),
-                  positions, positions + np.concatenate([b.sizes for _, b, _k in adds]), bounds)
-        for (builder, batch, keys), total in zip(adds, totals):
-            if keys is not None and len(keys[0]):
-                builder._key_offsets.append(keys[0] + (batch.first_offset - builder.q_start))
-                builder._key_hashes.append(keys[1])
-            builder._n += total
-            builder._add_arrays(batch, batch.count)
-
     def buffer(self, end: int) -> bytearray:
         """The segment's buffer with room for record bytes up to ``end``, for a
         caller that copies records into it itself (the CommitLog pass, a
@@ -248,7 +218,7 @@ class SegmentBuilder:
         ``q_start``, hash), as ``add`` keeps them."""
         if end - self._n != int(sizes.sum()):
             raise ValueError(f"records of {int(sizes.sum())} bytes extend {self._n} to {end}")
-        if key_offsets is not None and len(key_offsets):
+        if key_offsets is not None and key_hashes is not None and len(key_offsets):
             self._key_offsets.append(key_offsets)
             self._key_hashes.append(key_hashes)
         self._n = end

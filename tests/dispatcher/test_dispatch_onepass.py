@@ -331,7 +331,7 @@ MANY = [(f"Many{i % 7}", i // 7) for i in range(70)]
 @pytest.mark.parametrize(("compiled", "scan"), [(True, 1024), (False, 1024), (True, 2)])
 def test_a_corrupt_record_in_a_window_of_many_queues_stops_only_its_queue(tmp_path, clock, monkeypatch, compiled,
                                                                           scan):
-    """70 queues interleaved in one window, checked by one ``check_runs``
+    """70 queues interleaved in one window, checked by one ``check_runs_table``
     call: the queue with a corrupt body stops at that record with the typed
     error naming the CommitLog file and the record's offset, the queue with
     properties that are not UTF-8 at its record, every other queue is built

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 
-import numpy as np
 import pytest
 
 from dispatcher.segment import SEGMENT_BUFFERS, BufferPool, SegmentBuilder
@@ -118,43 +117,6 @@ def test_the_pool_is_bounded_in_count_and_bytes() -> None:
     assert pool.give(d, holders=1)
     assert not pool.give(e, holders=1)  # a third buffer
     assert sorted(len(x) for x in pool._idle) == [40, 60]
-
-
-def _part(b: RecordBatch, lo: int, hi: int, first_offset: int) -> RecordBatch:
-    return RecordBatch(first_offset, b.view, b.source, b.positions[lo:hi], b.sizes[lo:hi], b.tags[lo:hi],
-                       b.store_ms[lo:hi], b.born_ms[lo:hi], b.props_at[lo:hi])
-
-
-def test_add_many_builds_what_add_builds_batch_by_batch() -> None:
-    from dispatcher.segment import batch_keys
-    from tiered.format.keyindex import hash_spans
-
-    whole = _batch()
-    cuts = [(0, 7, 0), (7, 30, 100), (30, 40, 5)]  # three queues' batches over one view
-
-    def keys_of(b: RecordBatch) -> tuple[np.ndarray, np.ndarray]:
-        owners, blob, at, end = batch_keys(b.view, b.props_at, b.positions + b.sizes)
-        return owners, hash_spans(blob, at, end)
-
-    one, many = [], []
-    for lo, hi, q_start in cuts:
-        for out, reserve in ((one, False), (many, True)):
-            builder = SegmentBuilder("p", q_start, 10 * q_start, key_index=lo != 30)  # one queue unindexed
-            if reserve:
-                builder.reserve(10, 1)  # less than the batch: add_many makes room
-            out.append(builder)
-    for builder, (lo, hi, q_start) in zip(one, cuts):
-        builder.add(_part(whole, lo, hi, q_start))
-    SegmentBuilder.add_many([(builder, part, keys_of(part) if builder.key_index else None)
-                             for builder, part in ((b, _part(whole, lo, hi, q)) for b, (lo, hi, q) in zip(many, cuts))])
-    for a, b in zip(one, many):
-        x, y = a.build(7), b.build(7)
-        assert x.segment == y.segment and bytes(x.commitlog) == bytes(y.commitlog)
-        assert x.consumequeue == y.consumequeue and x.index == y.index
-    with pytest.raises(ValueError, match="does not follow"):
-        SegmentBuilder.add_many([(SegmentBuilder("p", 1, 0), _part(whole, 0, 2, 0), None)])
-    with pytest.raises(ValueError, match="with their keys found"):
-        SegmentBuilder.add_many([(SegmentBuilder("p", 0, 0), _part(whole, 0, 2, 0), None)])
 
 
 def test_a_round_gives_its_uploaded_buffers_back_and_stays_exact(tmp_path, clock, monkeypatch) -> None:  # noqa: ANN001

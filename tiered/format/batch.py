@@ -248,42 +248,6 @@ def _tail(topic: bytes) -> tuple[bytes, int] | None:
     return tlen.to_bytes(2 if v2 else 1, "big") + topic, MAGIC_V2 if v2 else MAGIC_V1
 
 
-def check_runs(
-    view: memoryview,
-    base: int,
-    entries: np.ndarray,
-    runs: list[tuple[int, bytes, int, int]],
-    *,
-    source: str,
-    verify_crc: bool = True,
-) -> list[RecordBatch | None]:
-    """``check_run`` of many runs of one ``view``, for the queues of a
-    CommitLog pass's window: ``entries`` (CQ_DTYPE) holds the runs one after
-    the other, ``runs`` each run's (entry count, topic, queue id, first
-    queue offset). The same answer as one ``check_run`` a run, in one
-    compiled call for them all (a call a queue cost more than its records at
-    1,000 queues), else run by run with numpy."""
-    if _native is None:
-        return check_runs_numpy(view, base, entries, runs, source=source, verify_crc=verify_crc)
-    tails, blob = run_tails([topic for _count, topic, _queue_id, _first in runs])
-    table = np.empty((len(runs), RUN_FIELDS), np.int64)
-    counts = np.fromiter((r[0] for r in runs), np.int64, len(runs))
-    table[:, 0] = np.cumsum(counts) - counts
-    table[:, 1] = np.where(tails[:, 0] != 0, counts, 0)  # a topic no record can hold: a run of none
-    table[:, 2] = np.fromiter((r[2] for r in runs), np.int64, len(runs))
-    table[:, 3] = np.fromiter((r[3] for r in runs), np.int64, len(runs))
-    table[:, 4:7] = tails
-    if int(counts.sum()) != len(entries):
-        raise ValueError(f"runs of {int(counts.sum())} entries over {len(entries)} entries")
-    out = check_runs_table(view, base, entries, table, blob, source=source, verify_crc=verify_crc)
-    batches: list[RecordBatch | None] = []
-    for (_count, _topic, _queue_id, first_offset), (at, k) in zip(runs, table[:, [0, 7]].tolist()):
-        e = at + k
-        batches.append(RecordBatch(first_offset, view, source, out[0, at:e], out[1, at:e], out[2, at:e],
-                                   out[3, at:e], out[4, at:e], out[5, at:e]) if k else None)
-    return batches
-
-
 # columns of a ``check_runs_table`` row: first entry, entry count, queue id, first
 # queue offset, magic, tail at, tail length (in the blob), and the answer
 RUN_FIELDS = 8
@@ -318,7 +282,7 @@ def check_runs_table(
     verify_crc: bool = True,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``check_runs`` with the runs as an int64 table (RUN_FIELDS columns, the
+    """Many runs of ``check_run`` over one ``view`` at once, the runs as an int64 table (RUN_FIELDS columns, the
     topics' tails from ``run_tails``), for a caller that builds it with array
     operations: the CommitLog pass, where a Python tuple and a RecordBatch a
     queue a window cost more than the queue's records. Writes each run's
@@ -348,28 +312,6 @@ def check_runs_table(
             for i, column in enumerate((batch.positions, batch.sizes, batch.tags, batch.store_ms, batch.born_ms,
                                         batch.props_at)):
                 out[i, row:row + k] = column
-    return out
-
-
-def check_runs_numpy(
-    view: memoryview,
-    base: int,
-    entries: np.ndarray,
-    runs: list[tuple[int, bytes, int, int]],
-    *,
-    source: str,
-    verify_crc: bool = True,
-) -> list[RecordBatch | None]:
-    """``check_runs`` run by run with ``check_run_numpy``."""
-    out: list[RecordBatch | None] = []
-    at = 0
-    for count, topic, queue_id, first_offset in runs:
-        out.append(check_run_numpy(view, base, entries[at:at + count], topic=topic, queue_id=queue_id,
-                                   first_offset=first_offset, source=source, verify_crc=verify_crc)
-                   if len(topic) <= 0xFFFF else None)
-        at += count
-    if at != len(entries):
-        raise ValueError(f"runs of {at} entries over {len(entries)} entries")
     return out
 
 
