@@ -196,7 +196,7 @@ def _read_pending(local: LocalStore, job: BuildJob, phys_limit: int
             return None  # deleted since the first read: the per-queue read goes on from here and reports it
         return np.frombuffer(more, CQ_DTYPE, count=len(more) // CQ_ENTRY_SIZE)
 
-    entries, hi = _pending(None, rel // CQ_ENTRY_SIZE, end // CQ_ENTRY_SIZE, phys_limit, job.segment_bytes, read=read)
+    entries, hi = _pending(read, rel // CQ_ENTRY_SIZE, end // CQ_ENTRY_SIZE, phys_limit, job.segment_bytes)
     return entries, hi, start, end
 
 
@@ -204,26 +204,18 @@ def _read_pending(local: LocalStore, job: BuildJob, phys_limit: int
 _SCAN = 1024
 
 
-def _pending(view: memoryview | None, first: int, last: int, phys_limit: int, budget: int, *,
-             read: Callable[[int, int], np.ndarray | None] | None = None) -> tuple[np.ndarray, int | None]:
-    """The entries from ``first`` (copied) up to the written end (the first
-    entry of size 0, or ``last``; entries are written in order), and that
-    end; or, when an entry the pass cannot take (``_plain``) comes first,
-    the entries up to and past it, and None. Read forward in growing steps:
-    what a segment takes and a step more, where finding the written end by
+def _pending(read: Callable[[int, int], np.ndarray | None], first: int, last: int, phys_limit: int,
+             budget: int) -> tuple[np.ndarray, int | None]:
+    """The entries from ``first`` up to the written end (the first entry of
+    size 0, or ``last``; entries are written in order), and that end; or,
+    when an entry the pass cannot take (``_plain``) comes first, the entries
+    up to and past it, and None. Read forward in growing steps by
+    ``read(at, n)`` (up to ``n`` entries from entry ``at``, not a view of
+    mapped pages; fewer: the file ends there now; None: it cannot be read
+    any more, and the entries read so far are returned with None): what a
+    segment takes and a step more, where finding the written end by
     bisection over the whole file faulted in a page for each probe (a
-    fifth of the pass's CPU at 1,000 queues). From ``view``, or by
-    ``read(at, n)`` (up to ``n`` entries from entry ``at``; fewer: the file
-    ends there now; None: it cannot be read any more, and the entries read
-    so far are returned with None)."""
-    mapped = read is None  # then copied: the mapped pages are given back behind the read
-    if read is None:
-        if view is None:
-            raise ValueError("_pending reads a view or through read")
-        mapped_view = view
-
-        def read(at: int, n: int) -> np.ndarray:
-            return np.frombuffer(mapped_view, CQ_DTYPE, count=n, offset=at * CQ_ENTRY_SIZE)
+    fifth of the pass's CPU at 1,000 queues)."""
     parts: list[np.ndarray] = []
     at, step = first, _SCAN
     while True:
@@ -233,7 +225,7 @@ def _pending(view: memoryview | None, first: int, last: int, phys_limit: int, bu
         short = len(chunk) < min(step, last - at)
         zero = np.flatnonzero(chunk["size"] == 0)
         n = int(zero[0]) if len(zero) else len(chunk)
-        parts.append(chunk[:n].copy() if mapped else chunk[:n])
+        parts.append(chunk[:n])
         at += n
         entries = parts[0] if len(parts) == 1 else _joined(parts)
         if len(zero) or at >= last or short:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from dispatcher import commitpass
 from tiered.format.batch import CQ_DTYPE
-from tiered.format.codec import CQ_FILLER_SIZE
+from tiered.format.codec import CQ_ENTRY_SIZE, CQ_FILLER_SIZE
 from tiered.store.queuecursor import _written_end
 
 
@@ -37,6 +37,13 @@ def _reference_plain(entries: np.ndarray, phys_limit: int, budget: int) -> tuple
     return len(entries), False
 
 
+def _reader(view: memoryview):  # noqa: ANN202
+    """``_pending``'s read over a ConsumeQueue file's bytes."""
+    def read(at: int, n: int) -> np.ndarray:
+        return np.frombuffer(view, CQ_DTYPE, count=n, offset=at * CQ_ENTRY_SIZE)
+    return read
+
+
 _SIZES = st.one_of(st.integers(1, 3000), st.sampled_from([-5, CQ_FILLER_SIZE, 1 << 20]))
 
 
@@ -59,7 +66,7 @@ def test_reading_forward_takes_what_bisection_took(sizes, written_gap, first, ba
     first = min(first, capacity - 1)
     saved, commitpass._SCAN = commitpass._SCAN, scan  # steps of one entry and more: every step boundary
     try:
-        got, hi = commitpass._pending(view, first, capacity, phys_limit, budget)
+        got, hi = commitpass._pending(_reader(view), first, capacity, phys_limit, budget)
     finally:
         commitpass._SCAN = saved
     k, full = commitpass._plain(got, phys_limit, budget)
@@ -72,7 +79,7 @@ def test_reading_forward_takes_what_bisection_took(sizes, written_gap, first, ba
 def test_a_file_written_to_its_end_is_read_to_its_end():
     table = np.zeros(5000, CQ_DTYPE)
     table["phys"], table["size"] = np.arange(5000) * 10, 10
-    got, hi = commitpass._pending(memoryview(table.tobytes()), 3, 5000, 1 << 62, 1 << 40)
+    got, hi = commitpass._pending(_reader(memoryview(table.tobytes())), 3, 5000, 1 << 62, 1 << 40)
     assert hi == 5000 and got.tolist() == table[3:].tolist()
 
 
@@ -112,7 +119,7 @@ def test_a_file_gone_mid_read_hands_the_queue_to_the_per_queue_read():
 
     saved, commitpass._SCAN = commitpass._SCAN, 2
     try:
-        got, hi = commitpass._pending(None, 0, 40, 1 << 62, 1 << 40, read=read)
+        got, hi = commitpass._pending(read, 0, 40, 1 << 62, 1 << 40)
     finally:
         commitpass._SCAN = saved
     assert calls == [(0, 2), (2, 8), (10, 30)]

@@ -99,6 +99,22 @@ def counted(monkeypatch):  # noqa: ANN001, ANN201
     return seen
 
 
+def _as_per_queue(local: LocalStore, job, planned: dict, *context: object):  # noqa: ANN001, ANN202
+    """The pass's segment (None: no record) and stop for ``job``, asserted to
+    be exactly what the per-queue build (``build_segment``) makes of it."""
+    from dispatcher.buildpool import build_segment
+
+    want, want_stop = build_segment(local, job, 5)
+    got_job, builder, stop = planned[(job.topic, job.queue_id)]
+    got = builder.build(5) if builder.count else None
+    assert got_job == job and (got is None) == (want is None), (job, *context)
+    if want is not None:
+        assert got.segment == want.segment and bytes(got.commitlog) == bytes(want.commitlog), (job, *context)
+        assert got.consumequeue == want.consumequeue and got.index == want.index, (job, *context)
+    assert type(stop) is type(want_stop) and str(stop) == str(want_stop), (job, *context)
+    return got, stop
+
+
 def _watched(local: LocalStore, monkeypatch) -> dict[str, list[tuple[int, int, int]]]:  # noqa: ANN001
     """Pages mapped ahead (populate) and CommitLog files entered by a per-queue
     read (``_commitlog_window``: once per file per queue read)."""
@@ -185,7 +201,7 @@ def test_pass_and_per_queue_build_agree_on_every_start(tmp_path, clock):
     """The pass's segment from any offset (mid-store, mid-file, at the
     corrupt record, at properties that are not UTF-8) equals
     ``build_segment``'s, record and stop alike."""
-    from dispatcher.buildpool import BuildJob, build_segment
+    from dispatcher.buildpool import BuildJob
 
     sd = tmp_path / "store"
     _make_store(sd, clock)
@@ -200,15 +216,7 @@ def test_pass_and_per_queue_build_agree_on_every_start(tmp_path, clock):
                              cl_start=100, segment_bytes=budget, key_index=True, layout=2) for t, q in QUEUES]
             planned, _stats = commitpass.build_pass(local, jobs)
             for job in jobs:
-                want, want_stop = build_segment(local, job, 5)
-                got_job, builder, got_stop = planned[(job.topic, job.queue_id)]
-                got = builder.build(5) if builder.count else None
-                assert got_job == job
-                assert (got is None) == (want is None), (job, start, budget)
-                if want is not None:
-                    assert got.segment == want.segment and bytes(got.commitlog) == bytes(want.commitlog)
-                    assert got.consumequeue == want.consumequeue and got.index == want.index
-                assert type(got_stop) is type(want_stop) and str(got_stop) == str(want_stop), (job, start)
+                _got, got_stop = _as_per_queue(local, job, planned, start, budget)
                 stops.add(str(got_stop))
     assert [(t, q) for t, q in local.queues()] == sorted(QUEUES)  # the half messages are in no queue
     assert any("CRC" in x for x in stops) and any("UTF-8" in x for x in stops), stops
@@ -336,7 +344,7 @@ def test_a_corrupt_record_in_a_window_of_many_queues_stops_only_its_queue(tmp_pa
     error naming the CommitLog file and the record's offset, the queue with
     properties that are not UTF-8 at its record, every other queue is built
     whole; all exactly as ``build_segment`` builds them, compiled or not."""
-    from dispatcher.buildpool import BuildJob, build_segment
+    from dispatcher.buildpool import BuildJob
     from tiered.errors import CorruptRecordError
     from tiered.format import batch as batch_module
 
@@ -361,12 +369,8 @@ def test_a_corrupt_record_in_a_window_of_many_queues_stops_only_its_queue(tmp_pa
     planned, stats = commitpass.build_pass(local, jobs)
     assert calls == [70] and stats.windows == 1  # one call for every queue of the window
     for job in jobs:
-        got_job, builder, stop = planned[(job.topic, job.queue_id)]
-        want, want_stop = build_segment(local, job, 5)
-        got = builder.build(5)
-        assert got.segment == want.segment and bytes(got.commitlog) == bytes(want.commitlog)
-        assert got.consumequeue == want.consumequeue and got.index == want.index
-        assert type(stop) is type(want_stop) and str(stop) == str(want_stop)
+        got, stop = _as_per_queue(local, job, planned)
+        assert got is not None
         q = (job.topic, job.queue_id)
         if q == bad:
             assert isinstance(stop, CorruptRecordError) and "CRC" in stop.reason
@@ -387,7 +391,7 @@ def test_queues_with_and_without_a_key_index_in_one_window(tmp_path, clock, monk
     queue at that record (the window's builders then find their own keys);
     an unkeyed queue never reads them and takes it (the window's keys are
     found at once)."""
-    from dispatcher.buildpool import BuildJob, build_segment
+    from dispatcher.buildpool import BuildJob
     from tiered.errors import CorruptRecordError
     from tiered.format import batch as batch_module
 
@@ -408,12 +412,8 @@ def test_queues_with_and_without_a_key_index_in_one_window(tmp_path, clock, monk
     planned, stats = commitpass.build_pass(local, jobs)
     assert stats.windows == 1
     for job in jobs:
-        _job, builder, stop = planned[(job.topic, job.queue_id)]
-        want, want_stop = build_segment(local, job, 5)
-        got = builder.build(5)
-        assert got.segment == want.segment and bytes(got.commitlog) == bytes(want.commitlog)
-        assert got.consumequeue == want.consumequeue and got.index == want.index
-        assert type(stop) is type(want_stop) and str(stop) == str(want_stop)
+        got, stop = _as_per_queue(local, job, planned)
+        assert got is not None
         if spoil_keyed and (job.topic, job.queue_id) == keyed_bad:
             assert isinstance(stop, CorruptRecordError) and "UTF-8" in stop.reason and got.segment.messages == 6
         else:
