@@ -27,8 +27,7 @@ from tiered.format.batch import CQ_DTYPE, RecordBatch, copy_spans, grow
 from tiered.format.codec import crc32
 from tiered.errors import CorruptRecordError
 from tiered.archive.layout import COMPRESSIONS, LAYOUT_V2, section_keys, segment_object_key
-from tiered.format.keyindex import (  # noqa: F401  (BadProperties, batch_keys: their home before keyindex)
-    EMPTY_BLOOM, BadProperties, batch_keys, bloom_of_hashes, index_of_hashes, record_key_hashes)
+from tiered.format.keyindex import EMPTY_BLOOM, BadProperties, bloom_of_hashes, index_of_hashes, record_key_hashes
 from tiered.archive.manifest import Segment, segment_keys
 
 # the v2 object's tail reserved behind the records (SegmentBuilder.reserve): an
@@ -222,11 +221,7 @@ class SegmentBuilder:
             self._key_offsets.append(key_offsets)
             self._key_hashes.append(key_hashes)
         self._n = end
-        self._sizes.append(sizes)
-        self._tags.append(tags)
-        self._store.append(store_ms)
-        self._born.append(born_ms)
-        self.count += len(sizes)
+        self._append(sizes, tags, store_ms, born_ms)
 
     def reserve(self, nbytes: int, records: int = 0) -> None:
         """Room for ``nbytes`` more record bytes of ``records`` records,
@@ -255,11 +250,14 @@ class SegmentBuilder:
 
     def _add_arrays(self, batch: RecordBatch, n: int) -> None:
         """The first ``n`` records' sizes, tags and times (their bytes are in)."""
-        self._sizes.append(batch.sizes[:n])
-        self._tags.append(batch.tags[:n])
-        self._store.append(batch.store_ms[:n])
-        self._born.append(batch.born_ms[:n])
-        self.count += n
+        self._append(batch.sizes[:n], batch.tags[:n], batch.store_ms[:n], batch.born_ms[:n])
+
+    def _append(self, sizes: np.ndarray, tags: np.ndarray, store_ms: np.ndarray, born_ms: np.ndarray) -> None:
+        self._sizes.append(sizes)
+        self._tags.append(tags)
+        self._store.append(store_ms)
+        self._born.append(born_ms)
+        self.count += len(sizes)
 
     def build(self, now_ms: int) -> BuiltSegment:
         if not self.count:
