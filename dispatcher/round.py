@@ -62,6 +62,11 @@ class DispatchOptions:
     # often: a writer whose lease was taken over stops within it. Safety does
     # not rest on it (commits are conditional, data keys fixed by content).
     lease_check_s: float = 5.0
+    # The bucket identity (invariant 7: a new or emptied bucket is noticed) is
+    # read before every round that writes, and in a row of idle rounds at most
+    # this often: an idle round makes no request in between. A failed read is
+    # tried again every round until one succeeds (the round fails meanwhile).
+    identity_check_s: float = 60.0
     # recorded per topic in the catalog, for a cleaner without the store
     retention: RetentionSettings = field(default_factory=RetentionSettings)
     # Worker processes building segments (dispatcher.buildpool); None: none
@@ -163,6 +168,7 @@ class Dispatcher:
         self._round_lock = threading.Lock()
         self._check_lock = threading.Lock()
         self._checked_at: float | None = None  # monotonic time of this round's last lease read
+        self._identity_at: float | None = None  # monotonic time of the last identity read that succeeded
         self.started = False
 
     def _before_write(self) -> None:
@@ -171,6 +177,10 @@ class Dispatcher:
         if self.lease is None:
             return
         with self._check_lock:
+            if self._fenced is not None:
+                # another thread lost the lease while this one waited: a check
+                # now would find no lease of ours and take a new one mid-round
+                raise FencedError(self._fenced)
             now = self.clock.monotonic()
             try:
                 if self._checked_at is not None and now - self._checked_at < self.options.lease_check_s:
@@ -193,6 +203,7 @@ class Dispatcher:
             self.cold.check_identity()  # created at a writer's first start
         self._fenced = None
         self._was_fenced = False
+        self._identity_at = None  # the first round reads it again, idle or not
         self.started = True
 
     def eligible_queues(self) -> list[tuple[str, int]]:
@@ -230,16 +241,7 @@ class Dispatcher:
                 result.failed = True
                 log.error("cannot start archiving: %s", exc)
                 return result
-        try:
-            # the bucket is the truth: a new or emptied one means archiving again
-            self.cold.check_identity()
-        except TieredError as exc:
-            result.errors["_identity.json"] = str(exc)
-            result.failed = True
-            log.error("cannot check the bucket identity; nothing written this round: %s", exc)
-            return result
         now = self.clock.monotonic()
-        deadline = now + self.options.round_budget_s
         self._checked_at = None  # the lease is read again before this round's first write
         self.local.commitlog.refresh()  # files the broker deleted or started since the last round
         self.archiver.passes.clear()
@@ -247,6 +249,18 @@ class Dispatcher:
         result.queues = len(queues)
         # Idle queues are settled here, without a thread hop, a lock or a request.
         busy = [k for k in queues if not self._idle(k)]
+        if busy or self._identity_at is None or now - self._identity_at >= self.options.identity_check_s:
+            try:
+                # the bucket is the truth: a new or emptied one means archiving again
+                if self.cold.check_identity():
+                    busy = [k for k in queues if not self._idle(k)]  # the cache was rebuilt from the bucket
+            except TieredError as exc:
+                result.errors["_identity.json"] = str(exc)
+                result.failed = True
+                log.error("cannot check the bucket identity; nothing written this round: %s", exc)
+                return result
+            self._identity_at = now
+        deadline = self.clock.monotonic() + self.options.round_budget_s
         outcomes: dict[tuple[str, int], QueueResult] = {}
         try:
             if busy:

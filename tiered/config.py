@@ -159,6 +159,10 @@ class DispatchSettings(_Section):
     start_position: str = "earliest"
     parallelism: int = Field(default=4, ge=1, le=64)
     round_budget: Duration = 15.0
+    # In a row of idle rounds the bucket identity is read at most this often
+    # (a round that writes always reads it first): a new or emptied bucket is
+    # noticed within it, and an idle round in between makes no request.
+    identity_check: Duration = Field(default=60.0, gt=0)
     quarantine_corrupt: bool = False
     key_index: bool = True
     # worker processes that build segments; null: none with single_pass, else

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from dispatchkit import CountingRecorder, assert_exact, new_dispatcher, new_writer, produce, read_manifest
+from dispatchkit import BROKER, CLUSTER, CountingRecorder, assert_exact, new_dispatcher, new_writer, produce, read_manifest
 from dispatcher import TopicFilter, is_system_topic
 from tiered.store.localstore import LocalStore
 from tiered.archive.storage import FileStore, RetryPolicy
@@ -216,19 +216,35 @@ def test_idle_round_makes_no_request(cold_url, open_cold, tmp_path, clock):
         produce(w, *q, 2, clock=clock)
     local = LocalStore(tmp_path / "store")
     d = new_dispatcher(store, local, tmp_path / "state", clock, recorder=rec, upload_bytes=1 << 20,
-                       max_delay_ms=60_000)
+                       max_delay_ms=60_000, identity_check_s=60.0)
     clock.advance(60)
     assert d.run_round().messages == 100
-    produce(w, "Pending", 0, 2, clock=clock)  # below both thresholds: waits, without a request
+    produce(w, "Pending", 0, 2, clock=clock)  # below both thresholds: waits, reading only the identity
     w.close()
-    before = rec.total_requests()
+    before, gets = rec.total_requests(), rec.total_requests("get")
     for _ in range(3):
         clock.advance(1)
         r = d.run_round()
         assert r.ok and r.segments == 0
-    # one GET a round: the bucket identity (a new or emptied bucket is noticed)
-    assert rec.total_requests() - before == 3, rec.requests
-    # also after a restart with the manifest cache on disk
+    # a round with new data reads the bucket identity first (a new or emptied
+    # bucket is noticed before anything is written), whether it writes or not
+    assert rec.total_requests() - before == 3 == rec.total_requests("get") - gets, rec.requests
+    clock.advance(60)
+    assert d.run_round().messages == 2
+    # a round in which no queue has new data makes no request, for up to a minute
+    before = rec.total_requests()
+    for _ in range(5):
+        clock.advance(11)
+        r = d.run_round()
+        assert r.ok and r.segments == 0
+    assert rec.total_requests() == before, rec.requests  # 55 s since the last identity read
+    clock.advance(5)
+    assert d.run_round().ok
+    # then one GET, the identity, and again none until the next minute
+    assert rec.total_requests() - before == 1, rec.requests
+    clock.advance(30)
+    assert d.run_round().ok and rec.total_requests() - before == 1
+    # after a restart with the manifest cache on disk: its first round reads the identity only
     d2 = new_dispatcher(store, LocalStore(tmp_path / "store"), tmp_path / "state", clock, recorder=rec,
                         upload_bytes=1 << 20, max_delay_ms=60_000)
     d2.start()
@@ -236,6 +252,64 @@ def test_idle_round_makes_no_request(cold_url, open_cold, tmp_path, clock):
     clock.advance(1)
     d2.run_round()
     assert rec.total_requests() - before == 1  # the identity only
+    clock.advance(1)
+    d2.run_round()
+    assert rec.total_requests() - before == 1
+
+
+def test_an_emptied_bucket_is_noticed_by_idle_rounds_within_the_identity_interval(cold_url, open_cold, tmp_path,
+                                                                                  clock):
+    store = open_cold(cold_url)
+    queues = [("Gone", q) for q in range(3)]
+    with new_writer(tmp_path / "store") as w:
+        for q in queues:
+            produce(w, *q, 4, clock=clock)
+    local = LocalStore(tmp_path / "store")
+    d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0,
+                       identity_check_s=60.0)
+    assert d.run_round().messages == 12
+    store.delete_many([o.key for o in store.list_keys("")])  # emptied under the idle dispatcher
+    clock.advance(30)
+    r = d.run_round()  # idle, identity read 30 s ago: not noticed yet, nothing written
+    assert r.ok and r.messages == 0 and store.list_keys("") == []
+    clock.advance(30)
+    r = d.run_round()  # due: noticed; the write lease went with the bucket, so this round stops
+    assert r.fenced is not None and r.messages == 0
+    # and writes nothing: no thread of the round takes a new lease and goes on
+    assert sorted(o.key for o in store.list_keys("")) == [f"{CLUSTER}/{BROKER}/_identity.json"]
+    r = d.run_round()  # the lease taken again, the cache rebuilt: everything still local archived again
+    assert r.ok and r.messages == 12
+    assert_exact(store, local, queues)
+
+
+@pytest.mark.s3
+def test_an_outage_fails_every_idle_round_once_the_identity_is_due(tmp_path, clock, moto_endpoint, s3_bucket):
+    from faultproxy import FaultProxy, FaultSchedule
+    from tiered.archive.storage import S3Options, open_store
+
+    rec = CountingRecorder()
+    down = {"now": False}
+    schedule = FaultSchedule(decide=lambda req: "500" if down["now"] else None)
+    with FaultProxy(moto_endpoint, schedule) as proxy, new_writer(tmp_path / "store") as w:
+        store = open_store(f"s3://{s3_bucket}/archive", s3=S3Options(endpoint_url=proxy.url),
+                           retry=RetryPolicy(attempts=1), recorder=rec)
+        produce(w, *Q, 3, clock=clock)
+        d = new_dispatcher(store, LocalStore(tmp_path / "store"), tmp_path / "state", clock, recorder=rec,
+                           upload_bytes=1, max_delay_ms=0, identity_check_s=60.0)
+        assert d.run_round().ok
+        down["now"] = True
+        clock.advance(20)
+        assert d.run_round().ok  # idle and not due: no request, nothing to fail
+        for _ in range(3):  # due from now on: every round reads it again, and fails, until it works
+            clock.advance(40)
+            r = d.run_round()
+            assert not r.ok and r.failed and list(r.errors) == ["_identity.json"]
+        down["now"] = False
+        clock.advance(20)
+        assert d.run_round().ok
+        before = rec.total_requests()
+        clock.advance(20)
+        assert d.run_round().ok and rec.total_requests() == before
 
 
 def test_a_failing_queue_backs_off_with_jitter_and_the_others_go_on(tmp_path, clock, recorder):
