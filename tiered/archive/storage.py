@@ -869,13 +869,15 @@ def open_store(
     s3: S3Options | None = None,
     retry: RetryPolicy | None = None,
     recorder: Recorder | None = None,
+    direct: bool = True,
 ) -> ObjectStore:
-    """The store for a cold-tier URL: ``file:///path``, a plain path, or ``s3://bucket/prefix``."""
+    """The store for a cold-tier URL: ``file:///path``, a plain path, or
+    ``s3://bucket/prefix``. ``direct``: a file store's O_DIRECT writes."""
     if "://" not in url:
-        return FileStore(url, retry=retry, recorder=recorder)
+        return FileStore(url, direct=direct, retry=retry, recorder=recorder)
     scheme, rest = url.split("://", 1)
     if scheme == "file":
-        return FileStore(rest or "/", retry=retry, recorder=recorder)
+        return FileStore(rest or "/", direct=direct, retry=retry, recorder=recorder)
     if scheme in ("s3", "s3a"):
         return S3Store(rest, s3, retry=retry, recorder=recorder)
     raise ValueError(f"unsupported cold-tier URL scheme {scheme!r}")
