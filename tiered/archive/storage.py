@@ -64,10 +64,12 @@ _SINGLE_PUT_LIMIT = 5 << 30  # S3's largest single PUT
 _POOL = 64  # connections kept per client: dispatch.parallelism's upper bound
 # FileStore: objects from this size on whose buffer starts at a multiple of
 # DIRECT_ALIGN are written around the page cache (O_DIRECT). Measured here
-# (ext4, fsync per object): from 1 MiB on a direct write costs a third to a
-# sixth of a buffered one's system time; at 256-512 KiB the two are within
-# the noise, the object's create and fsync dominating.
-DIRECT_MIN = 1 << 20
+# (ext4, an fsync per object, kernel threads' CPU counted too): a direct write
+# of 16 MiB costs a fifth of a buffered one's system time, of 1 MiB a third
+# to four fifths; of 256 KiB a little less (a round over 1,000 queues, whose objects
+# are that big, took less CPU in 13 of 15 paired runs); of 64-128 KiB more
+# (the object's create and fsync dominate, and a direct write adds to them).
+DIRECT_MIN = 256 << 10
 DIRECT_ALIGN = 4096  # O_DIRECT's alignment of address, offset and length on Linux (a page covers any block size up to it)
 _O_DIRECT = getattr(os, "O_DIRECT", 0)  # 0 where there is none: never direct
 
