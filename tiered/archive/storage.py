@@ -299,6 +299,12 @@ class ObjectStore:
         self._sleep = time.sleep
 
 
+def _wrote(n: int) -> int:
+    if n <= 0:  # a write that never ends would loop here forever
+        raise OSError(errno.EIO, "write wrote nothing")
+    return n
+
+
 def _md5(data: bytes) -> str:
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
@@ -413,18 +419,19 @@ class FileStore(ObjectStore):
                 done = 0
                 try:
                     while done < head:
-                        n = os.write(fd, view[done:head])
+                        n = _wrote(os.write(fd, view[done:head]))
                         done += n
                         if n % DIRECT_ALIGN:
                             break  # a short write off a page boundary: the rest through the cache
-                    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
+                    if done < len(view):
+                        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
                 except OSError as exc:
                     if exc.errno != errno.EINVAL:
                         raise
                     self._refuse_direct(exc)
                     return False
                 while done < len(view):
-                    done += os.write(fd, view[done:])
+                    done += _wrote(os.write(fd, view[done:]))
             os.fsync(fd)
         finally:
             os.close(fd)
