@@ -31,7 +31,9 @@ MB/s counts CommitLog bytes (the records), the same bytes for every
 baseline; the ConsumeQueue, index and manifest objects the dispatcher also
 writes are overhead it carries. The floor for a durable copy is ``cp -r``
 then ``sync`` of the same bytes; plain ``cp`` (never synced) is printed for
-reference. CPU seconds and peak RSS include the segment-build worker
+reference, and so is an O_DIRECT write + fsync of the same bytes in
+segment-size objects (what a writer around the page cache can do at best on
+this disk; not the goal's floor). CPU seconds and peak RSS include the segment-build worker
 processes (read from /proc: they are the forkserver's children). The same
 bytes are also dispatched from a store of ``--many-queues`` queues.
 
@@ -46,6 +48,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import resource
@@ -441,9 +445,10 @@ def mbps(nbytes: int, seconds: float) -> float:
     return nbytes / MiB / seconds if seconds > 0 else float("inf")
 
 
-def measure_cp(work: Path, nbytes: int, repeat: int) -> dict[str, float]:
+def measure_cp(work: Path, nbytes: int, repeat: int, object_bytes: int) -> dict[str, float]:
     """cp of the same CommitLog files, and once more made durable the way the
-    dispatcher makes its objects durable: the best of ``repeat`` runs each."""
+    dispatcher makes its objects durable: the best of ``repeat`` runs each;
+    and the O_DIRECT reference (``measure_direct``)."""
     # Durable: an fsync of each copied file and of the directories holding
     # their names (``sync FILE... DIR...``, as file:// objects are made
     # durable), files never written before (a fresh directory), nothing else
@@ -471,7 +476,74 @@ def measure_cp(work: Path, nbytes: int, repeat: int) -> dict[str, float]:
     # part of the last, preallocated file; its sparse tail costs it nothing)
     cp_mbps = mbps(nbytes, cp_s)
     cp_sync_mbps = mbps(nbytes, cp_sync_s)
-    return {"cp_s": cp_s, "cp_sync_s": cp_sync_s, "cp_mbps": cp_mbps, "cp_sync_mbps": cp_sync_mbps}
+    return {"cp_s": cp_s, "cp_sync_s": cp_sync_s, "cp_mbps": cp_mbps, "cp_sync_mbps": cp_sync_mbps,
+            **measure_direct(work, nbytes, repeat, object_bytes)}
+
+
+def measure_direct(work: Path, nbytes: int, repeat: int, object_bytes: int) -> dict[str, float]:
+    """A reference, not the goal's floor: what a writer around the page cache
+    can do at best on this disk. The same bytes read from the CommitLog
+    files (page cache warm) into one page-aligned buffer, written as objects
+    of the segment size with O_DIRECT (the last partial page buffered),
+    each file fsynced, then their directory: as the dispatcher's file://
+    objects are made durable, with nothing else to do. Wall and CPU, each
+    the best of ``repeat``; NaN where the file system refuses O_DIRECT."""
+    import mmap
+
+    dest = work / "direct-dest"
+    files = sorted((work / "store" / "commitlog").iterdir())
+    best_s = best_cpu = float("inf")
+    buf = mmap.mmap(-1, object_bytes)  # anonymous: starts at a page
+    view = memoryview(buf)
+    try:
+        for _ in range(repeat):
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir()
+            subprocess.run(["sync", "-f", str(dest)], check=True)  # the deletes, not timed
+            started, cpu = time.perf_counter(), time.process_time()
+            left, index = nbytes, 0
+            srcs = iter(files)
+            src, at = os.open(next(srcs), os.O_RDONLY), 0
+            try:
+                while left:
+                    n = filled = min(object_bytes, left)
+                    while filled:  # across CommitLog files, as segments span them
+                        got = os.preadv(src, [view[n - filled:n]], at)
+                        if not got:
+                            os.close(src)
+                            src, at = os.open(next(srcs), os.O_RDONLY), 0
+                            continue
+                        filled -= got
+                        at += got
+                    fd = os.open(dest / f"{index:08d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
+                    try:
+                        head = n - n % 4096
+                        if head:
+                            os.write(fd, view[:head])
+                        if head < n:
+                            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                            os.write(fd, view[head:n])
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    left -= n
+                    index += 1
+            finally:
+                os.close(src)
+            dirfd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+            os.fsync(dirfd)
+            os.close(dirfd)
+            best_s = min(best_s, time.perf_counter() - started)
+            best_cpu = min(best_cpu, time.process_time() - cpu)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        best_s = best_cpu = float("nan")  # no O_DIRECT here
+    finally:
+        view.release()
+        buf.close()
+        shutil.rmtree(dest, ignore_errors=True)
+    return {"direct_s": best_s, "direct_cpu": best_cpu, "direct_mbps": mbps(nbytes, best_s)}
 
 
 MEMORY_KEYS = ("pss_peak_mib", "anon_peak_mib", "maxrss_mib", "workers_rss_mib")
@@ -571,6 +643,9 @@ def report(args: argparse.Namespace, nbytes: int, cp: dict[str, float], fd: dict
         ("dispatch -> file://", f"{f_mbps:8.1f} MB/s", dispatched(fd)),
         ("cp + sync (same bytes)", f"{cp_sync_mbps:8.1f} MB/s", f"{cp_sync_s:.2f} s"),
         ("cp (no sync; reference)", f"{cp_mbps:8.1f} MB/s", f"{cp_s:.2f} s"),
+        ("O_DIRECT write+fsync (ref.)", f"{cp['direct_mbps']:8.1f} MB/s",
+         f"{cp['direct_s']:.2f} s, CPU {cp['direct_cpu']:.2f} s: the same bytes in {args.segment_mb} MiB objects "
+         f"written around the page cache, each fsynced, then their directory (a reference, not the goal's floor)"),
         (f"file://, {args.many_queues} queues", f"{m_mbps:8.1f} MB/s", dispatched(fm)),
     ]
     s3_checks = []
@@ -597,6 +672,7 @@ def report(args: argparse.Namespace, nbytes: int, cp: dict[str, float], fd: dict
     checks = [
         ("file:// vs cp+sync", f_mbps / cp_sync_mbps, ">=", 0.5 if (os.cpu_count() or 1) <= 2 else 0.8),
         ("file:// vs cp (ref.)", f_mbps / cp_mbps, ">=", 0.0),
+        ("file:// vs O_DIRECT (ref.)", f_mbps / cp["direct_mbps"], ">=", 0.0),
         ("CPU s per GB (file://)", fd["cpu_seconds"] / gb, "<=", 1.5),
         (f"{args.many_queues} vs {args.queues} q. read+build", (fm["pass_seconds"] / fm["bytes"]) / (
             fd["pass_seconds"] / nbytes) if fd["pass_seconds"] else float("nan"), "<=", 1.25),
@@ -697,7 +773,7 @@ def main() -> None:
             for f in sorted((work / name / "commitlog").iterdir()):
                 subprocess.run(["cat", str(f)], stdout=subprocess.DEVNULL, check=True)
 
-        cp = measure_cp(work, nbytes, args.repeat)
+        cp = measure_cp(work, nbytes, args.repeat, args.segment_mb * MiB)
         cold = work / "cold-file"
         fd = measure_dispatch(args, cold)
         assert fd["bytes"] == nbytes, (fd["bytes"], nbytes)

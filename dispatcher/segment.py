@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,40 @@ from tiered.archive.manifest import Segment, segment_keys
 # costs one realloc in pack_v2, nothing else.
 _KEY_ROOM = 2 * 12
 _DESCRIPTOR_ROOM = 4096
+
+
+def _compiled_realign() -> Callable[[bytearray, int, int, int], bytearray] | None:
+    """tiered/format/_runcheck.c's ``realign``; None without a C compiler at
+    install (buffers are then grown, and zeroed, by ``grow``'s fallback)."""
+    try:
+        from tiered.format._runcheck import realign
+    except ImportError:
+        return None
+    return realign
+
+
+_realign = _compiled_realign()
+
+# Segment buffers start at a multiple of this (a page) when the compiled
+# ``realign`` is there: tiered.archive.storage.FileStore writes such a buffer
+# with O_DIRECT, around the page cache (an optimisation: any buffer is written
+# correctly).
+ALIGN = 4096
+
+
+def fit(buf: bytearray, nbytes: int) -> bytearray:
+    """``buf`` resized to ``nbytes``, or a buffer replacing it (its bytes up
+    to the new length kept), starting at a multiple of ``ALIGN`` when the
+    compiled ``realign`` is there: CPython moves a bytearray to an unaligned
+    block when it grows past its allocation or shrinks below half of it, and
+    such a buffer is replaced by an aligned one. The bytes past what ``buf``
+    held are undefined (not zeroed: ``grow``)."""
+    if _realign is not None:
+        return _realign(buf, nbytes, min(len(buf), nbytes), ALIGN)
+    if len(buf) > nbytes:
+        del buf[nbytes:]  # keeps the allocation while it stays over half used
+    grow(buf, nbytes)
+    return buf
 
 
 def _refs(buf: bytearray) -> int:
@@ -78,14 +113,15 @@ class BufferPool:
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> bytearray:
-        """A buffer of ``nbytes`` bytes whose values are undefined."""
+        """A buffer of ``nbytes`` bytes whose values are undefined, page-aligned
+        (``fit``). One given back whose allocation does not hold ``nbytes``
+        aligned in place is replaced by a fresh one rather than moved."""
         with self._lock:
             buf = self._idle.pop() if self._idle else bytearray()
             self._bytes -= len(buf)
-        if len(buf) > nbytes:
-            del buf[nbytes:]  # keeps the allocation while it stays over half used
-        grow(buf, nbytes)
-        return buf
+        if _realign is not None:
+            return _realign(buf, nbytes, 0, ALIGN)  # nothing to keep: its old bytes are garbage
+        return fit(buf, nbytes)
 
     def give(self, buf: bytes | bytearray, *, holders: int) -> bool:
         """Keeps ``buf`` for a later ``take`` when nothing but its ``holders``
@@ -245,8 +281,9 @@ class SegmentBuilder:
             self._cl = SEGMENT_BUFFERS.take(need)
             return
         # not zeroed (tiered.format.batch.grow): every byte handed out is copied in first;
-        # half as much again when growing: a few moves over a segment read with no reservation
-        grow(self._cl, max(need, have + have // 2))
+        # half as much again when growing: a few moves over a segment read with no reservation.
+        # All ``have`` bytes kept: the CommitLog pass copies records in before it ``extend``s.
+        self._cl = fit(self._cl, max(need, have + have // 2))
 
     def _add_arrays(self, batch: RecordBatch, n: int) -> None:
         """The first ``n`` records' sizes, tags and times (their bytes are in)."""

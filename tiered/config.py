@@ -142,6 +142,12 @@ class S3Settings(_Section):
         return self
 
 
+class FileSettings(_Section):
+    # a file:// cold tier writes segment objects around the page cache
+    # (O_DIRECT); false: through it, as every other object
+    direct_writes: bool = True
+
+
 class RetrySettings(_Section):
     attempts: int = Field(default=6, ge=1, le=100)
     base_delay: Duration = 0.2
@@ -275,6 +281,7 @@ class Settings(BaseSettings):
     force_takeover: bool = False
     shutdown_timeout: Duration = 30.0
     s3: S3Settings = S3Settings()
+    file: FileSettings = FileSettings()
     dispatch: DispatchSettings = DispatchSettings()
     cleaner: CleanerSettings = CleanerSettings()
     retention: RetentionSettings = RetentionSettings()

@@ -209,3 +209,36 @@ def test_directories_made_for_a_file_that_could_not_be_opened_are_synced(tmp_pat
     dirs = _dirs(synced)
     assert len(opened) == 1 and (root / "T/0/segment").is_dir()
     assert dirs[str(root / "T")] == {"0"} and dirs[str(root / "T/0")] == {"segment"}
+
+
+def test_a_direct_write_is_synced_as_a_buffered_one(tmp_path: Path, synced,  # noqa: ANN001
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import mmap
+
+    from tiered.archive.storage import DIRECT_MIN
+
+    root = tmp_path / "cold"
+    (root / "T").mkdir(parents=True)
+    store = open_store(f"file://{root}")
+    real_open = os.open
+    direct: list[str] = []
+
+    def open_(path, flags, *a):  # noqa: ANN001, ANN002, ANN202
+        if flags & os.O_DIRECT:
+            direct.append(str(path))
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(os, "open", open_)
+    data = os.urandom(DIRECT_MIN + 1)
+    m = mmap.mmap(-1, len(data))  # page-aligned, as the dispatcher's segment buffers are
+    m[:] = data
+    with memoryview(m) as view:
+        store.put("T/0/segment/obj", view)
+    m.close()
+    assert len(direct) == 1 and direct[0].endswith(".tmp")  # the object went around the page cache
+    order = [p for p, _ in synced]
+    tmp_at = next(i for i, p in enumerate(order) if p.endswith(".tmp"))
+    # the same fsyncs in the same order: the file, its new directories, its name
+    assert order[tmp_at:] == [direct[0], str(root), str(root / "T"), str(root / "T/0"), str(root / "T/0/segment")]
+    assert dict(synced)[str(root / "T/0/segment")] == ("obj",)
+    assert (root / "T/0/segment/obj").read_bytes() == data

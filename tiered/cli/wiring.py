@@ -50,7 +50,7 @@ def object_store(settings: Settings, recorder: Recorder | None = None) -> Object
     r = settings.dispatch.retry
     attempts = settings.s3.max_attempts if is_s3(settings.cold_url) else r.attempts
     failures.note_store(settings.cold_url, settings.s3.endpoint_url if is_s3(settings.cold_url) else None)
-    return open_store(settings.cold_url, s3=s3_options(settings),
+    return open_store(settings.cold_url, s3=s3_options(settings), direct=settings.file.direct_writes,
                       retry=RetryPolicy(attempts, r.base_delay, r.max_delay), recorder=recorder or NullRecorder())
 
 

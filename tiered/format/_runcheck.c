@@ -494,7 +494,78 @@ static PyObject *py_grow(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* realign(buffer, n, keep, align): a bytearray of ``n`` bytes whose first
+ * byte sits at a multiple of ``align`` (a power of two), for a segment
+ * written to disk with O_DIRECT (tiered/archive/storage.py): ``buffer``
+ * itself, resized in place, when its bytes start aligned and ``n`` fits its
+ * allocation without CPython moving them; else a new bytearray holding
+ * ``buffer``'s first ``keep`` bytes. Like ``grow``, the bytes past ``keep``
+ * are not written (garbage until the caller copies into them).
+ *
+ * The new buffer is made with public calls only: ``n + align`` bytes, then
+ * its unaligned head deleted, which CPython does without moving anything
+ * (it advances the bytearray's logical start inside the same allocation).
+ * Later resizes keep it in place as long as they stay in that allocation
+ * and above half of it (PyByteArray_Resize's rules, mirrored below); one
+ * that does not is moved by CPython to an unaligned block: the caller comes
+ * back here. Alignment is an optimisation: nothing breaks without it.
+ * Buffers under ``align`` bytes are not aligned (not worth a page). */
+static int fits_in_place(PyByteArrayObject *b, Py_ssize_t n, size_t align) {
+    size_t alloc = (size_t)b->ob_alloc;
+    size_t offset = (size_t)(b->ob_start - b->ob_bytes);
+    if (b->ob_start == NULL || ((uintptr_t)b->ob_start & (align - 1)) != 0) return 0;
+    if (n == Py_SIZE(b)) return 1;
+    return (size_t)n + offset + 1 <= alloc && (size_t)n >= alloc / 2;
+}
+
+static PyObject *py_realign(PyObject *self, PyObject *args) {
+    PyObject *buffer;
+    Py_ssize_t n, keep, align;
+    if (!PyArg_ParseTuple(args, "O!nnn", &PyByteArray_Type, &buffer, &n, &keep, &align)) return NULL;
+    PyByteArrayObject *b = (PyByteArrayObject *)buffer;
+    if (align <= 0 || (align & (align - 1)) != 0) {
+        PyErr_Format(PyExc_ValueError, "align %zd is not a power of two", align);
+        return NULL;
+    }
+    if (n < 0 || keep < 0 || keep > n || keep > PyByteArray_GET_SIZE(buffer)) {
+        PyErr_Format(PyExc_ValueError, "keep %zd bytes of %zd in %zd", keep, PyByteArray_GET_SIZE(buffer), n);
+        return NULL;
+    }
+    if (b->ob_exports > 0 && n != Py_SIZE(b)) {  /* as PyByteArray_Resize refuses it */
+        PyErr_SetString(PyExc_BufferError, "Existing exports of data: object cannot be re-sized");
+        return NULL;
+    }
+    if (n < align || fits_in_place(b, n, (size_t)align)) {
+        if (PyByteArray_Resize(buffer, n) < 0) return NULL;
+        Py_INCREF(buffer);
+        return buffer;
+    }
+    PyObject *fresh = PyByteArray_FromStringAndSize(NULL, 0);
+    if (fresh == NULL) return NULL;
+    if (PyByteArray_Resize(fresh, n + align) < 0) goto fail;
+    Py_ssize_t pad = (Py_ssize_t)((align - ((uintptr_t)PyByteArray_AS_STRING(fresh) & (align - 1))) & (align - 1));
+    if (pad && PySequence_DelSlice(fresh, 0, pad) < 0) goto fail;
+    if (PyByteArray_Resize(fresh, n) < 0) goto fail;
+    if (keep) memcpy(PyByteArray_AS_STRING(fresh), PyByteArray_AS_STRING(buffer), (size_t)keep);
+    return fresh;
+fail:
+    Py_DECREF(fresh);
+    return NULL;
+}
+
+/* address(buffer): where a bytearray's first byte is (tests and the store
+ * check alignment with it; no buffer export, so nothing is pinned). */
+static PyObject *py_address(PyObject *self, PyObject *buffer) {
+    if (!PyByteArray_Check(buffer)) {
+        PyErr_SetString(PyExc_TypeError, "address of a bytearray");
+        return NULL;
+    }
+    return PyLong_FromVoidPtr(PyByteArray_AS_STRING(buffer));
+}
+
 static PyMethodDef methods[] = {
+    {"realign", py_realign, METH_VARARGS, "A bytearray of n bytes starting at an aligned address, not zeroed."},
+    {"address", py_address, METH_O, "The address of a bytearray's first byte."},
     {"grow", py_grow, METH_VARARGS, "Resize a bytearray up without initialising the new bytes."},
     {"copy_runs", py_copy_runs, METH_VARARGS, "copy_spans into many destinations in one call."},
     {"copy_spans", py_copy_spans, METH_VARARGS, "Copy spans of a buffer one after the other into another."},
