@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from zlib_ng.zlib_ng import crc32
 
 import dispatcher.commitpass as commitpass
 from dispatchkit import assert_exact, new_dispatcher, new_writer, produce, read_manifest
@@ -81,21 +82,32 @@ def _segments(store, topic: str, qid: int) -> list[tuple]:  # noqa: ANN001
     return out
 
 
+@pytest.fixture(autouse=True, params=["one thread", "pieces"])
+def _threads(request, monkeypatch):  # noqa: ANN001, ANN202
+    """Every test twice: each window on one thread, and on three with its
+    runs cut into pieces of a record or two (a window here is a few KiB,
+    below what starts a thread on its own)."""
+    if request.param == "pieces":
+        real = commitpass.check_copy_runs
+        monkeypatch.setattr(commitpass, "check_copy_runs",
+                            lambda *a, **kw: real(*a, **{**kw, "threads": 3, "piece_bytes": 600}))
+
+
 @pytest.fixture
 def counted(monkeypatch):  # noqa: ANN001, ANN201
     """The records the pass validated, in the order it did: (file start, start, end)."""
     seen: list[tuple[int, int, int]] = []
-    real = commitpass.check_runs_table
+    real = commitpass.check_copy_runs
 
-    def check_runs_table(view, base, entries, table, blob, **kw):  # noqa: ANN001, ANN003, ANN202
-        out = real(view, base, entries, table, blob, **kw)
+    def check_copy_runs(view, base, entries, table, blob, dsts, **kw):  # noqa: ANN001, ANN003, ANN202
+        out, cpu = real(view, base, entries, table, blob, dsts, **kw)
         file_start = int(Path(kw["source"]).name)
         for row, k in table[:, [0, 7]].tolist():
             seen.extend((file_start, p, p + n) for p, n in zip(out[0, row:row + k].tolist(),
                                                                 out[1, row:row + k].tolist()))
-        return out
+        return out, cpu
 
-    monkeypatch.setattr(commitpass, "check_runs_table", check_runs_table)
+    monkeypatch.setattr(commitpass, "check_copy_runs", check_copy_runs)
     return seen
 
 
@@ -108,6 +120,8 @@ def _as_per_queue(local: LocalStore, job, planned: dict, *context: object):  # n
     got_job, builder, stop = planned[(job.topic, job.queue_id)]
     got = builder.build(5) if builder.count else None
     assert got_job == job and (got is None) == (want is None), (job, *context)
+    if got is not None:  # the CRC kept as the records came in: the final bytes'
+        assert got.segment.commitlog_crc == crc32(bytes(got.commitlog)), (job, *context)
     if want is not None:
         assert got.segment == want.segment and bytes(got.commitlog) == bytes(want.commitlog), (job, *context)
         assert got.consumequeue == want.consumequeue and got.index == want.index, (job, *context)
@@ -259,6 +273,7 @@ def test_a_last_entry_written_during_the_pass_is_read_again(tmp_path, clock, mon
         assert stop is None and want_stop is None
         assert got.segment == want.segment and got.consumequeue == want.consumequeue
         assert bytes(got.commitlog) == bytes(want.commitlog)
+        assert got.segment.commitlog_crc == crc32(bytes(got.commitlog))  # A1's: its builder's, begun again
     assert built[A1].segment.messages == last + 1
     assert CQ_ENTRY.unpack_from(built[A1].consumequeue, last * CQ_ENTRY_SIZE)[2] == tags ^ 0x5A5A
 
@@ -339,7 +354,7 @@ MANY = [(f"Many{i % 7}", i // 7) for i in range(70)]
 @pytest.mark.parametrize(("compiled", "scan"), [(True, 1024), (False, 1024), (True, 2)])
 def test_a_corrupt_record_in_a_window_of_many_queues_stops_only_its_queue(tmp_path, clock, monkeypatch, compiled,
                                                                           scan):
-    """70 queues interleaved in one window, checked by one ``check_runs_table``
+    """70 queues interleaved in one window, checked by one ``check_copy_runs``
     call: the queue with a corrupt body stops at that record with the typed
     error naming the CommitLog file and the record's offset, the queue with
     properties that are not UTF-8 at its record, every other queue is built
@@ -362,8 +377,8 @@ def test_a_corrupt_record_in_a_window_of_many_queues_stops_only_its_queue(tmp_pa
     _flip_body_byte(sd, *bad, 5)
     _spoil_properties(sd, *spoiled, 9)
     calls = []
-    real = commitpass.check_runs_table
-    monkeypatch.setattr(commitpass, "check_runs_table", lambda *a, **kw: calls.append(len(a[3])) or real(*a, **kw))
+    real = commitpass.check_copy_runs
+    monkeypatch.setattr(commitpass, "check_copy_runs", lambda *a, **kw: calls.append(len(a[3])) or real(*a, **kw))
     jobs = [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=0, cl_start=0, segment_bytes=1 << 20,
                      key_index=True, layout=2) for t, q in MANY]
     planned, stats = commitpass.build_pass(local, jobs)
