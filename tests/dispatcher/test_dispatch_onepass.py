@@ -327,13 +327,13 @@ def test_the_next_wave_uploads_as_soon_as_a_thread_is_free(tmp_path, clock):
     waited: list[bool] = []
 
     class Held(FileStore):
-        def put(self, key: str, data: bytes) -> None:  # type: ignore[override]
+        def put(self, key: str, data: bytes, *, crc: int | None = None) -> None:
             if "/Turn/2/segment/" in key or "/Turn/3/segment/" in key:
                 second_wave_started.set()
             if "/Turn/0/segment/" in key:
                 # lockstep waves never get there: the wait times out (False)
                 waited.append(second_wave_started.wait(timeout=30))
-            super().put(key, data)
+            super().put(key, data, crc=crc)
 
     store = Held(str(tmp_path / "cold"))
     d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0, layout=2,
