@@ -20,16 +20,24 @@ write (reput) order, for all the queues of a round's wave:
    the plain ones are found for all queues at once (``_plain_many``).
 2. ``_walk``: every queue's entries merged by physical offset (one argsort),
    cut into windows of one CommitLog file, each window's pages mapped in one
-   call and given back behind it. In a window each queue's entries are
-   checked by ``batch.check_runs_table`` (one call for all of them), exactly
-   as the per-queue read's ``check_run`` checks them, and copied into the
-   queue's ``SegmentBuilder`` buffer (one call for all of them, while the
-   pages are mapped: copying later, at the upload, would map every page
-   again for every queue whose records it holds; measured 0.19 s more for
-   64 MiB over 16 queues). The pass's per-queue state is kept as arrays
-   (``_Columns``), so a window costs array operations over its queues, not
-   Python calls a queue; each builder is handed its records' arrays once,
-   after the walk.
+   call and given back behind it. A window is one compiled call for all its
+   queues (``batch.check_copy_runs``, without the GIL): each record is
+   copied into its queue's ``SegmentBuilder`` buffer, then checked there,
+   hot in the cache, exactly as the per-queue read's ``check_run`` checks
+   it (body CRC included), and the segment's CRC-32 is continued over it:
+   the mapped CommitLog is read once, and nothing reads the segment again
+   for its CRC (the manifest's ``commitlog_crc``, and the v2 object's
+   upload checksum continued from it). The copy is made while the pages
+   are mapped: copying later, at the upload, would map every page again for
+   every queue whose records it holds (measured 0.19 s more for 64 MiB over
+   16 queues). The window's bytes are cut into pieces of whole records
+   (a queue's run too: at 16 queues a wave holds a few queues of many MiB)
+   and done on up to ``pass_threads()`` threads, the cores this process may
+   use; a piece that stops at a record the checks refuse ends its queue's
+   run there, whatever the pieces after it did. The pass's per-queue state
+   is kept as arrays (``_Columns``), so a window costs array operations
+   over its queues, not Python calls a queue; each builder is handed its
+   records' arrays and CRC once, after the walk.
 3. ``_finish``: where the pass left a queue short of its budget (a record
    ``check_run`` does not accept, a filler, the last entry, the end of a
    ConsumeQueue file, a CommitLog file gone), the per-queue read continues
@@ -342,7 +350,7 @@ class _Columns:
         self.queue_id = np.fromiter((q.job.queue_id for q in queues), np.int64, n)
         self.keyed = np.fromiter((q.job.key_index for q in queues), bool, n)
         self.tails, self.blob = run_tails([q.job.topic.encode("utf-8") for q in queues])
-        # check_runs_table's answers, each record's at its entry's row of ``every``: a
+        # check_copy_runs's answers, each record's at its entry's row of ``every``: a
         # queue's records stay in order with no sort; handed to its builder from ``given``
         self.out = np.empty((6, len(self.every)), np.int64)
         self.given = np.zeros(n, np.int64)

@@ -6,7 +6,8 @@ record pointing into the queue's own cold CommitLog byte space (absolute
 offsets, so segments can later be merged by concatenation). The hot path
 of archiving: records come in batches (``LocalStore.iter_batches``) and
 everything per record is done on arrays, except copying the bytes, hashing
-keys and one CRC over each object.
+keys and one CRC over each object (over the records, kept by the
+CommitLog pass as it copies them: ``SegmentBuilder.extend``/``crc``).
 
 Layout v2 (the default, tiered/archive/layout.py) puts the records, the entries and
 the key index in one object; the archiver adds the descriptor when it packs

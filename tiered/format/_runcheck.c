@@ -9,7 +9,9 @@
  * than a raw read of the record's bytes costs. Here a record costs its
  * CRC (zlib-ng's SIMD crc32, reached through the function pointer
  * tiered.format.batch hands over from the zlib_ng extension) and a few
- * loads. The loop runs without the GIL.
+ * loads. The loop runs without the GIL. check_copy_runs, the CommitLog
+ * pass's call, also copies each record into its segment, checks it there
+ * and keeps the segment's CRC-32, a window cut over POSIX threads.
  *
  * Layout (big-endian; DESIGN.md section 2, tiered/format/codec.py):
  *   0 size i32 | 4 magic u32 | 8 body crc i32 | 12 queue id i32 | 16 flag i32

@@ -13,6 +13,11 @@ valid; ``LocalStore`` reads that one through the field-by-field decoder,
 which accepts it (an unusual layout) or raises the typed error naming the
 file and offset. So the fast path decides nothing the decoder would not.
 
+The CommitLog pass checks the runs of all the queues of a window in one
+call that also copies each record into its queue's segment and keeps the
+segment's CRC-32 (``check_copy_runs``: compiled, the record checked on its
+copy, on several threads; else the same checks with numpy, then the copy).
+
 Record layout as indexed here (big-endian; DESIGN.md section 2)::
 
     0  total size i32 | 4 magic u32 | 8 body crc i32 | 12 queue id i32
