@@ -284,6 +284,34 @@ def test_window_widens_with_the_queues_of_a_pass():
     assert commitpass.window_bytes(1000) == commitpass.window_bytes(10_000) == 128 << 20
 
 
+def test_windows_go_on_the_cores_available_at_most_max_threads(tmp_path, clock, monkeypatch):
+    """The pass hands each window to as many threads as the cores this
+    process may run on (its affinity, not the machine's), at most
+    MAX_THREADS, or THREADS when set."""
+    import os
+
+    seen: list[int] = []
+    real = commitpass.check_copy_runs
+
+    def check_copy_runs(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        seen.append(kw["threads"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(commitpass, "check_copy_runs", check_copy_runs)
+    queues, local, _biggest = _five_queues(tmp_path, clock)
+    from dispatcher.buildpool import BuildJob
+
+    jobs = [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=0, cl_start=0, segment_bytes=1 << 20,
+                     key_index=True, layout=2) for t, q in queues]
+    for cores, configured, want in ((set(range(40)), None, commitpass.MAX_THREADS), ({3}, None, 1),
+                                    ({0, 5, 9}, None, 3), (set(range(40)), 12, 12), ({1}, 0, 1)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cores=cores: cores)
+        monkeypatch.setattr(commitpass, "THREADS", configured)
+        seen.clear()
+        planned, stats = commitpass.build_pass(local, jobs)
+        assert seen and set(seen) == {want} and stats.records == 100, (cores, configured)
+
+
 def _five_queues(tmp_path: Path, clock) -> tuple[list[tuple[str, int]], LocalStore, int]:  # noqa: ANN001
     """Five queues of 20 small messages; the pending bytes of the biggest."""
     queues = [("Turn", q) for q in range(5)]
