@@ -98,7 +98,6 @@ def pass_threads() -> int:
     return max(1, min(MAX_THREADS, len(os.sched_getaffinity(0))))
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class PassStats:
     """What one pass read: for benchmarks and for the tests that prove the
