@@ -391,6 +391,49 @@ static int64_t run_pieces(copy_job_t *job, int threads) {
     return cpu_ns;
 }
 
+/* Run ``row`` of the table (checked) set up over ``views`` (view, entries,
+ * tails, table, out), with how many of its leading entries name a record
+ * inside the view; returns their bytes, the room its destination needs. */
+static int64_t plan_run(copy_run_t *cr, const int64_t *row, const Py_buffer *views, int64_t base, int verify_crc,
+                        Py_ssize_t count) {
+    run_t *one = &cr->run;
+    one->buf = views[0].buf;
+    one->len = views[0].len;
+    one->base = base;
+    one->entries = (const uint8_t *)views[1].buf + row[0] * CQ_ENTRY;
+    one->count = (Py_ssize_t)row[1];
+    one->tail = (const uint8_t *)views[2].buf + row[5];
+    one->tail_len = row[6] + 2;
+    one->magic = (uint32_t)row[4];
+    one->queue_id = (int32_t)row[2];
+    one->first_offset = row[3];
+    one->verify_crc = verify_crc;
+    for (int k = 0; k < OUTPUTS; k++) one->out[k] = (int64_t *)views[4].buf + k * count + row[0];
+    cr->crc = (uint32_t)row[9];
+    int64_t need = 0;
+    /* as check_run: no record is plainly valid in a view shorter than a fixed part */
+    if (one->len >= FIXED_V4)
+        for (; cr->planned < one->count; cr->planned++) {
+            const uint8_t *entry = one->entries + cr->planned * CQ_ENTRY;
+            const int64_t size = (int32_t)load32(entry + 8);
+            if (!inside_view(one, size, (int64_t)load64(entry) - base)) break;
+            need += size;
+        }
+    return need;
+}
+
+/* The threads for a window of ``total`` bytes (at most ``threads``) and the
+ * bytes a piece (``piece`` when given, else a share of the window). */
+static int piece_plan(int64_t total, int threads, int64_t piece, int64_t *target) {
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (piece <= 0 && threads > total / MIN_THREAD_BYTES) threads = (int)(total / MIN_THREAD_BYTES);
+    if (threads < 1) threads = 1;
+    /* one thread: a piece a run, whole; else about PIECES_PER_THREAD pieces a thread */
+    *target = piece > 0 ? piece : threads == 1 ? INT64_MAX : total / (threads * PIECES_PER_THREAD);
+    if (piece <= 0 && *target < MIN_PIECE) *target = MIN_PIECE;
+    return threads;
+}
+
 /* check_copy_runs(view, base, entries, runs, tails, verify_crc, out, dsts, threads, piece) -> int
  * Many queues' runs of one window in one call (at 1,000 queues a call per
  * queue cost more than its records). ``entries``: the runs' ConsumeQueue
@@ -414,8 +457,7 @@ static int64_t run_pieces(copy_job_t *job, int threads) {
  * the CPU nanoseconds of the threads it started. */
 static PyObject *py_check_copy_runs(PyObject *self, PyObject *args) {
     PyObject *view_obj, *entries_obj, *runs_obj, *tails_obj, *out_obj, *dsts_obj;
-    long long base;
-    long long piece;
+    long long base, piece;
     int verify_crc, threads;
     if (!PyArg_ParseTuple(args, "OLOOOpOO!iL", &view_obj, &base, &entries_obj, &runs_obj, &tails_obj, &verify_crc,
                           &out_obj, &PyList_Type, &dsts_obj, &threads, &piece))
@@ -451,11 +493,9 @@ static PyObject *py_check_copy_runs(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    const uint8_t *entries = views[1].buf, *tails = views[2].buf;
-    int64_t *out = views[4].buf;
     int64_t total = 0;
     for (Py_ssize_t r = 0; r < nruns; r++) {
-        int64_t *row = table + r * COPY_FIELDS;
+        const int64_t *row = table + r * COPY_FIELDS;
         if (row[0] < 0 || row[1] < 0 || row[0] > count - row[1] || row[5] < 0 || row[6] < 0
             || row[5] > views[2].len - row[6] || row[4] < 0 || row[4] > 0xFFFFFFFFLL
             || row[2] < INT32_MIN || row[2] > INT32_MAX || row[9] < 0 || row[9] > 0xFFFFFFFFLL) {
@@ -464,46 +504,18 @@ static PyObject *py_check_copy_runs(PyObject *self, PyObject *args) {
         }
         if (PyObject_GetBuffer(PyList_GET_ITEM(dsts_obj, r), &dsts[r], PyBUF_WRITABLE) != 0) goto done;
         dsts_held++;
-        copy_run_t *cr = &runs[r];
-        run_t *one = &cr->run;
-        one->buf = views[0].buf;
-        one->len = views[0].len;
-        one->base = base;
-        one->entries = entries + row[0] * CQ_ENTRY;
-        one->count = (Py_ssize_t)row[1];
-        one->tail = tails + row[5];
-        one->tail_len = row[6] + 2;
-        one->magic = (uint32_t)row[4];
-        one->queue_id = (int32_t)row[2];
-        one->first_offset = row[3];
-        one->verify_crc = verify_crc;
-        for (int k = 0; k < OUTPUTS; k++) one->out[k] = out + k * count + row[0];
-        cr->crc = (uint32_t)row[9];
-        /* as check_run: no record is plainly valid in a view shorter than a fixed part */
-        int64_t need = 0;
-        if (one->len >= FIXED_V4)
-            for (; cr->planned < one->count; cr->planned++) {
-                const uint8_t *entry = one->entries + cr->planned * CQ_ENTRY;
-                const int64_t size = (int32_t)load32(entry + 8);
-                if (!inside_view(one, size, (int64_t)load64(entry) - base)) break;
-                need += size;
-            }
+        const int64_t need = plan_run(&runs[r], row, views, base, verify_crc, count);
         if (row[8] < 0 || row[8] > dsts[r].len || need > dsts[r].len - row[8]) {
             PyErr_Format(PyExc_ValueError, "run %zd: its records do not fit its destination", r);
             goto done;
         }
-        cr->dst = (uint8_t *)dsts[r].buf + row[8];
+        runs[r].dst = (uint8_t *)dsts[r].buf + row[8];
         total += need;
     }
-    if (threads > MAX_THREADS) threads = MAX_THREADS;
-    if (piece <= 0 && threads > total / MIN_THREAD_BYTES) threads = (int)(total / MIN_THREAD_BYTES);
-    if (threads < 1) threads = 1;
-    /* one thread: a piece a run, whole; else about PIECES_PER_THREAD pieces a thread */
-    int64_t target = piece > 0 ? piece : threads == 1 ? INT64_MAX : total / (threads * PIECES_PER_THREAD);
-    if (piece <= 0 && target < MIN_PIECE) target = MIN_PIECE;
-    int64_t most = 0;
+    int64_t target;
+    threads = piece_plan(total, threads, piece, &target);
+    int64_t most = total / target + 1;  /* a cut inside a run comes after at least ``target`` bytes */
     for (Py_ssize_t r = 0; r < nruns; r++) most += runs[r].planned ? 1 : 0;
-    most += total / target + 1;  /* a cut inside a run comes after at least ``target`` bytes */
     pieces = PyMem_Calloc((size_t)most, sizeof(piece_t));
     if (pieces == NULL) {
         PyErr_NoMemory();
