@@ -1,5 +1,6 @@
 """The one thing pyproject.toml cannot say yet without an experimental table:
-the read path's run check in C (tiered/format/_runcheck.c) and the key
+the read path's run check in C (tiered/format/_runcheck.c, with the
+CommitLog pass's check-and-copy on POSIX threads) and the key
 index's key scan in C (tiered/format/_keyscan.c). Optional: an install
 without a C compiler still succeeds and works with numpy instead
 (tiered.format.batch and tiered.format.keyindex pick the path at import)."""
@@ -7,6 +8,6 @@ without a C compiler still succeeds and works with numpy instead
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("tiered.format._runcheck", ["tiered/format/_runcheck.c"], optional=True,
-                             extra_compile_args=["-O2"]),
+                             extra_compile_args=["-O2", "-pthread"], extra_link_args=["-pthread"]),
                    Extension("tiered.format._keyscan", ["tiered/format/_keyscan.c"], optional=True,
                              extra_compile_args=["-O2"])])

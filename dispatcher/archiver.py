@@ -23,10 +23,11 @@ from dispatcher.firststarts import FirstStarts, starts_path
 from dispatcher.segment import SEGMENT_BUFFERS, BuiltSegment
 from tiered.clock import Clock
 from tiered.archive.coldtier import ColdTier, ConflictError
+from tiered.format.codec import crc32
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, FencedError, StoreBehindError, TieredError
 from tiered.store.localstore import LocalStore
 from tiered.archive import segmeta
-from tiered.archive.manifest import Gap, Manifest, queue_prefix
+from tiered.archive.manifest import Gap, Manifest, Segment, queue_prefix
 from tiered.recorder import Recorder
 from tiered.timeparse import parse_time_ms
 
@@ -422,13 +423,13 @@ class QueueArchiver:
             # one PUT: records, entries, index and descriptor in one object
             packed = segmeta.pack_v2(built.commitlog, built.consumequeue, built.index, desc, built.compression,
                                      consume=True)  # the built segment is not used again
-            store.put(seg.keys()[0], packed)
+            store.put(seg.keys()[0], packed, crc=_object_crc(packed, seg, built.compression))
             seg = replace(seg, stored_bytes=len(packed))  # the manifest knows it, the descriptor cannot
             if packed is built.commitlog:  # uploaded: its mapped pages serve a next segment
                 SEGMENT_BUFFERS.give(packed, holders=2)  # this name and the built segment's
         else:
             # The ConsumeQueue object last: its descriptor promises the others exist.
-            store.put(seg.commitlog_key, built.commitlog)
+            store.put(seg.commitlog_key, built.commitlog, crc=seg.commitlog_crc)  # the object is the segment's bytes
             if built.index is not None and seg.index_key:
                 store.put(seg.index_key, built.index)
             store.put(seg.consumequeue_key, segmeta.attach(built.consumequeue, desc))
@@ -493,3 +494,14 @@ class QueueArchiver:
         if manifest is None:
             return
         self.recorder.cold_tier(topic, queue_id, manifest.nbytes, len(manifest.segments), manifest.min_store_ms)
+
+
+def _object_crc(packed: bytes | bytearray, seg: Segment, compression: str) -> int | None:
+    """The CRC-32 of a v2 object, for its upload's checksum: an uncompressed
+    one is the segment's bytes and a tail behind them, so it is the
+    segment's CRC (kept as its records were copied in) continued over the
+    tail, not all of it read again. None for a compressed one."""
+    if compression != "none":
+        return None
+    with memoryview(packed) as view:
+        return crc32(view[seg.nbytes:], seg.commitlog_crc)

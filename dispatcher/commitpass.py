@@ -20,16 +20,24 @@ write (reput) order, for all the queues of a round's wave:
    the plain ones are found for all queues at once (``_plain_many``).
 2. ``_walk``: every queue's entries merged by physical offset (one argsort),
    cut into windows of one CommitLog file, each window's pages mapped in one
-   call and given back behind it. In a window each queue's entries are
-   checked by ``batch.check_runs_table`` (one call for all of them), exactly
-   as the per-queue read's ``check_run`` checks them, and copied into the
-   queue's ``SegmentBuilder`` buffer (one call for all of them, while the
-   pages are mapped: copying later, at the upload, would map every page
-   again for every queue whose records it holds; measured 0.19 s more for
-   64 MiB over 16 queues). The pass's per-queue state is kept as arrays
-   (``_Columns``), so a window costs array operations over its queues, not
-   Python calls a queue; each builder is handed its records' arrays once,
-   after the walk.
+   call and given back behind it. A window is one compiled call for all its
+   queues (``batch.check_copy_runs``, without the GIL): each record is
+   copied into its queue's ``SegmentBuilder`` buffer, then checked there,
+   hot in the cache, exactly as the per-queue read's ``check_run`` checks
+   it (body CRC included), and the segment's CRC-32 is continued over it:
+   the mapped CommitLog is read once, and nothing reads the segment again
+   for its CRC (the manifest's ``commitlog_crc``, and the v2 object's
+   upload checksum continued from it). The copy is made while the pages
+   are mapped: copying later, at the upload, would map every page again for
+   every queue whose records it holds (measured 0.19 s more for 64 MiB over
+   16 queues). The window's bytes are cut into pieces of whole records
+   (a queue's run too: at 16 queues a wave holds a few queues of many MiB)
+   and done on up to ``pass_threads()`` threads, the cores this process may
+   use; a piece that stops at a record the checks refuse ends its queue's
+   run there, whatever the pieces after it did. The pass's per-queue state
+   is kept as arrays (``_Columns``), so a window costs array operations
+   over its queues, not Python calls a queue; each builder is handed its
+   records' arrays and CRC once, after the walk.
 3. ``_finish``: where the pass left a queue short of its budget (a record
    ``check_run`` does not accept, a filler, the last entry, the end of a
    ConsumeQueue file, a CommitLog file gone), the per-queue read continues
@@ -44,6 +52,7 @@ first record of a segment is taken whatever its size"), same bytes.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,7 +62,7 @@ import numpy as np
 from dispatcher.buildpool import BuildJob
 from dispatcher.segment import SegmentBuilder
 from tiered.errors import CorruptRecordError, ExpiredLocallyError
-from tiered.format.batch import CQ_DTYPE, RUN_FIELDS, RecordBatch, check_runs_table, copy_runs, run_tails
+from tiered.format.batch import COPY_FIELDS, CQ_DTYPE, RecordBatch, check_copy_runs, run_tails
 from tiered.format.keyindex import BadProperties, record_key_hashes
 from tiered.format.codec import CQ_ENTRY_SIZE, CQ_FILLER_SIZE
 from tiered.store.localstore import LocalStore
@@ -75,6 +84,19 @@ def window_bytes(queues: int) -> int:
 # a window's pages are mapped at once when the records read fill at least 1/_DENSE of it
 _DENSE = 4
 
+# Threads checking and copying a window (without the GIL, in the compiled call):
+# THREADS when set, else the cores this process may run on, at most MAX_THREADS
+# (a window's copy is bound by memory bandwidth well before that).
+THREADS: int | None = None
+MAX_THREADS = 8
+
+
+def pass_threads() -> int:
+    """The threads a pass's windows are checked and copied on."""
+    if THREADS is not None:
+        return max(1, THREADS)
+    return max(1, min(MAX_THREADS, len(os.sched_getaffinity(0))))
+
 
 @dataclass(frozen=True, kw_only=True)
 class PassStats:
@@ -87,8 +109,9 @@ class PassStats:
     windows: int = 0
     continued: int = 0  # queues the per-queue read finished
     seconds: float = 0.0
-    # the pass's own CPU (it runs in one thread): its wall time also counts
-    # waiting for the GIL while upload threads run Python
+    # the pass's own CPU (its thread's, and the threads its windows started
+    # in the compiled call): its wall time also counts waiting for the GIL
+    # while upload threads run Python
     cpu_seconds: float = 0.0
 
 
@@ -125,7 +148,7 @@ def build_pass(local: LocalStore, jobs: list[BuildJob]) -> tuple[dict[tuple[str,
     phys_limit = confirmed if confirmed is not None else NO_LIMIT
     local.commitlog.refresh()  # files the broker started or deleted since the last look
     queues = _gather(local, jobs, phys_limit)
-    records, nbytes, windows = _walk(local, queues)
+    records, nbytes, windows, helpers_cpu = _walk(local, queues)
     out: dict[tuple[str, int], Planned] = {}
     continued = 0
     for q in queues:
@@ -135,7 +158,8 @@ def build_pass(local: LocalStore, jobs: list[BuildJob]) -> tuple[dict[tuple[str,
             local.release_queue(q.job.topic, q.job.queue_id)  # what the per-queue read mapped
         out[(q.job.topic, q.job.queue_id)] = (q.job, q.builder, q.stop)
     stats = PassStats(queues=len(jobs), records=records, nbytes=nbytes, windows=windows, continued=continued,
-                      seconds=time.perf_counter() - started, cpu_seconds=time.thread_time() - cpu)
+                      seconds=time.perf_counter() - started,
+                      cpu_seconds=time.thread_time() - cpu + helpers_cpu)
     return out, stats
 
 
@@ -316,6 +340,7 @@ class _Columns:
         self.limit = np.fromiter((q.limit for q in queues), np.int64, n)
         self.taken = np.zeros(n, np.int64)
         self.filled = np.fromiter((q.builder.nbytes for q in queues), np.int64, n)  # bytes in its buffer
+        self.crc = np.fromiter((q.builder.crc() for q in queues), np.int64, n)  # CRC-32 of those bytes
         self.stopped = np.zeros(n, bool)  # stopped by the fallback's own key search
         # each builder's buffer (``SegmentBuilder.buffer``) and its length, asked once
         self.buffers = [q.builder.buffer(q.builder.nbytes) for q in queues]
@@ -324,7 +349,7 @@ class _Columns:
         self.queue_id = np.fromiter((q.job.queue_id for q in queues), np.int64, n)
         self.keyed = np.fromiter((q.job.key_index for q in queues), bool, n)
         self.tails, self.blob = run_tails([q.job.topic.encode("utf-8") for q in queues])
-        # check_runs_table's answers, each record's at its entry's row of ``every``: a
+        # check_copy_runs's answers, each record's at its entry's row of ``every``: a
         # queue's records stay in order with no sort; handed to its builder from ``given``
         self.out = np.empty((6, len(self.every)), np.int64)
         self.given = np.zeros(n, np.int64)
@@ -348,10 +373,11 @@ class _Columns:
         lo, hi = self.first[due] + self.given[due], self.first[due] + self.taken[due]
         k_lo, k_hi = np.searchsorted(rows, lo).tolist(), np.searchsorted(rows, hi).tolist()
         sizes, tags, store, born = self.out[1], self.out[2], self.out[3], self.out[4]
-        for qi, first, r_lo, r_hi, a, b, end in zip(due.tolist(), self.first[due].tolist(), lo.tolist(),
-                                                    hi.tolist(), k_lo, k_hi, self.filled[due].tolist()):
+        for qi, first, r_lo, r_hi, a, b, end, crc in zip(due.tolist(), self.first[due].tolist(), lo.tolist(),
+                                                         hi.tolist(), k_lo, k_hi, self.filled[due].tolist(),
+                                                         self.crc[due].tolist()):
             self.queues[qi].builder.extend(end, sizes[r_lo:r_hi], tags[r_lo:r_hi], store[r_lo:r_hi],
-                                           born[r_lo:r_hi], rows[a:b] - first, hashes[a:b])
+                                           born[r_lo:r_hi], rows[a:b] - first, hashes[a:b], crc=crc)
         self.given[due] = self.taken[due]
 
     def settle(self) -> None:
@@ -361,14 +387,18 @@ class _Columns:
             q.limit, q.taken = limit, taken
 
 
-def _walk(local: LocalStore, queues: list[_Queue]) -> tuple[int, int, int]:
+def _walk(local: LocalStore, queues: list[_Queue]) -> tuple[int, int, int, float]:
     """Every queue's plain entries read in physical order, window by window.
-    Returns (records, bytes, windows) read."""
+    Returns (records, bytes, windows) read and the CPU seconds of the
+    threads the windows started."""
     counts = [q.limit for q in queues]
     if not sum(counts):
-        return 0, 0, 0
+        return 0, 0, 0, 0.0
     cols = _Columns(queues)
     phys, size = cols.every["phys"].astype(np.int64), cols.every["size"].astype(np.int64)
+    before = np.zeros(len(size) + 1, np.int64)  # the bytes of the entries before each one
+    np.cumsum(size, out=before[1:])
+    threads = pass_threads()
     owner = np.repeat(np.arange(len(queues)), counts)
     index = np.arange(len(phys)) - np.repeat(cols.first, counts)  # in its queue's entries
     order = np.argsort(phys, kind="stable")
@@ -382,6 +412,7 @@ def _walk(local: LocalStore, queues: list[_Queue]) -> tuple[int, int, int]:
     key = file_at * (1 << 40) + np.where(file_at >= 0, phys - starts[np.maximum(file_at, 0)], 0) // width
     cuts = np.flatnonzero(key[1:] != key[:-1]) + 1
     records = nbytes = windows = 0
+    helpers_cpu = 0.0
     for lo, hi in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(phys)])).tolist()):
         f = int(file_at[lo])
         w_phys, w_size, w_owner, w_index = phys[lo:hi], size[lo:hi], owner[lo:hi], index[lo:hi]
@@ -402,14 +433,15 @@ def _walk(local: LocalStore, queues: list[_Queue]) -> tuple[int, int, int]:
             commitlog.populate(base, r_lo, r_hi)
         source = str(commitlog.path(base))
         try:
-            n, b = _window(cols, view, base, source, w_owner, w_index)
+            n, b, cpu = _window(cols, view, base, source, w_owner, w_index, before, threads)
         finally:
             commitlog.release(base, r_lo, r_hi)  # the builders copied what they keep
         records += n
         nbytes += b
         windows += 1
+        helpers_cpu += cpu
     cols.settle()
-    return records, nbytes, windows
+    return records, nbytes, windows, helpers_cpu
 
 
 _RAW = np.dtype(f"V{CQ_DTYPE.itemsize}")
@@ -429,12 +461,16 @@ def _ragged(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(starts - (ends - counts), counts)
 
 
-def _window(cols: _Columns, view: memoryview, base: int, source: str, owners: np.ndarray,
-            indices: np.ndarray) -> tuple[int, int]:
-    """Each queue's entries of one window, checked as ``check_run`` checks
-    them, every queue's run in one call (a queue's entries in a window are
-    consecutive), their keys found at once for the whole window, then copied
-    into their builders' buffers in one call. Returns (records, bytes)."""
+def _window(cols: _Columns, view: memoryview, base: int, source: str, owners: np.ndarray, indices: np.ndarray,
+            before: np.ndarray, threads: int) -> tuple[int, int, float]:
+    """Each queue's entries of one window checked as ``check_run`` checks
+    them and copied into their builders' buffers, each segment's CRC-32
+    continued over the records kept: every queue's run in one compiled call
+    (a queue's entries in a window are consecutive), cut by bytes over
+    ``threads`` threads; their keys then found at once for the whole window.
+    ``before``: the bytes of ``cols.every``'s entries before each row (and
+    after the last). Returns (records, bytes, CPU seconds of the threads
+    started)."""
     by_queue = np.argsort(owners, kind="stable")
     owners, indices = owners.take(by_queue), indices.take(by_queue)
     cuts = np.flatnonzero(owners[1:] != owners[:-1]) + 1
@@ -444,22 +480,29 @@ def _window(cols: _Columns, view: memoryview, base: int, source: str, owners: np
     go = ~cols.stopped[qs] & (i0 == cols.taken[qs]) & (i1 > i0)  # else stopped earlier: the per-queue read's
     qs, i0, counts = qs[go], i0[go], (i1 - i0)[go]
     if not len(qs):
-        return 0, 0
-    table = np.empty((len(qs), RUN_FIELDS), np.int64)
-    table[:, 0] = cols.first[qs] + i0  # each run's rows of ``every``, whose answers go to the same rows of ``out``
+        return 0, 0, 0.0
+    rows = cols.first[qs] + i0  # each run's rows of ``every``, whose answers go to the same rows of ``out``
+    at = cols.filled[qs]
+    _room(cols, qs, at + before[rows + counts] - before[rows])
+    table = np.empty((len(qs), COPY_FIELDS), np.int64)
+    table[:, 0] = rows
     table[:, 1] = np.where(cols.tails[qs, 0] != 0, counts, 0)  # a topic no record can hold: a run of none
     table[:, 2] = cols.queue_id[qs]
     table[:, 3] = cols.start[qs] + i0
     table[:, 4:7] = cols.tails[qs]
-    # every queue's run checked in one call (a call a queue cost more than its records at 1,000 queues)
-    check_runs_table(view, base, cols.every, table, cols.blob, source=source, out=cols.out)
+    table[:, 8] = at
+    table[:, 9] = cols.crc[qs]
+    buffers = cols.buffers
+    # every queue's run in one call (a call a queue cost more than its records at 1,000 queues)
+    _out, helpers_cpu = check_copy_runs(view, base, cols.every, table, cols.blob, [buffers[qi] for qi in qs.tolist()],
+                                        source=source, out=cols.out, threads=threads)
     k = table[:, 7]
     short = k < counts
     cols.limit[qs[short]] = i0[short] + k[short]  # the per-queue read decides the next
     some = k > 0
-    qs, i0, k, rows = qs[some], i0[some], k[some], table[some, 0]
+    qs, i0, k, rows, kept, crcs = qs[some], i0[some], k[some], rows[some], table[some, 10], table[some, 9]
     if not len(qs):
-        return 0, 0
+        return 0, 0, helpers_cpu
     taken = _ragged(rows, k)  # the records taken, run after run: their rows of ``out``
     pos = cols.out[0].take(taken)
     ends = pos + cols.out[1].take(taken)
@@ -467,12 +510,15 @@ def _window(cols: _Columns, view: memoryview, base: int, source: str, owners: np
     try:
         keys = _window_keys(view, pos, ends, cols.out[5].take(taken), run_of, cols.keyed[qs])
     except BadProperties:
-        return _window_one_by_one(cols, view, source, cols.out[:, taken], qs, i0, k)
-    total = _copy(cols, view, pos, ends, qs, k)
+        # the copies made are not counted: the builders add these records again, one queue at a time
+        return (*_window_one_by_one(cols, view, source, cols.out[:, taken], qs, i0, k), helpers_cpu)
+    cols.filled[qs] = at[some] + kept
+    cols.crc[qs] = crcs
+    cols.taken[qs] += k
     if keys is not None:
-        at, hashes = keys
-        cols.keys.append((taken.take(at), hashes))
-    return int(k.sum()), total
+        got, hashes = keys
+        cols.keys.append((taken.take(got), hashes))
+    return int(k.sum()), int(kept.sum()), helpers_cpu
 
 
 def _window_keys(view: memoryview, pos: np.ndarray, ends: np.ndarray, props: np.ndarray, run_of: np.ndarray,
@@ -490,25 +536,14 @@ def _window_keys(view: memoryview, pos: np.ndarray, ends: np.ndarray, props: np.
     return rows.take(at), hashes
 
 
-def _copy(cols: _Columns, view: memoryview, pos: np.ndarray, ends: np.ndarray, qs: np.ndarray, k: np.ndarray) -> int:
-    """The window's records taken (run after run) copied into their queues'
-    buffers, in one call. Returns the bytes copied."""
-    bounds = np.zeros(len(qs) + 1, np.int64)
-    np.cumsum(k, out=bounds[1:])
-    done = np.cumsum(ends - pos)
-    run_bytes = np.diff(done[bounds[1:] - 1], prepend=0)
-    at = cols.filled[qs]
-    need = at + run_bytes
+def _room(cols: _Columns, qs: np.ndarray, need: np.ndarray) -> None:
+    """The buffers of queues ``qs`` grown to ``need`` bytes where they are
+    shorter (the room was reserved for every entry the pass reads: never,
+    unless that changed)."""
     short = need > cols.room[qs]
-    if short.any():  # the room was reserved for every entry the pass reads: never, unless that changed
-        for qi, end in zip(qs[short].tolist(), need[short].tolist()):
-            cols.buffers[qi] = cols.queues[qi].builder.buffer(end)
-            cols.room[qi] = len(cols.buffers[qi])
-    buffers = cols.buffers
-    copy_runs(view, [buffers[qi] for qi in qs.tolist()], at, pos, ends, bounds)
-    cols.filled[qs] = at + run_bytes
-    cols.taken[qs] += k
-    return int(done[-1])
+    for qi, end in zip(qs[short].tolist(), need[short].tolist()):
+        cols.buffers[qi] = cols.queues[qi].builder.buffer(end)
+        cols.room[qi] = len(cols.buffers[qi])
 
 
 def _window_one_by_one(cols: _Columns, view: memoryview, source: str, out: np.ndarray, qs: np.ndarray,
@@ -533,6 +568,7 @@ def _window_one_by_one(cols: _Columns, view: memoryview, source: str, out: np.nd
         nbytes += q.builder.nbytes - had
         cols.taken[qi] = cols.given[qi] = q.builder.count  # the builder holds them already
         cols.filled[qi] = q.builder.nbytes
+        cols.crc[qi] = q.builder.crc()  # continued over the bytes ``add`` copied
         cols.buffers[qi] = q.builder.buffer(q.builder.nbytes)  # ``add`` may have grown it
         cols.room[qi] = len(cols.buffers[qi])
     return records, nbytes

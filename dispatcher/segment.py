@@ -6,7 +6,8 @@ record pointing into the queue's own cold CommitLog byte space (absolute
 offsets, so segments can later be merged by concatenation). The hot path
 of archiving: records come in batches (``LocalStore.iter_batches``) and
 everything per record is done on arrays, except copying the bytes, hashing
-keys and one CRC over each object.
+keys and one CRC over each object (over the records, kept by the
+CommitLog pass as it copies them: ``SegmentBuilder.extend``/``crc``).
 
 Layout v2 (the default, tiered/archive/layout.py) puts the records, the entries and
 the key index in one object; the archiver adds the descriptor when it packs
@@ -180,6 +181,10 @@ class SegmentBuilder:
         self.compression = compression
         self._cl = bytearray()  # the records' bytes in [:_n]; the rest is room reserved
         self._n = 0
+        # CRC-32 of _cl[:_crc_end]: kept by a caller that computed it as it copied
+        # (``extend``), continued over the rest by ``crc`` (at the build)
+        self._crc = 0
+        self._crc_end = 0
         self._sizes: list[np.ndarray] = []
         self._tags: list[np.ndarray] = []
         self._store: list[np.ndarray] = []
@@ -247,17 +252,32 @@ class SegmentBuilder:
         return self._cl
 
     def extend(self, end: int, sizes: np.ndarray, tags: np.ndarray, store_ms: np.ndarray, born_ms: np.ndarray,
-               key_offsets: np.ndarray | None, key_hashes: np.ndarray | None) -> None:
+               key_offsets: np.ndarray | None, key_hashes: np.ndarray | None, *, crc: int | None = None) -> None:
         """Records the caller copied into ``buffer(end)`` from ``nbytes`` up to
         ``end``: their sizes, tags and times, and their keys (queue offset -
-        ``q_start``, hash), as ``add`` keeps them."""
+        ``q_start``, hash), as ``add`` keeps them. ``crc``: the CRC-32 of the
+        segment's bytes up to ``end``, computed as they were copied (the
+        CommitLog pass's, from ``crc()``): the build does not read them again
+        for it."""
         if end - self._n != int(sizes.sum()):
             raise ValueError(f"records of {int(sizes.sum())} bytes extend {self._n} to {end}")
         if key_offsets is not None and key_hashes is not None and len(key_offsets):
             self._key_offsets.append(key_offsets)
             self._key_hashes.append(key_hashes)
         self._n = end
+        if crc is not None:
+            self._crc, self._crc_end = crc, end
         self._append(sizes, tags, store_ms, born_ms)
+
+    def crc(self) -> int:
+        """The CRC-32 of the segment's bytes so far: the one ``extend`` was
+        given, continued over the bytes added since (``add``'s, read once
+        here)."""
+        if self._crc_end < self._n:
+            with memoryview(self._cl) as cl:  # released before the buffer may move
+                self._crc = crc32(cl[self._crc_end:self._n], self._crc)
+            self._crc_end = self._n
+        return self._crc
 
     def reserve(self, nbytes: int, records: int = 0) -> None:
         """Room for ``nbytes`` more record bytes of ``records`` records,
@@ -302,6 +322,7 @@ class SegmentBuilder:
         q_end = self.q_start + self.count
         sizes = np.concatenate(self._sizes)
         used = self._n
+        cl_crc = self.crc()
         cl, self._cl, self._n = self._cl, bytearray(), 0  # handed over, not copied: the builder is done
         del cl[used:]  # the room reserved and not filled
         cl_end = self.cl_start + len(cl)
@@ -334,7 +355,7 @@ class SegmentBuilder:
             min_store_ms=int(store.min()), max_store_ms=int(store.max()),
             min_born_ms=int(born.min()), max_born_ms=int(born.max()),
             commitlog_key=cl_key, consumequeue_key=cq_key, index_key=ix_key if index else None,
-            commitlog_crc=crc32(cl), consumequeue_crc=crc32(cq), created_ms=now_ms, bloom=bloom,
+            commitlog_crc=cl_crc, consumequeue_crc=crc32(cq), created_ms=now_ms, bloom=bloom,
         )
         return BuiltSegment(segment=seg, commitlog=cl, consumequeue=cq, index=index,
                             compression=self.compression)

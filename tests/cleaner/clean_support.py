@@ -104,8 +104,8 @@ class StoreEvents:
     def attach(self, store: ObjectStore) -> ObjectStore:
         raw_put, raw_put_if, raw_delete = store._raw_put, store._raw_put_if, store._raw_delete
 
-        def put(key: str, data: bytes) -> str:
-            out = raw_put(key, data)
+        def put(key: str, data: bytes, *crc: int) -> str:
+            out = raw_put(key, data, *crc)
             self.events.append(Event("put", key, self.clock.now_ms()))
             return out
 

@@ -119,9 +119,9 @@ def test_faults_at_the_storage_interface_on_file(tmp_path, clock, recorder):
             if rng.random() < 0.25:
                 raise rng.choice([OSError(errno.EIO, "I/O error"), OSError(errno.EBUSY, "busy"), TimeoutError()])
 
-        def _raw_put(self, key, data):  # noqa: ANN001, ANN202
+        def _raw_put(self, key, data, crc=None):  # noqa: ANN001, ANN202
             self._maybe_fail()
-            return super()._raw_put(key, data)
+            return super()._raw_put(key, data, crc)
 
         def _raw_put_if(self, key, data, etag):  # noqa: ANN001, ANN202
             self._maybe_fail()

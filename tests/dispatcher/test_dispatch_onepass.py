@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from zlib_ng.zlib_ng import crc32
 
 import dispatcher.commitpass as commitpass
 from dispatchkit import assert_exact, new_dispatcher, new_writer, produce, read_manifest
@@ -81,21 +82,32 @@ def _segments(store, topic: str, qid: int) -> list[tuple]:  # noqa: ANN001
     return out
 
 
+@pytest.fixture(autouse=True, params=["one thread", "pieces"])
+def _threads(request, monkeypatch):  # noqa: ANN001, ANN202
+    """Every test twice: each window on one thread, and on three with its
+    runs cut into pieces of a record or two (a window here is a few KiB,
+    below what starts a thread on its own)."""
+    if request.param == "pieces":
+        real = commitpass.check_copy_runs
+        monkeypatch.setattr(commitpass, "check_copy_runs",
+                            lambda *a, **kw: real(*a, **{**kw, "threads": 3, "piece_bytes": 600}))
+
+
 @pytest.fixture
 def counted(monkeypatch):  # noqa: ANN001, ANN201
     """The records the pass validated, in the order it did: (file start, start, end)."""
     seen: list[tuple[int, int, int]] = []
-    real = commitpass.check_runs_table
+    real = commitpass.check_copy_runs
 
-    def check_runs_table(view, base, entries, table, blob, **kw):  # noqa: ANN001, ANN003, ANN202
-        out = real(view, base, entries, table, blob, **kw)
+    def check_copy_runs(view, base, entries, table, blob, dsts, **kw):  # noqa: ANN001, ANN003, ANN202
+        out, cpu = real(view, base, entries, table, blob, dsts, **kw)
         file_start = int(Path(kw["source"]).name)
         for row, k in table[:, [0, 7]].tolist():
             seen.extend((file_start, p, p + n) for p, n in zip(out[0, row:row + k].tolist(),
                                                                 out[1, row:row + k].tolist()))
-        return out
+        return out, cpu
 
-    monkeypatch.setattr(commitpass, "check_runs_table", check_runs_table)
+    monkeypatch.setattr(commitpass, "check_copy_runs", check_copy_runs)
     return seen
 
 
@@ -108,6 +120,8 @@ def _as_per_queue(local: LocalStore, job, planned: dict, *context: object):  # n
     got_job, builder, stop = planned[(job.topic, job.queue_id)]
     got = builder.build(5) if builder.count else None
     assert got_job == job and (got is None) == (want is None), (job, *context)
+    if got is not None:  # the CRC kept as the records came in: the final bytes'
+        assert got.segment.commitlog_crc == crc32(bytes(got.commitlog)), (job, *context)
     if want is not None:
         assert got.segment == want.segment and bytes(got.commitlog) == bytes(want.commitlog), (job, *context)
         assert got.consumequeue == want.consumequeue and got.index == want.index, (job, *context)
@@ -259,6 +273,7 @@ def test_a_last_entry_written_during_the_pass_is_read_again(tmp_path, clock, mon
         assert stop is None and want_stop is None
         assert got.segment == want.segment and got.consumequeue == want.consumequeue
         assert bytes(got.commitlog) == bytes(want.commitlog)
+        assert got.segment.commitlog_crc == crc32(bytes(got.commitlog))  # A1's: its builder's, begun again
     assert built[A1].segment.messages == last + 1
     assert CQ_ENTRY.unpack_from(built[A1].consumequeue, last * CQ_ENTRY_SIZE)[2] == tags ^ 0x5A5A
 
@@ -267,6 +282,34 @@ def test_window_widens_with_the_queues_of_a_pass():
     assert commitpass.window_bytes(1) == commitpass.window_bytes(256) == 32 << 20
     assert commitpass.window_bytes(257) == 64 << 20
     assert commitpass.window_bytes(1000) == commitpass.window_bytes(10_000) == 128 << 20
+
+
+def test_windows_go_on_the_cores_available_at_most_max_threads(tmp_path, clock, monkeypatch):
+    """The pass hands each window to as many threads as the cores this
+    process may run on (its affinity, not the machine's), at most
+    MAX_THREADS, or THREADS when set."""
+    import os
+
+    seen: list[int] = []
+    real = commitpass.check_copy_runs
+
+    def check_copy_runs(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        seen.append(kw["threads"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(commitpass, "check_copy_runs", check_copy_runs)
+    queues, local, _biggest = _five_queues(tmp_path, clock)
+    from dispatcher.buildpool import BuildJob
+
+    jobs = [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=0, cl_start=0, segment_bytes=1 << 20,
+                     key_index=True, layout=2) for t, q in queues]
+    for cores, configured, want in ((set(range(40)), None, commitpass.MAX_THREADS), ({3}, None, 1),
+                                    ({0, 5, 9}, None, 3), (set(range(40)), 12, 12), ({1}, 0, 1)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cores=cores: cores)
+        monkeypatch.setattr(commitpass, "THREADS", configured)
+        seen.clear()
+        planned, stats = commitpass.build_pass(local, jobs)
+        assert seen and set(seen) == {want} and stats.records == 100, (cores, configured)
 
 
 def _five_queues(tmp_path: Path, clock) -> tuple[list[tuple[str, int]], LocalStore, int]:  # noqa: ANN001
@@ -312,13 +355,13 @@ def test_the_next_wave_uploads_as_soon_as_a_thread_is_free(tmp_path, clock):
     waited: list[bool] = []
 
     class Held(FileStore):
-        def put(self, key: str, data: bytes) -> None:  # type: ignore[override]
+        def put(self, key: str, data: bytes, *, crc: int | None = None) -> None:
             if "/Turn/2/segment/" in key or "/Turn/3/segment/" in key:
                 second_wave_started.set()
             if "/Turn/0/segment/" in key:
                 # lockstep waves never get there: the wait times out (False)
                 waited.append(second_wave_started.wait(timeout=30))
-            super().put(key, data)
+            super().put(key, data, crc=crc)
 
     store = Held(str(tmp_path / "cold"))
     d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0, layout=2,
@@ -339,7 +382,7 @@ MANY = [(f"Many{i % 7}", i // 7) for i in range(70)]
 @pytest.mark.parametrize(("compiled", "scan"), [(True, 1024), (False, 1024), (True, 2)])
 def test_a_corrupt_record_in_a_window_of_many_queues_stops_only_its_queue(tmp_path, clock, monkeypatch, compiled,
                                                                           scan):
-    """70 queues interleaved in one window, checked by one ``check_runs_table``
+    """70 queues interleaved in one window, checked by one ``check_copy_runs``
     call: the queue with a corrupt body stops at that record with the typed
     error naming the CommitLog file and the record's offset, the queue with
     properties that are not UTF-8 at its record, every other queue is built
@@ -362,8 +405,8 @@ def test_a_corrupt_record_in_a_window_of_many_queues_stops_only_its_queue(tmp_pa
     _flip_body_byte(sd, *bad, 5)
     _spoil_properties(sd, *spoiled, 9)
     calls = []
-    real = commitpass.check_runs_table
-    monkeypatch.setattr(commitpass, "check_runs_table", lambda *a, **kw: calls.append(len(a[3])) or real(*a, **kw))
+    real = commitpass.check_copy_runs
+    monkeypatch.setattr(commitpass, "check_copy_runs", lambda *a, **kw: calls.append(len(a[3])) or real(*a, **kw))
     jobs = [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=0, cl_start=0, segment_bytes=1 << 20,
                      key_index=True, layout=2) for t, q in MANY]
     planned, stats = commitpass.build_pass(local, jobs)

@@ -128,18 +128,18 @@ def test_parallelism_and_memory_are_bounded(tmp_path, clock):
     lock = threading.Lock()
     raw_put = store._raw_put
 
-    def slow_put(key, data):  # noqa: ANN001, ANN202
+    def slow_put(key, data, *crc):  # noqa: ANN001, ANN002, ANN202
         if "/commitlog/" in key:
             with lock:
                 active["now"] += 1
                 active["max"] = max(active["max"], active["now"])
             time.sleep(0.005)  # keep uploads in flight long enough to overlap
             try:
-                return raw_put(key, data)
+                return raw_put(key, data, *crc)
             finally:
                 with lock:
                     active["now"] -= 1
-        return raw_put(key, data)
+        return raw_put(key, data, *crc)
 
     store._raw_put = slow_put  # type: ignore[method-assign]
     w = new_writer(tmp_path / "store", commitlog_file_size=1 << 20)
@@ -177,10 +177,10 @@ def test_round_budget_lets_every_queue_progress(tmp_path, clock):
     store = _file_store(tmp_path)
     raw_put = store._raw_put
 
-    def timed_put(key, data):  # noqa: ANN001, ANN202
+    def timed_put(key, data, *crc):  # noqa: ANN001, ANN002, ANN202
         if "/commitlog/" in key:
             clock.advance(1)
-        return raw_put(key, data)
+        return raw_put(key, data, *crc)
 
     store._raw_put = timed_put  # type: ignore[method-assign]
     big, big2 = ("Huge", 0), ("Huge", 1)
@@ -317,11 +317,11 @@ def test_a_failing_queue_backs_off_with_jitter_and_the_others_go_on(tmp_path, cl
     attempts = {"n": 0}
     raw_put = store._raw_put
 
-    def failing_put(key, data):  # noqa: ANN001, ANN202
+    def failing_put(key, data, *crc):  # noqa: ANN001, ANN002, ANN202
         if "/Bad/" in key:
             attempts["n"] += 1
             raise PermissionError(13, "denied")
-        return raw_put(key, data)
+        return raw_put(key, data, *crc)
 
     store._raw_put = failing_put  # type: ignore[method-assign]
     w = new_writer(tmp_path / "store")
@@ -366,10 +366,10 @@ def test_two_rounds_never_run_at_once(tmp_path, clock):
     entered, release = threading.Event(), threading.Event()
     raw_put = store._raw_put
 
-    def blocking_put(key, data):  # noqa: ANN001, ANN202
+    def blocking_put(key, data, *crc):  # noqa: ANN001, ANN002, ANN202
         entered.set()
         assert release.wait(10)
-        return raw_put(key, data)
+        return raw_put(key, data, *crc)
 
     store._raw_put = blocking_put  # type: ignore[method-assign]
     results = []

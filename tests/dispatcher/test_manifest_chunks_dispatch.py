@@ -41,11 +41,11 @@ class Recording:
         self._pending = 0
         raw_put, raw_put_if = store._raw_put, store._raw_put_if
 
-        def put(key: str, data: bytes) -> None:
+        def put(key: str, data: bytes, *crc: int) -> None:
             if f"/{CHUNK_DIR}/" in key:
                 self.chunk_puts.append(key)
                 self._pending += len(data)
-            return raw_put(key, data)
+            return raw_put(key, data, *crc)
 
         def put_if(key: str, data: bytes, etag: str | None) -> str:
             if key.endswith("/" + MANIFEST):

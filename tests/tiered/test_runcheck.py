@@ -20,6 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from zlib_ng.zlib_ng import crc32
+
 from tiered.format import batch
 from tiered.format.batch import CQ_DTYPE, RecordBatch, check_run_numpy
 from tiered.format.codec import Host
@@ -72,27 +74,55 @@ def _fields(b: RecordBatch | None) -> tuple[object, ...] | None:
             b.born_ms.tolist(), b.props_at.tolist())
 
 
-def _as_table(view: memoryview, entries: np.ndarray, runs: list[tuple[int, bytes, int, int]], *, compiled: bool,
-          verify_crc: bool = True) -> list[tuple[object, ...] | None]:
-    """``check_runs_table`` over runs given as (entry count, topic, queue id,
-    first queue offset), one after the other in ``entries``: each run's
-    answer as a batch's fields, compiled or with numpy."""
+# how check_copy_runs runs: compiled on one thread, compiled on 4 threads with runs
+# cut into pieces of about this many bytes (records are 100-1,000 bytes here), numpy
+COMPILED, NUMPY = ("compiled", 1, 0), ("numpy", 1, 0)
+
+
+def _pieces(piece: int) -> tuple[str, int, int]:
+    return ("compiled", 4, piece)
+
+
+def _copied(view: memoryview, entries: np.ndarray, runs: list[tuple[int, bytes, int, int]],
+            how: tuple[str, int, int], *, verify_crc: bool = True) -> list[tuple[object, ...] | None]:
+    """``check_copy_runs`` over runs given as (entry count, topic, queue id,
+    first queue offset), one after the other in ``entries``, each into its
+    own destination behind a few bytes already there: each run's answer as
+    a batch's fields. Asserts what every way must give: the destination's
+    bytes kept are the records' bytes, one after the other, its CRC the
+    zlib-ng CRC-32 of the destination up to them, and nothing before them
+    changed."""
     tails, blob = batch.run_tails([topic for _count, topic, _queue_id, _first in runs])
     counts = np.array([r[0] for r in runs], np.int64)
-    table = np.zeros((len(runs), batch.RUN_FIELDS), np.int64)
+    table = np.zeros((len(runs), batch.COPY_FIELDS), np.int64)
     table[:, 0] = np.cumsum(counts) - counts
     table[:, 1] = np.where(tails[:, 0] != 0, counts, 0)  # a topic no record can hold: a run of none
     table[:, 2] = [r[2] for r in runs]
     table[:, 3] = [r[3] for r in runs]
     table[:, 4:7] = tails
+    heads = [f"segment {r} so far:".encode() for r in range(len(runs))]
+    table[:, 8] = [len(h) for h in heads]
+    table[:, 9] = [crc32(h) for h in heads]
+    room = [int(entries["size"][at:at + n].astype(np.int64).clip(0).sum()) for at, n in table[:, :2].tolist()]
+    dsts = [bytearray(h + b"\xee" * (n + 3)) for h, n in zip(heads, room)]
+    kind, threads, piece = how
     native = batch._native
-    batch._native = native if compiled else None
+    batch._native = native if kind == "compiled" else None
     try:
-        out = batch.check_runs_table(view, 0, entries, table, blob, source="cl", verify_crc=verify_crc)
+        out, _cpu = batch.check_copy_runs(view, 0, entries, table, blob, dsts, source="cl", verify_crc=verify_crc,
+                                          threads=threads, piece_bytes=piece)
     finally:
         batch._native = native
-    return [_fields(RecordBatch(first, view, "cl", *(out[f, at:at + k] for f in range(6)))) if k else None
-            for (_n, _topic, _queue_id, first), (at, k) in zip(runs, table[:, [0, 7]].tolist())]
+    answers = []
+    for (_n, _topic, _queue_id, first), head, dst, (row, k, at, crc, kept) in zip(
+            runs, heads, dsts, table[:, [0, 7, 8, 9, 10]].tolist()):
+        got = RecordBatch(first, view, "cl", *(out[f, row:row + k] for f in range(6))) if k else None
+        records = b"".join(bytes(view[p:p + n]) for p, n in zip(out[0, row:row + k].tolist(),
+                                                               out[1, row:row + k].tolist()))
+        assert kept == len(records) and bytes(dst[:at + kept]) == head + records
+        assert crc == crc32(bytes(dst[:at + kept])), how
+        answers.append(_fields(got))
+    return answers
 
 
 def _both(data: bytes, entries: np.ndarray, topic: str, q: int, first: int = 0, base: int = 0,
@@ -166,13 +196,16 @@ _KEYS = [(t, q) for t in TOPICS for q in (0, 1)]
                           st.sampled_from([0, 0, 0, 1, -1])), max_size=8),
        st.lists(st.tuples(st.integers(0, 1 << 20), st.sampled_from([">B", ">I"]), st.integers(0, 0xFFFFFFFF)),
                 max_size=3),
-       st.booleans())
+       st.booleans(), st.integers(1, 4000))
 def test_many_runs_in_one_call_answer_as_one_call_a_run(runs: dict, spec: list, changes: list,
-                                                        verify_crc: bool) -> None:
+                                                        verify_crc: bool, piece: int) -> None:
     # a window of the CommitLog pass: runs of several queues (parts of them,
     # with wrong queue ids or first offsets at times) over one view, bytes
-    # changed anywhere in it; one compiled call, run by run with numpy, and
-    # one check_run a run all give the same batches
+    # changed anywhere in it; one compiled call on one thread, one on four
+    # threads with the runs cut into pieces (a bad record in any piece: the
+    # run stops there, the pieces after it count for nothing), run by run
+    # with numpy, and one check_run a run all give the same batches, the
+    # same bytes kept and their CRC (``_copied``)
     data = bytearray(next(iter(runs.values()))[0])
     for at, fmt, value in changes:
         width = struct.calcsize(fmt)
@@ -187,24 +220,77 @@ def test_many_runs_in_one_call_answer_as_one_call_a_run(runs: dict, spec: list, 
         parts.append(part)
         table.append((len(part), topic.encode(), q + q_shift, lo + off_shift, ))
     entries = np.concatenate(parts) if parts else np.zeros(0, CQ_DTYPE)
-    native = _as_table(view, entries, table, compiled=True, verify_crc=verify_crc)
-    numpy = _as_table(view, entries, table, compiled=False, verify_crc=verify_crc)
+    native = _copied(view, entries, table, COMPILED, verify_crc=verify_crc)
+    pieces = _copied(view, entries, table, _pieces(piece), verify_crc=verify_crc)
+    numpy = _copied(view, entries, table, NUMPY, verify_crc=verify_crc)
     one_by_one = [batch.check_run(view, 0, part, topic=topic, queue_id=q, first_offset=first, source="cl",
                                   verify_crc=verify_crc) for part, (_n, topic, q, first) in zip(parts, table)]
-    assert native == numpy == [_fields(b) for b in one_by_one]
+    assert native == pieces == numpy == [_fields(b) for b in one_by_one]
 
 
-def test_many_runs_refuse_tables_outside_their_entries(runs: dict) -> None:
+@pytest.mark.parametrize("how", [COMPILED, _pieces(1500), NUMPY], ids=["compiled", "pieces", "numpy"])
+@pytest.mark.parametrize("bad", [0, 7, 19, 39])
+def test_a_bad_record_in_any_piece_ends_its_run_there(runs: dict, how: tuple[str, int, int], bad: int) -> None:
+    """A run of 40 records cut into pieces of about two records, its body CRC
+    broken at record ``bad`` (the first piece, one in the middle, the last):
+    the records before it are kept, exactly their bytes and CRC, whatever
+    the pieces after it copied; the other run of the window is whole."""
+    data, t0 = runs[("T", 0)]
+    t1 = runs[(TOPICS[1], 1)][1]
+    spoiled = bytearray(data)
+    spoiled[int(t0["phys"][bad]) + 8] ^= 0x5A  # its stored body CRC
+    view = memoryview(bytes(spoiled))
+    entries = np.concatenate([t0, t1]).astype(CQ_DTYPE)
+    got = _copied(view, entries, [(len(t0), b"T", 0, 0), (len(t1), TOPICS[1].encode(), 1, 0)], how)
+    want = [batch.check_run(view, 0, e, topic=t, queue_id=q, first_offset=0, source="cl")
+            for e, t, q in ((t0, b"T", 0), (t1, TOPICS[1].encode(), 1))]
+    assert got == [_fields(b) for b in want]
+    assert (want[0].count if want[0] is not None else 0) == bad and want[1].count == len(t1)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_many_runs_refuse_tables_and_destinations_that_do_not_fit(runs: dict, monkeypatch, compiled: bool) -> None:
+    if not compiled:
+        monkeypatch.setattr(batch, "_native", None)
     data, entries = runs[("T", 0)]
-    out = np.empty((6, 4), np.int64)
-    bad = np.array([[2, 3, 0, 0, 0, 0, 1, 0]], np.int64)  # entries 2..5 of 4
+    tails, blob = batch.run_tails([b"T"])
+    view = memoryview(data)
+    four = entries[:4].copy()
+    need = int(four["size"].astype(np.int64).sum())
+
+    def call(row: tuple[int, ...], dst: bytearray, **kw: object) -> np.ndarray:
+        table = np.array([row], np.int64)
+        batch.check_copy_runs(view, 0, four, table, blob, [dst], source="cl", **kw)  # type: ignore[arg-type]
+        return table
+
+    ok = (0, 4, 0, 0, *tails[0], 0, 0, 0, 0)
     with pytest.raises(ValueError, match="run 0 outside the entries or tails given"):
-        batch._native.check_runs(memoryview(data), 0, entries[:4].copy(), bad, b"\x01T", True, out)
-    bad = np.array([[0, 4, 0, 0, 0, 1, 2, 0]], np.int64)  # a tail past the tails given
+        call((2, 3, *ok[2:]), bytearray(need))  # entries 2..5 of 4
     with pytest.raises(ValueError, match="run 0 outside the entries or tails given"):
-        batch._native.check_runs(memoryview(data), 0, entries[:4].copy(), bad, b"\x01T", True, out)
-    with pytest.raises(ValueError, match="of the wrong size"):
-        batch._native.check_runs(memoryview(data), 0, entries[:4].copy(), bad[:, :7].copy(), b"\x01T", True, out)
+        call((*ok[:5], 1, 2, *ok[7:]), bytearray(need))  # a tail past the tails given
+    with pytest.raises(ValueError, match="run 0 outside the entries or tails given"):
+        call((*ok[:9], 1 << 32, 0), bytearray(need))  # not a CRC-32
+    # a destination without room for every record the run may keep: refused before a byte is copied
+    short = bytearray(b"\xee" * (need + 4))
+    with pytest.raises(ValueError, match="run 0: its records do not fit its destination"):
+        call((*ok[:8], 5, 0, 0), short)
+    assert short == b"\xee" * (need + 4)
+    # only the entries that name a record inside the view need room
+    outside = four.copy()
+    outside["phys"][2] = len(data) + 1
+    table = np.array([ok], np.int64)
+    two = int(four["size"][:2].astype(np.int64).sum())
+    batch.check_copy_runs(view, 0, outside, table, blob, [bytearray(two)], source="cl")
+    assert table[0, [7, 10]].tolist() == [2, two]
+    with pytest.raises(ValueError, match="contiguous 6 x"):
+        batch.check_copy_runs(view, 0, four, np.array([ok], np.int64), blob, [bytearray(need)], source="cl",
+                              out=np.empty((6, 3), np.int64))
+    with pytest.raises(ValueError, match="wrong size"):
+        batch.check_copy_runs(view, 0, four, np.array([ok], np.int64), blob, [], source="cl")
+    if compiled:
+        with pytest.raises(BufferError):
+            batch.check_copy_runs(view, 0, four, np.array([ok], np.int64), blob, [b"read-only" * 1000],  # type: ignore[list-item]
+                                  source="cl")
 
 
 def test_entries_in_native_byte_order_are_read_as_the_same_entries(runs: dict) -> None:
@@ -215,17 +301,17 @@ def test_entries_in_native_byte_order_are_read_as_the_same_entries(runs: dict) -
     want = _fields(batch.check_run(memoryview(data), 0, entries, topic=b"T", queue_id=0, first_offset=0, source="cl"))
     got = batch.check_run(memoryview(data), 0, native_order, topic=b"T", queue_id=0, first_offset=0, source="cl")
     assert want is not None and _fields(got) == want
-    assert _as_table(memoryview(data), native_order, [(len(entries), b"T", 0, 0)], compiled=True) == [want]
+    for how in (COMPILED, _pieces(3000)):
+        assert _copied(memoryview(data), native_order, [(len(entries), b"T", 0, 0)], how) == [want]
 
 
-@pytest.mark.parametrize("compiled", [True, False])
-def test_a_table_of_runs_at_any_rows_answers_as_check_run(runs: dict, monkeypatch, compiled: bool) -> None:
-    """``check_runs_table`` (the CommitLog pass's call): runs taking rows of
+@pytest.mark.parametrize("how", [COMPILED, _pieces(700), NUMPY], ids=["compiled", "pieces", "numpy"])
+def test_a_table_of_runs_at_any_rows_answers_as_check_run(runs: dict, how: tuple[str, int, int]) -> None:
+    """``check_copy_runs`` (the CommitLog pass's call): runs taking rows of
     one entries array in any order, one cut short by a flipped CRC, one of a
     wrong queue id, one of a topic no record can hold; answers written at
-    their entries' rows of the ``out`` given, every other row untouched."""
-    if not compiled:
-        monkeypatch.setattr(batch, "_native", None)
+    their entries' rows of the ``out`` given, the rows of no run untouched,
+    each run's records copied behind the bytes its destination held."""
     data = bytearray(runs[("T", 0)][0])
     t0, t1 = runs[("T", 0)][1], runs[(TOPICS[1], 1)][1]
     every = np.concatenate([t0, t1]).astype(CQ_DTYPE)
@@ -236,16 +322,26 @@ def test_a_table_of_runs_at_any_rows_answers_as_check_run(runs: dict, monkeypatc
     tails, blob = batch.run_tails(topics)
     # (first row, count, queue id, first queue offset): t1 from entry 2, t0 from entry 3, t0 with queue 5, too long a topic
     spec = [(len(t0) + 2, 8, 1, 2), (3, 5, 0, 3), (9, 2, 5, 9), (12, 2, 0, 12)]
-    table = np.zeros((len(spec), batch.RUN_FIELDS), np.int64)
+    table = np.zeros((len(spec), batch.COPY_FIELDS), np.int64)
     for r, (row, count, qid, first) in enumerate(spec):
         table[r, :4] = (row, count if tails[r, 0] else 0, qid, first)
         table[r, 4:7] = tails[r]
+        table[r, 8:10] = (3, crc32(b"abc"))
+    dsts = [bytearray(b"abc" + bytes(1 << 16)) for _ in spec]
     out = np.full((6, len(every)), -7, np.int64)
-    got = batch.check_runs_table(view, 0, every, table, blob, source="cl", out=out)
+    kind, threads, piece = how
+    saved = batch._native
+    batch._native = saved if kind == "compiled" else None
+    try:
+        got, _cpu = batch.check_copy_runs(view, 0, every, table, blob, dsts, source="cl", out=out, threads=threads,
+                                          piece_bytes=piece)
+    finally:
+        batch._native = saved
     assert got is out
     assert table[:, 7].tolist() == [4, 5, 0, 0]  # t1 stops at entry 6 (2 + 4), the wrong queue and topic at once
-    written = set()
-    for (row, count, qid, first), k, topic in zip(spec, table[:, 7].tolist(), topics):
+    of_runs = set()
+    for (row, count, qid, first), k, kept, crc, dst, topic in zip(spec, table[:, 7].tolist(), table[:, 10].tolist(),
+                                                                  table[:, 9].tolist(), dsts, topics):
         want = batch.check_run(view, 0, every[row:row + count], topic=topic, queue_id=qid, first_offset=first,
                                source="cl") if len(topic) <= 0xFFFF else None
         assert (want.count if want is not None else 0) == k
@@ -253,8 +349,19 @@ def test_a_table_of_runs_at_any_rows_answers_as_check_run(runs: dict, monkeypatc
             assert [out[f, row:row + k].tolist() for f in range(6)] == [
                 c.tolist() for c in (want.positions, want.sizes, want.tags, want.store_ms, want.born_ms,
                                      want.props_at)]
-            written.update(range(row, row + k))
-    untouched = [i for i in range(len(every)) if i not in written]
+        records = b"".join(bytes(view[p:p + n]) for p, n in zip(out[0, row:row + k].tolist(),
+                                                               out[1, row:row + k].tolist()))
+        assert kept == len(records) and dst[:3 + kept] == b"abc" + records and crc == crc32(dst[:3 + kept])
+        of_runs.update(range(row, row + count))
+    untouched = [i for i in range(len(every)) if i not in of_runs]
     assert (out[:, untouched] == -7).all()
-    with pytest.raises(ValueError, match="contiguous 6 x"):
-        batch.check_runs_table(view, 0, every, table, blob, source="cl", out=np.empty((6, 3), np.int64))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=3000), st.integers(0, 3000), st.integers(0, 0xFFFFFFFF))
+def test_crc32_combine_is_the_crc_of_the_two_parts_one_after_the_other(data: bytes, cut: int, start: int) -> None:
+    """The compiled call joins its pieces' CRCs with zlib-ng's crc32_combine,
+    reached through the pointer tiered.format.batch installs."""
+    a, b = data[:cut], data[cut:]
+    assert batch._native.crc32_combine(crc32(a, start), crc32(b), len(b)) == crc32(data, start)
+    assert batch._native.crc32_combine(crc32(a), crc32(b), len(b)) == zlib.crc32(data)

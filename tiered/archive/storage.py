@@ -204,11 +204,20 @@ class ObjectStore:
     def get_with_etag(self, key: str) -> tuple[bytes, str]:
         return self._call("get", key, lambda: self._raw_get_etag(key))
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes, *, crc: int | None = None) -> None:
         """Write ``key`` (whole, or not at all). No ETag: only the conditional
-        writes need one, and a file store would have to hash the data for it."""
+        writes need one, and a file store would have to hash the data for it.
+        ``crc``: the data's CRC-32 when the caller has it already (a segment's,
+        kept as its records were copied in): a store whose server checks the
+        upload against a CRC-32 sends this one instead of reading the data
+        again for it, and a server that checks refuses the upload when it is
+        wrong (the data changed since it was computed); a file store has no
+        use for it."""
         self._before_write()
-        self._call("put", key, lambda: self._raw_put(key, data))
+        if crc is None:
+            self._call("put", key, lambda: self._raw_put(key, data))
+        else:
+            self._call("put", key, lambda: self._raw_put(key, data, crc))
 
     def put_if_absent(self, key: str, data: bytes) -> str:
         """Create ``key``; PreconditionFailedError when it exists."""
@@ -271,7 +280,7 @@ class ObjectStore:
     def _raw_get_etag(self, key: str) -> tuple[bytes, str]:
         raise NotImplementedError
 
-    def _raw_put(self, key: str, data: bytes) -> None:
+    def _raw_put(self, key: str, data: bytes, crc: int | None = None) -> None:
         raise NotImplementedError
 
     def _raw_put_if(self, key: str, data: bytes, etag: str | None) -> str:
@@ -443,7 +452,7 @@ class FileStore(ObjectStore):
             log.info("%s refuses O_DIRECT writes (%s): writing objects through the page cache", self.root,
                      exc.strerror or exc)
 
-    def _raw_put(self, key: str, data: bytes) -> None:
+    def _raw_put(self, key: str, data: bytes, crc: int | None = None) -> None:
         path = self._path(key)
         os.replace(self._write_tmp(path, data), path)
         # the object is durable once its name is: a manifest committed after
@@ -710,26 +719,28 @@ class S3Store(ObjectStore):
         resp = self.client.get_object(Bucket=self.bucket, Key=self._full(key))
         return resp["Body"].read(), _etag("get", key, resp)
 
-    def _raw_put(self, key: str, data: bytes) -> None:
+    def _raw_put(self, key: str, data: bytes, crc: int | None = None) -> None:
         if len(data) < _SINGLE_PUT_LIMIT:
             # boto3, not s3fs: s3fs's put holds ~3 extra copies of a bytearray body
             # while it sends (measured: +88 MiB for 32 MiB), which would break the
             # dispatcher's memory bound of parallelism x segment size; boto3 sends
             # the caller's buffer as it is, and is ~15% faster doing it.
             self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data, **self.options.put_kwargs(),
-                                   **self._checksum(data))
+                                   **self._checksum(data, crc))
         else:
             self.fs.pipe_file(self._path(key), data)  # multipart beyond a single PUT's limit
 
-    def _checksum(self, data: bytes) -> dict[str, str]:
+    def _checksum(self, data: bytes, crc: int | None = None) -> dict[str, str]:
         """The checksum the store verifies the upload against, the one the
-        probe found it honours: CRC32 computed here (zlib-ng, ~5x what
-        botocore's zlib does) instead of by botocore, else Content-MD5 (Ceph
-        RGW ignores CRC32 but checks MD5). Where it verifies neither (moto),
-        CRC32 all the same, as before there was a probe: harmless."""
+        probe found it honours: CRC32 (``crc`` when the caller has it, else
+        computed here: zlib-ng, ~5x what botocore's zlib does) instead of by
+        botocore, else Content-MD5 (Ceph RGW ignores CRC32 but checks MD5).
+        Where it verifies neither (moto), CRC32 all the same, as before there
+        was a probe: harmless."""
         mode = self.capabilities().upload_checksum
         if mode == "crc32" or (mode == "none" and self.options.checksum_mode == "when_supported"):
-            return {"ChecksumCRC32": base64.b64encode(crc32(data).to_bytes(4, "big")).decode("ascii")}
+            value = crc if crc is not None else crc32(data)
+            return {"ChecksumCRC32": base64.b64encode(value.to_bytes(4, "big")).decode("ascii")}
         if mode == "md5":
             from tiered.archive.s3probe import content_md5
 

@@ -9,7 +9,9 @@
  * than a raw read of the record's bytes costs. Here a record costs its
  * CRC (zlib-ng's SIMD crc32, reached through the function pointer
  * tiered.format.batch hands over from the zlib_ng extension) and a few
- * loads. The loop runs without the GIL.
+ * loads. The loop runs without the GIL. check_copy_runs, the CommitLog
+ * pass's call, also copies each record into its segment, checks it there
+ * and keeps the segment's CRC-32, a window cut over POSIX threads.
  *
  * Layout (big-endian; DESIGN.md section 2, tiered/format/codec.py):
  *   0 size i32 | 4 magic u32 | 8 body crc i32 | 12 queue id i32 | 16 flag i32
@@ -23,6 +25,8 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <pthread.h>
+#include <time.h>
 
 typedef uint32_t (*crc32_fn)(uint32_t crc, const uint8_t *buf, uint32_t len);
 
@@ -70,48 +74,74 @@ typedef struct {
     int64_t *out[OUTPUTS];    /* positions, sizes, tags, store ms, born ms, props at */
 } run_t;
 
+/* Whether the record at ``rec`` (``size`` bytes: its ConsumeQueue entry's,
+ * at least the fixed part and the run's tail) is plainly valid as entry
+ * ``phys`` of queue offset ``offset``: every check of check_run. Its store
+ * timestamp and where its properties start (from the record's first byte)
+ * go to *store_ms and *props_at. ``rec`` is the mapped CommitLog
+ * (check_run) or the copy just made of it (check_copy_runs). */
+static inline int record_ok(const run_t *run, const uint8_t *rec, int64_t size, int64_t phys, int64_t offset,
+                            int64_t *store_ms, int64_t *props_at) {
+    const int64_t topic_part = run->tail_len - 2;
+    if ((int32_t)load32(rec) != size || load32(rec + 4) != run->magic
+        || (int32_t)load32(rec + 12) != run->queue_id
+        || (int64_t)load64(rec + 20) != offset || (int64_t)load64(rec + 28) != phys)
+        return 0;
+    const uint32_t sys_flag = load32(rec + 36);
+    int64_t store_at = BORN_HOST_AT + 8, body_at = FIXED_V4;
+    if (sys_flag & 0x30) {  /* IPv6 hosts move the fields behind them */
+        store_at = BORN_HOST_AT + ((sys_flag & 0x10) ? 20 : 8);
+        body_at = store_at + 8 + ((sys_flag & 0x20) ? 20 : 8) + AFTER_STORE_HOST;
+        if (body_at + run->tail_len > size) return 0;
+    }
+    const int64_t body_len = (int32_t)load32(rec + body_at - 4);
+    const int64_t body_end = body_at + body_len;
+    if (body_len < 0 || body_end + run->tail_len > size) return 0;
+    if (run->verify_crc) {
+        const uint32_t crc = crc32_impl(0, rec + body_at, (uint32_t)body_len) & CRC_MASK;
+        if ((int64_t)crc != (int64_t)(int32_t)load32(rec + 8)) return 0;
+    }
+    const uint8_t *tail = rec + body_end;
+    if (memcmp(tail, run->tail, (size_t)topic_part) != 0) return 0;
+    const int64_t props_len = ((int64_t)tail[topic_part] << 8) | tail[topic_part + 1];
+    const int64_t props_from = body_end + run->tail_len;
+    if (props_len >= 0x8000 || props_from + props_len != size) return 0;
+    *store_ms = (int64_t)load64(rec + store_at);
+    *props_at = props_from;
+    return 1;
+}
+
+/* Whether entry ``size``/``pos`` can name a record of the run inside the
+ * view at all: the first check, before any byte of the record is read. */
+static inline int inside_view(const run_t *run, int64_t size, int64_t pos) {
+    /* the caller keeps runs inside the view; checked anyway: never read outside it */
+    return size >= FIXED_V4 + run->tail_len && pos >= 0 && pos <= run->len - size;
+}
+
+/* Record i's answers into the outputs (it passed record_ok). */
+static inline void answer(const run_t *run, Py_ssize_t i, const uint8_t *entry, const uint8_t *rec, int64_t pos,
+                          int64_t size, int64_t store_ms, int64_t props_at) {
+    run->out[0][i] = pos;
+    run->out[1][i] = size;
+    run->out[2][i] = (int64_t)load64(entry + 12);
+    run->out[3][i] = store_ms;
+    run->out[4][i] = (int64_t)load64(rec + 40);
+    run->out[5][i] = pos + props_at;
+}
+
 /* How many leading entries are plainly valid records; fills the outputs. */
 static Py_ssize_t check(const run_t *run) {
-    const int64_t min_size = FIXED_V4 + run->tail_len;
-    const int64_t topic_part = run->tail_len - 2;
     Py_ssize_t i;
     for (i = 0; i < run->count; i++) {
         const uint8_t *entry = run->entries + i * CQ_ENTRY;
         const int64_t phys = (int64_t)load64(entry);
         const int64_t size = (int32_t)load32(entry + 8);
         const int64_t pos = phys - run->base;
-        /* the caller keeps runs inside the view; checked anyway: never read outside it */
-        if (size < min_size || pos < 0 || pos > run->len - size) break;
+        if (!inside_view(run, size, pos)) break;
         const uint8_t *rec = run->buf + pos;
-        if ((int32_t)load32(rec) != size || load32(rec + 4) != run->magic
-            || (int32_t)load32(rec + 12) != run->queue_id
-            || (int64_t)load64(rec + 20) != run->first_offset + i || (int64_t)load64(rec + 28) != phys)
-            break;
-        const uint32_t sys_flag = load32(rec + 36);
-        int64_t store_at = BORN_HOST_AT + 8, body_at = FIXED_V4;
-        if (sys_flag & 0x30) {  /* IPv6 hosts move the fields behind them */
-            store_at = BORN_HOST_AT + ((sys_flag & 0x10) ? 20 : 8);
-            body_at = store_at + 8 + ((sys_flag & 0x20) ? 20 : 8) + AFTER_STORE_HOST;
-            if (body_at + run->tail_len > size) break;
-        }
-        const int64_t body_len = (int32_t)load32(rec + body_at - 4);
-        const int64_t body_end = body_at + body_len;
-        if (body_len < 0 || body_end + run->tail_len > size) break;
-        if (run->verify_crc) {
-            const uint32_t crc = crc32_impl(0, rec + body_at, (uint32_t)body_len) & CRC_MASK;
-            if ((int64_t)crc != (int64_t)(int32_t)load32(rec + 8)) break;
-        }
-        const uint8_t *tail = rec + body_end;
-        if (memcmp(tail, run->tail, (size_t)topic_part) != 0) break;
-        const int64_t props_len = ((int64_t)tail[topic_part] << 8) | tail[topic_part + 1];
-        const int64_t props_at = body_end + run->tail_len;
-        if (props_len >= 0x8000 || props_at + props_len != size) break;
-        run->out[0][i] = pos;
-        run->out[1][i] = size;
-        run->out[2][i] = (int64_t)load64(entry + 12);
-        run->out[3][i] = (int64_t)load64(rec + store_at);
-        run->out[4][i] = (int64_t)load64(rec + 40);
-        run->out[5][i] = pos + props_at;
+        int64_t store_ms, props_at;
+        if (!record_ok(run, rec, size, phys, run->first_offset + i, &store_ms, &props_at)) break;
+        answer(run, i, entry, rec, pos, size, store_ms, props_at);
     }
     return i;
 }
@@ -172,82 +202,370 @@ static PyObject *py_check_run(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(n);
 }
 
-/* check_runs(view, base, entries, runs, tails, verify_crc, out) -> None
- * Many queues' runs of one window in one call (the CommitLog pass: at
- * 1,000 queues a call per queue cost more than its records). ``entries``:
- * the runs' ConsumeQueue entries one after the other; ``runs``: an int64
- * buffer of 7 items a run: first entry, entry count, queue id, first queue
- * offset, magic, where its tail starts in ``tails`` and how long it is
- * (topic length + topic), its answer (the count of leading plainly valid
- * records) written into the 8th; ``out``: 6 x len(entries) int64 items
- * (positions, sizes, tags, store ms, born ms, props at), each run's rows at
- * its entries' rows. Every run is checked exactly as check_run checks it. */
-#define RUN_FIELDS 8
-static PyObject *py_check_runs(PyObject *self, PyObject *args) {
-    PyObject *view_obj, *entries_obj, *runs_obj, *tails_obj, *out_obj;
-    long long base;
-    int verify_crc;
-    if (!PyArg_ParseTuple(args, "OLOOOpO", &view_obj, &base, &entries_obj, &runs_obj, &tails_obj, &verify_crc,
-                          &out_obj))
+/* ---- check_copy_runs: check, copy and CRC a window's runs, on several threads ----
+ *
+ * The CommitLog pass's one call a window. Each run's records are copied
+ * into the run's destination (its queue's segment buffer) one after the
+ * other, each checked on the copy just made, hot in the cache (every check
+ * of check_run, the same decisions: the bytes checked are the bytes
+ * kept), and the CRC-32 of the destination is continued over each record
+ * it keeps, so nothing reads the segment again for its CRC. A record that
+ * fails a check is not counted; the bytes copied past a run's last kept
+ * record are left in the destination, undefined (the caller hands out
+ * only the bytes counted).
+ *
+ * On several threads: the window's bytes are cut into pieces of whole
+ * records, a run cut wherever its bytes reach a piece's share (at 16
+ * queues a window holds a few runs of many MiB). A record's place in the
+ * destination is the sum of the sizes before it, known from the entries
+ * before any record is read; a piece's CRC starts from 0 and is combined
+ * (crc32_combine) behind the pieces before it. A piece that stops short
+ * ends its run there: the pieces after it are discarded, skipped when not
+ * begun. */
+typedef uint32_t (*crc32_combine_fn)(uint32_t crc1, uint32_t crc2, int64_t len2);
+
+static crc32_combine_fn crc32_combine_impl = NULL;
+
+#define COPY_FIELDS 11
+#define MAX_THREADS 64
+#define PIECES_PER_THREAD 4  /* pieces are taken in turn: a slow one holds no thread idle for long */
+#define PREFETCH_BYTES 4096
+#define MIN_PIECE (256 << 10)
+#define MIN_THREAD_BYTES (1 << 20)  /* below this a thread costs more to start than it saves */
+
+typedef struct {
+    run_t run;
+    uint8_t *dst;             /* where its first record goes */
+    int64_t planned;          /* leading entries inside the view: no record past them can be kept */
+    uint32_t crc;             /* of the destination's bytes before ``dst`` */
+    int64_t first_piece, pieces;
+    int64_t stopped;          /* the first of its pieces that stopped short (atomic), or INT64_MAX */
+} copy_run_t;
+
+typedef struct {
+    int64_t run;
+    int64_t lo, hi;           /* entries of the run */
+    int64_t at;               /* bytes of the run's destination before its first record */
+    int64_t index;            /* among its run's pieces */
+    int64_t kept, bytes;      /* answers: records kept, their bytes */
+    uint32_t crc;             /* of those bytes, from 0 (the first piece of a run: from the run's CRC) */
+} piece_t;
+
+typedef struct {
+    copy_run_t *runs;
+    piece_t *pieces;
+    int64_t count;
+    int64_t next;             /* the next piece to take (atomic) */
+} copy_job_t;
+
+static void copy_piece(copy_run_t *cr, piece_t *p) {
+    const run_t *run = &cr->run;
+    uint8_t *const start = cr->dst + p->at;
+    uint8_t *d = start;
+    uint32_t crc = p->index == 0 ? cr->crc : 0;
+    Py_ssize_t i, next = (Py_ssize_t)p->lo;  /* the first record not prefetched */
+    int64_t ahead = 0;                        /* bytes prefetched, from record i */
+    for (i = (Py_ssize_t)p->lo; i < (Py_ssize_t)p->hi; i++) {
+        const uint8_t *entry = run->entries + i * CQ_ENTRY;
+        const int64_t phys = (int64_t)load64(entry);
+        const int64_t size = (int32_t)load32(entry + 8);
+        const int64_t pos = phys - run->base;
+        if (!inside_view(run, size, pos)) break;  /* never: pieces end at ``planned`` */
+        /* the records ahead asked for: the source is read once, from memory, its
+         * lines not next to each other when queues interleave (no stream the
+         * hardware prefetcher follows across pages) */
+        for (ahead -= size; ahead < PREFETCH_BYTES && next < (Py_ssize_t)p->hi; next++) {
+            const uint8_t *e = run->entries + next * CQ_ENTRY;
+            const int64_t at = (int64_t)load64(e) - run->base, n = (int32_t)load32(e + 8);
+            if (at < 0 || n <= 0 || at > run->len - n) break;
+            for (int64_t o = 0; o < n; o += 64) __builtin_prefetch(run->buf + at + o, 0, 0);
+            ahead += n;
+        }
+        memcpy(d, run->buf + pos, (size_t)size);
+        int64_t store_ms, props_at;
+        if (!record_ok(run, d, size, phys, run->first_offset + i, &store_ms, &props_at)) break;
+        answer(run, i, entry, d, pos, size, store_ms, props_at);
+        crc = crc32_impl(crc, d, (uint32_t)size);
+        d += size;
+    }
+    p->kept = i - p->lo;
+    p->bytes = d - start;
+    p->crc = crc;
+    if (p->kept < p->hi - p->lo) {  /* the run ends here: its later pieces need not be done */
+        int64_t seen = __atomic_load_n(&cr->stopped, __ATOMIC_RELAXED);
+        while (p->index < seen
+               && !__atomic_compare_exchange_n(&cr->stopped, &seen, p->index, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            ;
+    }
+}
+
+static void *copy_worker(void *arg) {
+    copy_job_t *job = arg;
+    for (;;) {
+        const int64_t n = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED);
+        if (n >= job->count) break;
+        piece_t *p = &job->pieces[n];
+        copy_run_t *cr = &job->runs[p->run];
+        if (__atomic_load_n(&cr->stopped, __ATOMIC_RELAXED) < p->index) {
+            p->kept = p->bytes = 0;  /* behind a piece that stopped short: never combined */
+            continue;
+        }
+        copy_piece(cr, p);
+    }
+    return NULL;
+}
+
+/* Each run's answer from its pieces, in order, up to the first that stopped short. */
+static void combine_pieces(const copy_job_t *job, int64_t *table, Py_ssize_t nruns) {
+    for (Py_ssize_t r = 0; r < nruns; r++) {
+        const copy_run_t *cr = &job->runs[r];
+        int64_t kept = 0, bytes = 0;
+        uint32_t crc = cr->crc;
+        for (int64_t n = cr->first_piece; n < cr->first_piece + cr->pieces; n++) {
+            const piece_t *p = &job->pieces[n];
+            crc = p->index == 0 ? p->crc : crc32_combine_impl(crc, p->crc, p->bytes);
+            kept += p->kept;
+            bytes += p->bytes;
+            if (p->kept < p->hi - p->lo) break;
+        }
+        int64_t *row = table + r * COPY_FIELDS;
+        row[7] = kept;
+        row[9] = (int64_t)crc;
+        row[10] = bytes;
+    }
+}
+
+/* The runs cut into pieces of about ``target`` bytes; returns the count. */
+static int64_t cut_pieces(copy_run_t *runs, Py_ssize_t nruns, int64_t target, piece_t *pieces) {
+    int64_t n = 0;
+    for (Py_ssize_t r = 0; r < nruns; r++) {
+        copy_run_t *cr = &runs[r];
+        cr->first_piece = n;
+        int64_t lo = 0, at = 0, acc = 0;
+        for (int64_t i = 0; i < cr->planned; i++) {
+            acc += (int32_t)load32(cr->run.entries + i * CQ_ENTRY + 8);
+            if (acc >= target || i + 1 == cr->planned) {
+                pieces[n] = (piece_t){.run = r, .lo = lo, .hi = i + 1, .at = at, .index = n - cr->first_piece};
+                n++;
+                lo = i + 1;
+                at += acc;
+                acc = 0;
+            }
+        }
+        cr->pieces = n - cr->first_piece;
+        cr->stopped = INT64_MAX;
+    }
+    return n;
+}
+
+typedef struct {
+    copy_job_t *job;
+    int64_t cpu_ns;           /* the thread's CPU time, when it is done */
+} helper_t;
+
+static void *helper_thread(void *arg) {
+    helper_t *h = arg;
+    copy_worker(h->job);
+    struct timespec t;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) == 0) h->cpu_ns = (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+    return NULL;
+}
+
+/* The pieces done by ``threads`` threads, this one included; returns the
+ * CPU time of the others (a thread's own clock does not count them). */
+static int64_t run_pieces(copy_job_t *job, int threads) {
+    pthread_t ids[MAX_THREADS];
+    helper_t helpers[MAX_THREADS];
+    int started = 0;
+    for (; started < threads - 1; started++) {
+        helpers[started] = (helper_t){.job = job, .cpu_ns = 0};
+        if (pthread_create(&ids[started], NULL, helper_thread, &helpers[started]) != 0)
+            break;  /* fewer: the others take more pieces */
+    }
+    copy_worker(job);
+    int64_t cpu_ns = 0;
+    for (int t = 0; t < started; t++) {
+        pthread_join(ids[t], NULL);
+        cpu_ns += helpers[t].cpu_ns;
+    }
+    return cpu_ns;
+}
+
+/* Run ``row`` of the table (checked) set up over ``views`` (view, entries,
+ * tails, table, out), with how many of its leading entries name a record
+ * inside the view; returns their bytes, the room its destination needs. */
+static int64_t plan_run(copy_run_t *cr, const int64_t *row, const Py_buffer *views, int64_t base, int verify_crc,
+                        Py_ssize_t count) {
+    run_t *one = &cr->run;
+    one->buf = views[0].buf;
+    one->len = views[0].len;
+    one->base = base;
+    one->entries = (const uint8_t *)views[1].buf + row[0] * CQ_ENTRY;
+    one->count = (Py_ssize_t)row[1];
+    one->tail = (const uint8_t *)views[2].buf + row[5];
+    one->tail_len = row[6] + 2;
+    one->magic = (uint32_t)row[4];
+    one->queue_id = (int32_t)row[2];
+    one->first_offset = row[3];
+    one->verify_crc = verify_crc;
+    for (int k = 0; k < OUTPUTS; k++) one->out[k] = (int64_t *)views[4].buf + k * count + row[0];
+    cr->crc = (uint32_t)row[9];
+    int64_t need = 0;
+    /* as check_run: no record is plainly valid in a view shorter than a fixed part */
+    if (one->len >= FIXED_V4)
+        for (; cr->planned < one->count; cr->planned++) {
+            const uint8_t *entry = one->entries + cr->planned * CQ_ENTRY;
+            const int64_t size = (int32_t)load32(entry + 8);
+            if (!inside_view(one, size, (int64_t)load64(entry) - base)) break;
+            need += size;
+        }
+    return need;
+}
+
+/* The threads for a window of ``total`` bytes (at most ``threads``) and the
+ * bytes a piece (``piece`` when given, else a share of the window). */
+static int piece_plan(int64_t total, int threads, int64_t piece, int64_t *target) {
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (piece <= 0 && threads > total / MIN_THREAD_BYTES) threads = (int)(total / MIN_THREAD_BYTES);
+    if (threads < 1) threads = 1;
+    /* one thread: a piece a run, whole; else about PIECES_PER_THREAD pieces a thread */
+    *target = piece > 0 ? piece : threads == 1 ? INT64_MAX : total / (threads * PIECES_PER_THREAD);
+    if (piece <= 0 && *target < MIN_PIECE) *target = MIN_PIECE;
+    return threads;
+}
+
+/* check_copy_runs(view, base, entries, runs, tails, verify_crc, out, dsts, threads, piece) -> int
+ * Many queues' runs of one window in one call (at 1,000 queues a call per
+ * queue cost more than its records). ``entries``: the runs' ConsumeQueue
+ * entries; ``runs``: an int64 buffer of COPY_FIELDS items a run: first
+ * entry, entry count, queue id, first queue offset, magic, where its tail
+ * starts in ``tails`` and how long it is (topic length + topic), its answer
+ * (the count of leading plainly valid records, written), where its records
+ * go in its destination, the CRC-32 of the destination's bytes before that
+ * (replaced by the CRC-32 up to the end of the records kept) and the bytes
+ * kept (written). ``dsts``: a list of writable buffers, one a run (runs
+ * may share one when their bytes do not overlap). ``out``: 6 x
+ * len(entries) int64 items (positions, sizes, tags, store ms, born ms,
+ * props at), each run's rows at its entries' rows; rows past a run's
+ * answer are undefined. Every run is checked exactly as check_run checks
+ * it. Every run and destination is checked before a
+ * byte is copied: a destination must hold the bytes of every entry of its
+ * run that names a record inside the view. ``threads``: at most this many
+ * (the calling one included), fewer for a small window; ``piece``: the
+ * bytes a piece, 0 for a share of the window fit for ``threads`` (given,
+ * the threads are not cut for a small window: the tests' cuts). Returns
+ * the CPU nanoseconds of the threads it started. */
+static PyObject *py_check_copy_runs(PyObject *self, PyObject *args) {
+    PyObject *view_obj, *entries_obj, *runs_obj, *tails_obj, *out_obj, *dsts_obj;
+    long long base, piece;
+    int verify_crc, threads;
+    if (!PyArg_ParseTuple(args, "OLOOOpOO!iL", &view_obj, &base, &entries_obj, &runs_obj, &tails_obj, &verify_crc,
+                          &out_obj, &PyList_Type, &dsts_obj, &threads, &piece))
         return NULL;
-    if (verify_crc && crc32_impl == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "set_crc32 was not called");
+    if (crc32_impl == NULL || crc32_combine_impl == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "set_crc32 and set_crc32_combine were not called");
         return NULL;
     }
     Py_buffer views[5];
     PyObject *objs[5] = {view_obj, entries_obj, tails_obj, runs_obj, out_obj};
     int held = 0;
-    for (; held < 5; held++) {
-        int flags = held >= 3 ? PyBUF_WRITABLE : PyBUF_SIMPLE;
-        if (PyObject_GetBuffer(objs[held], &views[held], flags) != 0) {
+    for (; held < 5; held++)
+        if (PyObject_GetBuffer(objs[held], &views[held], held >= 3 ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
             release_all(views, held);
             return NULL;
         }
-    }
     const Py_ssize_t count = views[1].len / CQ_ENTRY;
-    int64_t *runs = (int64_t *)views[3].buf;
-    const Py_ssize_t nruns = views[3].len / (Py_ssize_t)(RUN_FIELDS * sizeof(int64_t));
-    if (views[1].len % CQ_ENTRY != 0 || views[3].len % (Py_ssize_t)(RUN_FIELDS * sizeof(int64_t)) != 0
-        || views[4].len < (Py_ssize_t)(OUTPUTS * sizeof(int64_t)) * count) {
+    int64_t *table = views[3].buf;
+    const Py_ssize_t row_bytes = (Py_ssize_t)(COPY_FIELDS * sizeof(int64_t));
+    const Py_ssize_t nruns = views[3].len / row_bytes;
+    if (views[1].len % CQ_ENTRY != 0 || views[3].len % row_bytes != 0
+        || views[4].len < (Py_ssize_t)(OUTPUTS * sizeof(int64_t)) * count || PyList_GET_SIZE(dsts_obj) != nruns) {
         release_all(views, 5);
-        PyErr_SetString(PyExc_ValueError, "entries, runs or out of the wrong size");
+        PyErr_SetString(PyExc_ValueError, "entries, runs, out or dsts of the wrong size");
         return NULL;
     }
-    /* every run's entries and tail inside the buffers given, before any is read */
+    int64_t helpers_ns = 0;
+    copy_run_t *runs = PyMem_Calloc(nruns ? (size_t)nruns : 1, sizeof(copy_run_t));
+    Py_buffer *dsts = PyMem_Calloc(nruns ? (size_t)nruns : 1, sizeof(Py_buffer));
+    piece_t *pieces = NULL;
+    Py_ssize_t dsts_held = 0;
+    if (runs == NULL || dsts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t total = 0;
     for (Py_ssize_t r = 0; r < nruns; r++) {
-        const int64_t *run = runs + r * RUN_FIELDS;
-        if (run[0] < 0 || run[1] < 0 || run[0] > count - run[1] || run[5] < 0 || run[6] < 0
-            || run[5] > views[2].len - run[6] || run[4] < 0 || run[4] > 0xFFFFFFFFLL
-            || run[2] < INT32_MIN || run[2] > INT32_MAX) {
-            release_all(views, 5);
+        const int64_t *row = table + r * COPY_FIELDS;
+        if (row[0] < 0 || row[1] < 0 || row[0] > count - row[1] || row[5] < 0 || row[6] < 0
+            || row[5] > views[2].len - row[6] || row[4] < 0 || row[4] > 0xFFFFFFFFLL
+            || row[2] < INT32_MIN || row[2] > INT32_MAX || row[9] < 0 || row[9] > 0xFFFFFFFFLL) {
             PyErr_Format(PyExc_ValueError, "run %zd outside the entries or tails given", r);
-            return NULL;
+            goto done;
         }
+        if (PyObject_GetBuffer(PyList_GET_ITEM(dsts_obj, r), &dsts[r], PyBUF_WRITABLE) != 0) goto done;
+        dsts_held++;
+        const int64_t need = plan_run(&runs[r], row, views, base, verify_crc, count);
+        if (row[8] < 0 || row[8] > dsts[r].len || need > dsts[r].len - row[8]) {
+            PyErr_Format(PyExc_ValueError, "run %zd: its records do not fit its destination", r);
+            goto done;
+        }
+        runs[r].dst = (uint8_t *)dsts[r].buf + row[8];
+        total += need;
     }
-    const uint8_t *entries = views[1].buf, *tails = views[2].buf;
-    int64_t *out = views[4].buf;
+    int64_t target;
+    threads = piece_plan(total, threads, piece, &target);
+    int64_t most = total / target + 1;  /* a cut inside a run comes after at least ``target`` bytes */
+    for (Py_ssize_t r = 0; r < nruns; r++) most += runs[r].planned ? 1 : 0;
+    pieces = PyMem_Calloc((size_t)most, sizeof(piece_t));
+    if (pieces == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    copy_job_t job = {.runs = runs, .pieces = pieces, .count = 0, .next = 0};
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t r = 0; r < nruns; r++) {
-        int64_t *run = runs + r * RUN_FIELDS;
-        run_t one;
-        one.buf = views[0].buf;
-        one.len = views[0].len;
-        one.base = base;
-        one.entries = entries + run[0] * CQ_ENTRY;
-        one.count = (Py_ssize_t)run[1];
-        one.tail = tails + run[5];
-        one.tail_len = run[6] + 2;
-        one.magic = (uint32_t)run[4];
-        one.queue_id = (int32_t)run[2];
-        one.first_offset = run[3];
-        one.verify_crc = verify_crc;
-        for (int k = 0; k < OUTPUTS; k++) one.out[k] = out + k * count + run[0];
-        /* as check_run: no record is plainly valid in a view shorter than a fixed part */
-        run[7] = (one.count == 0 || one.len < FIXED_V4) ? 0 : (int64_t)check(&one);
-    }
+    job.count = cut_pieces(runs, nruns, target, pieces);
+    if (threads > job.count) threads = job.count > 0 ? (int)job.count : 1;
+    if (threads > 1)
+        helpers_ns = run_pieces(&job, threads);
+    else
+        copy_worker(&job);
+    combine_pieces(&job, table, nruns);
     Py_END_ALLOW_THREADS
+done:
+    for (Py_ssize_t r = 0; r < dsts_held; r++) PyBuffer_Release(&dsts[r]);
+    PyMem_Free(dsts);
+    PyMem_Free(runs);
+    PyMem_Free(pieces);
     release_all(views, 5);
+    if (PyErr_Occurred()) return NULL;
+    return PyLong_FromLongLong(helpers_ns);
+}
+
+/* set_crc32_combine(address): zng_crc32_combine of the zlib_ng extension. */
+static PyObject *py_set_crc32_combine(PyObject *self, PyObject *arg) {
+    void *address = PyLong_AsVoidPtr(arg);
+    if (address == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null function address");
+        return NULL;
+    }
+    crc32_combine_impl = (crc32_combine_fn)address;
     Py_RETURN_NONE;
+}
+
+/* crc32_combine(crc1, crc2, len2) -> int: through the installed pointer (a self-test). */
+static PyObject *py_crc32_combine(PyObject *self, PyObject *args) {
+    unsigned long crc1, crc2;
+    long long len2;
+    if (!PyArg_ParseTuple(args, "kkL", &crc1, &crc2, &len2)) return NULL;
+    if (crc32_combine_impl == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "set_crc32_combine was not called");
+        return NULL;
+    }
+    if (crc1 > 0xFFFFFFFFul || crc2 > 0xFFFFFFFFul || len2 < 0) {
+        PyErr_SetString(PyExc_ValueError, "CRCs are 32-bit, lengths not negative");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLong(crc32_combine_impl((uint32_t)crc1, (uint32_t)crc2, (int64_t)len2));
 }
 
 /* set_crc32(address): zng_crc32 of the zlib_ng extension, as an integer. */
@@ -378,71 +696,6 @@ static PyObject *py_copy_spans(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(total);
 }
 
-/* copy_runs(src, dsts, ats, starts, ends, bounds) -> None: copy_spans for
- * many destinations in one call (the CommitLog pass: every queue's records
- * of a window into its own segment buffer). Run r is spans
- * [bounds[r], bounds[r + 1]) of starts/ends (int64), copied one after the
- * other into the writable dsts[r] from byte ats[r]. Every span and
- * destination is checked before any byte is copied. */
-static PyObject *py_copy_runs(PyObject *self, PyObject *args) {
-    PyObject *src_obj, *dsts_obj, *ats_obj, *starts_obj, *ends_obj, *bounds_obj;
-    if (!PyArg_ParseTuple(args, "OO!OOOO", &src_obj, &PyList_Type, &dsts_obj, &ats_obj, &starts_obj, &ends_obj,
-                          &bounds_obj))
-        return NULL;
-    Py_buffer views[5];
-    PyObject *objs[5] = {src_obj, ats_obj, starts_obj, ends_obj, bounds_obj};
-    int got = 0;
-    for (; got < 5; got++)
-        if (PyObject_GetBuffer(objs[got], &views[got], PyBUF_SIMPLE) < 0) { release_all(views, got); return NULL; }
-    const Py_ssize_t nruns = PyList_GET_SIZE(dsts_obj);
-    Py_ssize_t total = spans_total(&views[0], &views[2], &views[3]);
-    const int64_t *ats = views[1].buf, *bounds = views[4].buf;
-    const Py_ssize_t nspans = views[2].len / 8;
-    if (total >= 0 && (views[1].len != nruns * 8 || views[4].len != (nruns + 1) * 8 || bounds[0] != 0
-                       || bounds[nruns] != nspans)) {
-        PyErr_SetString(PyExc_ValueError, "ats and bounds must be int64 arrays of one item a run (and one more)");
-        total = -1;
-    }
-    for (Py_ssize_t r = 0; total >= 0 && r < nruns; r++)
-        if (bounds[r + 1] < bounds[r]) {
-            PyErr_Format(PyExc_ValueError, "run %zd: bounds going back", r);
-            total = -1;
-        }
-    if (total < 0) { release_all(views, 5); return NULL; }
-    Py_buffer *dsts = PyMem_Calloc(nruns ? (size_t)nruns : 1, sizeof(Py_buffer));
-    if (dsts == NULL) { release_all(views, 5); return PyErr_NoMemory(); }
-    const int64_t *s = views[2].buf, *e = views[3].buf;
-    Py_ssize_t held = 0;
-    for (; held < nruns; held++) {
-        if (PyObject_GetBuffer(PyList_GET_ITEM(dsts_obj, held), &dsts[held], PyBUF_WRITABLE) < 0) break;
-        int64_t need = 0;
-        for (int64_t i = bounds[held]; i < bounds[held + 1]; i++) need += e[i] - s[i];
-        if (ats[held] < 0 || ats[held] > dsts[held].len || need > dsts[held].len - ats[held]) {
-            PyErr_Format(PyExc_ValueError, "run %zd: the spans do not fit its destination", held);
-            held++;
-            break;
-        }
-    }
-    if (held == nruns && !PyErr_Occurred()) {
-        const uint8_t *src = (const uint8_t *)views[0].buf;
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t r = 0; r < nruns; r++) {
-            uint8_t *out = (uint8_t *)dsts[r].buf + ats[r];
-            for (int64_t i = bounds[r]; i < bounds[r + 1]; i++) {
-                size_t len = (size_t)(e[i] - s[i]);
-                memcpy(out, src + s[i], len);
-                out += len;
-            }
-        }
-        Py_END_ALLOW_THREADS
-    }
-    for (Py_ssize_t r = 0; r < held; r++) PyBuffer_Release(&dsts[r]);
-    PyMem_Free(dsts);
-    release_all(views, 5);
-    if (PyErr_Occurred()) return NULL;
-    Py_RETURN_NONE;
-}
-
 /* join_spans(src, starts, ends, sep) -> bytes: sep, span 0, sep, span 1, ...
  * (sep one byte): the properties of many records in one buffer, as
  * b"\x02" + b"\x02".join(...) makes it, without a slice object per record. */
@@ -567,13 +820,14 @@ static PyMethodDef methods[] = {
     {"realign", py_realign, METH_VARARGS, "A bytearray of n bytes starting at an aligned address, not zeroed."},
     {"address", py_address, METH_O, "The address of a bytearray's first byte."},
     {"grow", py_grow, METH_VARARGS, "Resize a bytearray up without initialising the new bytes."},
-    {"copy_runs", py_copy_runs, METH_VARARGS, "copy_spans into many destinations in one call."},
     {"copy_spans", py_copy_spans, METH_VARARGS, "Copy spans of a buffer one after the other into another."},
     {"join_spans", py_join_spans, METH_VARARGS, "Spans of a buffer, each behind a one-byte separator."},
     {"crc32_rows", py_crc32_rows, METH_VARARGS, "CRC-32 of the same span of every row of a 2-D buffer."},
-    {"check_runs", py_check_runs, METH_VARARGS, "Validate many queues' runs of one window in one call."},
+    {"check_copy_runs", py_check_copy_runs, METH_VARARGS, "Check, copy and CRC many runs of one window, on threads."},
     {"check_run", py_check_run, METH_VARARGS, "Validate a run of records; returns how many lead the run."},
     {"set_crc32", py_set_crc32, METH_O, "Install the crc32(crc, buf, len) function at this address."},
+    {"set_crc32_combine", py_set_crc32_combine, METH_O, "Install crc32_combine(crc1, crc2, len2) at this address."},
+    {"crc32_combine", py_crc32_combine, METH_VARARGS, "crc32_combine through the installed function."},
     {"crc32", py_crc32, METH_O, "CRC-32 of a buffer through the installed function."},
     {NULL, NULL, 0, NULL},
 };

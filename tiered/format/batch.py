@@ -13,6 +13,11 @@ valid; ``LocalStore`` reads that one through the field-by-field decoder,
 which accepts it (an unusual layout) or raises the typed error naming the
 file and offset. So the fast path decides nothing the decoder would not.
 
+The CommitLog pass checks the runs of all the queues of a window in one
+call that also copies each record into its queue's segment and keeps the
+segment's CRC-32 (``check_copy_runs``: compiled, the record checked on its
+copy, on several threads; else the same checks with numpy, then the copy).
+
 Record layout as indexed here (big-endian; DESIGN.md section 2)::
 
     0  total size i32 | 4 magic u32 | 8 body crc i32 | 12 queue id i32
@@ -61,10 +66,12 @@ def _load_native() -> ModuleType | None:
         import zlib_ng.zlib_ng as zng
 
         # the same function zlib_ng.crc32 calls, by its exported C symbol
-        address = ctypes.cast(ctypes.CDLL(zng.__file__).zng_crc32, ctypes.c_void_p).value
-        _runcheck.set_crc32(address)
+        lib = ctypes.CDLL(zng.__file__)
+        _runcheck.set_crc32(ctypes.cast(lib.zng_crc32, ctypes.c_void_p).value)
+        _runcheck.set_crc32_combine(ctypes.cast(lib.zng_crc32_combine, ctypes.c_void_p).value)
         probe = bytes(range(256)) * 5
-        if _runcheck.crc32(probe) != crc32(probe) or _runcheck.crc32(b"123456789") != 0xCBF43926:
+        if (_runcheck.crc32(probe) != crc32(probe) or _runcheck.crc32(b"123456789") != 0xCBF43926
+                or _runcheck.crc32_combine(crc32(probe[:100]), crc32(probe[100:]), 1180) != crc32(probe)):
             log.warning("compiled run check disagrees with zlib-ng's crc32: using the numpy path")
             return None
         return _runcheck
@@ -147,28 +154,6 @@ def copy_spans(dst: bytearray | memoryview, at: int, src: memoryview | bytes, st
     return pos - at
 
 
-def copy_runs(src: memoryview | bytes, dsts: list[bytearray], ats: np.ndarray, starts: np.ndarray,
-              ends: np.ndarray, bounds: np.ndarray) -> None:
-    """``copy_spans`` of spans ``bounds[r]:bounds[r + 1]`` into ``dsts[r]``
-    from byte ``ats[r]``, for every r: compiled, one call for them all (the
-    CommitLog pass copies a window's records into a thousand segment
-    buffers; a call each cost more than the copying), everything checked
-    before a byte is copied."""
-    native = getattr(_native, "copy_runs", None)
-    if native is not None:
-        native(src, dsts, _int64(ats), _int64(starts), _int64(ends), _int64(bounds))
-        return
-    if len(bounds) != len(dsts) + 1 or len(ats) != len(dsts):
-        raise ValueError("ats and bounds must be int64 arrays of one item a run (and one more)")
-    for r, dst in enumerate(dsts):
-        lo, hi = int(bounds[r]), int(bounds[r + 1])
-        if int((ends[lo:hi] - starts[lo:hi]).sum()) > len(dst) - int(ats[r]):
-            raise ValueError(f"run {r}: the spans do not fit its destination")
-    for r, dst in enumerate(dsts):
-        lo, hi = int(bounds[r]), int(bounds[r + 1])
-        copy_spans(dst, int(ats[r]), src, starts[lo:hi], ends[lo:hi])
-
-
 def grow(buffer: bytearray, n: int) -> None:
     """``buffer`` lengthened to ``n`` bytes; the new bytes' values are
     undefined until written. Compiled: without writing them (a fresh
@@ -248,15 +233,18 @@ def _tail(topic: bytes) -> tuple[bytes, int] | None:
     return tlen.to_bytes(2 if v2 else 1, "big") + topic, MAGIC_V2 if v2 else MAGIC_V1
 
 
-# columns of a ``check_runs_table`` row: first entry, entry count, queue id, first
-# queue offset, magic, tail at, tail length (in the blob), and the answer
-RUN_FIELDS = 8
+# columns of a ``check_copy_runs`` row: first entry, entry count, queue id, first
+# queue offset, magic, tail at, tail length (in the blob), the answer (records
+# kept); then where the run's records go in its destination, the CRC-32 of the
+# destination's bytes before them (replaced by the CRC-32 up to the end of the
+# records kept) and the bytes kept
+COPY_FIELDS = 11
 
 
 def run_tails(topics: list[bytes]) -> tuple[np.ndarray, bytes]:
     """For each of ``topics``: (magic, at, length) of its [topic length][topic]
     in the returned blob, each distinct topic once; magic 0 for a topic no
-    record can hold. Rows 4:7 of a ``check_runs_table`` row."""
+    record can hold. Columns 4:7 of a ``check_copy_runs`` row."""
     rows = np.zeros((len(topics), 3), np.int64)
     seen: dict[bytes, tuple[int, int, int]] = {}
     blob = bytearray()
@@ -271,48 +259,108 @@ def run_tails(topics: list[bytes]) -> tuple[np.ndarray, bytes]:
     return rows, bytes(blob)
 
 
-def check_runs_table(
+def check_copy_runs(
     view: memoryview,
     base: int,
     entries: np.ndarray,
     table: np.ndarray,
     blob: bytes,
+    dsts: list[bytearray],
     *,
     source: str,
     verify_crc: bool = True,
     out: np.ndarray | None = None,
-) -> np.ndarray:
-    """Many runs of ``check_run`` over one ``view`` at once, the runs as an int64 table (RUN_FIELDS columns, the
-    topics' tails from ``run_tails``), for a caller that builds it with array
-    operations: the CommitLog pass, where a Python tuple and a RecordBatch a
-    queue a window cost more than the queue's records. Writes each run's
-    answer (its leading valid records) into column 7 and returns the 6 x
-    len(entries) int64 arrays (positions, sizes, tags, store ms, born ms,
-    properties at), each run's at its entries' rows (into ``out`` when
-    given: rows of runs not checked keep what they held). The runs may
-    take any rows of ``entries``, in any order."""
+    threads: int = 1,
+    piece_bytes: int = 0,
+) -> tuple[np.ndarray, float]:
+    """Many runs of ``check_run`` over one ``view`` at once, each run's
+    records kept copied into ``dsts[r]`` from byte ``table[r, 8]`` one
+    after the other and the CRC-32 in ``table[r, 9]`` continued over them:
+    the CommitLog pass's one call a window, for a caller that builds the
+    table (COPY_FIELDS columns, the topics' tails from ``run_tails``) with
+    array operations (a Python tuple and a RecordBatch a queue a window
+    cost more than the queue's records at 1,000 queues). Writes each run's
+    answer (its leading valid records) into column 7, the CRC into 9, the
+    bytes kept into 10. Returns the 6 x len(entries) int64 arrays
+    (positions, sizes, tags, store ms, born ms, properties at), each run's
+    at its entries' rows (into ``out`` when given; rows past a run's answer
+    undefined, rows of no run untouched; the runs may take any rows of
+    ``entries``, in any order), and the CPU seconds of the threads it
+    started (the caller's own clock does not count them). The
+    bytes copied past the last record kept are undefined too: only the
+    bytes counted are the run's. A destination must have room for every
+    entry of its run that names a record inside ``view`` (ValueError, before
+    anything is copied).
+
+    Compiled: each record copied, then checked on the copy (hot in the
+    cache: the bytes checked and CRC'd are the bytes kept, the mapped
+    CommitLog read once), the window cut by bytes over up to ``threads``
+    threads without the GIL (a run cut into pieces, their CRCs combined;
+    ``piece_bytes``: their size, 0 for a share of the window fit for
+    ``threads``, which then start only for a window of a few MiB).
+    Else each run checked by ``check_run_numpy``, then its records copied
+    and their CRC computed over the copy: the same answers."""
     if out is None:
         out = np.empty((6, len(entries)), np.int64)
     elif out.shape != (6, len(entries)) or out.dtype != np.int64 or not out.flags.c_contiguous:
         raise ValueError(f"out must be a contiguous 6 x {len(entries)} int64 array")
+    if table.ndim != 2 or table.shape[1] != COPY_FIELDS or table.dtype != np.int64 or not table.flags.c_contiguous:
+        raise ValueError(f"the table must be a contiguous n x {COPY_FIELDS} int64 array")
+    if len(dsts) != len(table):
+        raise ValueError("entries, runs, out or dsts of the wrong size")
     table[:, 7] = 0
-    if _native is not None:
-        # CQ_DTYPE as the loop reads it (big-endian): a concatenation with an empty
-        # array hands back the native byte order, the same values
-        _native.check_runs(view, base, np.ascontiguousarray(entries, CQ_DTYPE), table, blob, verify_crc, out)
-        return out
-    for r, (row, count, queue_id, first, magic, at, length) in enumerate(table[:, :7].tolist()):
-        if not count:
+    table[:, 10] = 0
+    native = getattr(_native, "check_copy_runs", None)
+    if native is not None:
+        # CQ_DTYPE as the loop reads it (big-endian), as for check_runs
+        helpers_ns = native(view, base, np.ascontiguousarray(entries, CQ_DTYPE), table, blob, verify_crc, out, dsts,
+                            threads, piece_bytes)
+        return out, helpers_ns / 1e9
+    planned = _planned(view, base, entries, table, blob, dsts)
+    for r, (row, _count, queue_id, first, magic, at, length) in enumerate(table[:, :7].tolist()):
+        if not planned[r]:
             continue
         topic = blob[at + (2 if magic == MAGIC_V2 else 1):at + length]
-        batch = check_run_numpy(view, base, entries[row:row + count], topic=topic, queue_id=queue_id,
+        # (the entries naming records inside the view only: check_run's caller guarantees them)
+        batch = check_run_numpy(view, base, entries[row:row + planned[r]], topic=topic, queue_id=queue_id,
                                 first_offset=first, source=source, verify_crc=verify_crc)
-        if batch is not None:
-            k = table[r, 7] = batch.count
-            for i, column in enumerate((batch.positions, batch.sizes, batch.tags, batch.store_ms, batch.born_ms,
-                                        batch.props_at)):
-                out[i, row:row + k] = column
-    return out
+        if batch is None:
+            continue
+        k = table[r, 7] = batch.count
+        for i, column in enumerate((batch.positions, batch.sizes, batch.tags, batch.store_ms, batch.born_ms,
+                                    batch.props_at)):
+            out[i, row:row + k] = column
+        dst_at = int(table[r, 8])
+        kept = copy_spans(dsts[r], dst_at, view, batch.positions, batch.positions + batch.sizes)
+        with memoryview(dsts[r]) as dst:
+            table[r, 9] = crc32(dst[dst_at:dst_at + kept], int(table[r, 9]))
+        table[r, 10] = kept
+    return out, 0.0
+
+
+def _planned(view: memoryview, base: int, entries: np.ndarray, table: np.ndarray, blob: bytes,
+             dsts: list[bytearray]) -> list[int]:
+    """How many of each run's leading entries name a record inside ``view``
+    (no record past them can be kept), every run and destination checked as
+    the compiled ``check_copy_runs`` checks them: the destination holds
+    those records' bytes."""
+    planned = []
+    for r, (row, count, queue_id, _first, magic, at, length, _k, dst_at, crc, _kept) in enumerate(table.tolist()):
+        if (row < 0 or count < 0 or row > len(entries) - count or at < 0 or length < 0 or at > len(blob) - length
+                or not 0 <= magic <= 0xFFFFFFFF or not -(1 << 31) <= queue_id < 1 << 31
+                or not 0 <= crc <= 0xFFFFFFFF):
+            raise ValueError(f"run {r} outside the entries or tails given")
+        m = need = 0
+        if count and len(view) >= _FIXED_SIZE:
+            part = entries[row:row + count]
+            size = part["size"].astype(np.int64)
+            pos = part["phys"].astype(np.int64) - base
+            m = _first_false((size >= _FIXED_SIZE + length + 2) & (pos >= 0) & (pos <= len(view) - size))
+            need = int(size[:m].sum())
+        if dst_at < 0 or dst_at > len(dsts[r]) or need > len(dsts[r]) - dst_at:
+            raise ValueError(f"run {r}: its records do not fit its destination")
+        planned.append(m)
+    return planned
 
 
 def check_run_numpy(
