@@ -63,9 +63,10 @@ class CatalogKeeper:
         self._changed: set[QueueKey] = set()
         self._retry = False
 
-    def reset(self, catalog: Catalog | None) -> None:
+    def reset(self, catalog: Catalog | None, *, keep_copy: bool = False) -> None:
         """What the bucket's catalog says now (None: unknown, so the next
-        call writes it as soon as there is a manifest)."""
+        call writes it as soon as there is a manifest); the local copy says
+        the same from now on (``keep_copy``: it is where ``catalog`` came from)."""
         with self._lock:
             self._changed.clear()
             self._retry = False
@@ -73,10 +74,13 @@ class CatalogKeeper:
                 self._said = None
                 self._said_retention = {}
                 self._said_ms = 0
-                if self.copy is not None:
-                    self.copy.unlink(missing_ok=True)
             else:
                 self._take(catalog)
+        if self.copy is not None and not keep_copy:
+            if catalog is None:
+                self.copy.unlink(missing_ok=True)
+            else:
+                self._save(catalog.to_bytes())
 
     def load_copy(self, known: Mapping[QueueKey, Manifest]) -> None:
         """At a start from the local cache: what this writer last wrote, and
@@ -87,7 +91,7 @@ class CatalogKeeper:
                 catalog = Catalog.from_bytes(self.copy.read_bytes(), str(self.copy))
             except (OSError, CorruptRecordError, FormatVersionError):
                 catalog = None  # none (an older state directory) or torn: unknown, written at the next call
-        self.reset(catalog)
+        self.reset(catalog, keep_copy=True)
         if catalog is not None:
             self.changed(*(k for k in known if k not in (self._said or {})))
 
@@ -134,12 +138,16 @@ class CatalogKeeper:
             self._retry = False
             self._take(catalog)
         if self.copy is not None:
-            # no fsync: a copy lost or torn by a power cut reads as unknown
-            # (the next call writes the catalog), never as wrong
-            self.copy.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.copy.with_name(self.copy.name + ".tmp")
-            tmp.write_bytes(data)
-            tmp.replace(self.copy)
+            self._save(data)
+
+    def _save(self, data: bytes) -> None:
+        assert self.copy is not None
+        # no fsync: a copy lost or torn by a power cut reads as unknown (the
+        # next call writes the catalog), never as wrong
+        self.copy.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.copy.with_name(self.copy.name + ".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(self.copy)
 
     def failed(self, taken: set[QueueKey]) -> None:
         with self._lock:
