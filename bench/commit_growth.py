@@ -6,7 +6,8 @@
 Archives ``--segments`` one-message segments of one queue with the real
 dispatcher into a temporary file:// cold tier and records the bytes of every
 commit: the manifest head plus the manifest chunks written with it
-(tiered/archive/chunks.py; one commit in 16 writes a chunk). Prints the
+(tiered/archive/chunks.py; one commit in 16 seals a chunk: an object of its
+own in layout v1, a section of the segment object in v2). Prints the
 commit size at segments 10, 100 and 300 (and the last), the mean and the
 largest over the last 100 commits, and the data bytes per segment, per
 layout. A commit that does not grow with history prints flat figures.
@@ -27,6 +28,7 @@ from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter 
 from tiered.clock import ManualClock  # noqa: E402
 from tiered.archive.coldtier import ColdTier  # noqa: E402
 from tiered.store.localstore import LocalStore  # noqa: E402
+from tiered.archive import segmeta  # noqa: E402
 from tiered.archive.chunks import CHUNK_DIR  # noqa: E402
 from tiered.archive.manifest import MANIFEST  # noqa: E402
 from tiered.archive.storage import FileStore  # noqa: E402
@@ -52,7 +54,10 @@ def run(root: Path, segments: int, layout: int) -> tuple[list[int], int]:
             elif f"/{CHUNK_DIR}/" in key:
                 chunk_bytes[0] += len(body)
             elif "/_" not in key:
-                data[0] += len(body)
+                desc = segmeta.parse(body, key) if "/segment/" in key else None
+                carried = desc.chunks[1] if desc is not None and desc.chunks else 0
+                chunk_bytes[0] += carried  # the chunks the segment object carries belong to its commit
+                data[0] += len(body) - carried
             return raw(key, body, *args)
         return call
 

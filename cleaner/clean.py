@@ -170,12 +170,15 @@ class Cleaner:
                     self._last_orphan_scan_ms = now
                 collect_orphans(self.cold, self.clock.now_ms(), self.options.orphan_grace_ms, report,
                                 self.recorder, dry_run=dry_run, before_write=self._before_write)
-            if report.committed:
+            if not dry_run:
                 try:
-                    self.cold.write_catalog()
+                    # as the dispatcher does (tiered/archive/catalog.py): expiry and
+                    # merges only raise what it says, so its ranges are refreshed
+                    # at most every dispatch.catalog_refresh
+                    self.cold.refresh_catalog()
                 except FencedError:
                     raise
-                except Exception as exc:  # noqa: BLE001 - the catalog is a hint; the next commit rewrites it
+                except Exception as exc:  # noqa: BLE001 - the catalog is a hint; the next pass writes it again
                     report.errors["_catalog.json"] = f"{type(exc).__name__}: {exc}"
         except FencedError as exc:
             report.fenced = str(exc)

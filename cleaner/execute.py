@@ -7,7 +7,10 @@ dispatcher is working on is skipped this pass):
 2. one conditional manifest commit that removes the expired prefix, drops
    due pending deletes, and replaces each merged run by its merged segment
    plus a ``PendingDelete`` of the run's objects due after the orphan grace
-   period. The change re-checks every planned item against the manifest as
+   period. A manifest chunk carried by an object the commit stops
+   referencing (a merged segment's) is written on its own by that commit
+   (``ColdTier._store_chunks``, ``chunks.going``): nothing deleted later is
+   still referenced. The change re-checks every planned item against the manifest as
    it is now; anything that moved raises ``ConflictError`` (or, for a merge,
    leaves that run alone) and is retried by a later pass.
 

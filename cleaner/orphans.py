@@ -7,7 +7,10 @@ the grace period that the cached manifests do not reference; each affected
 queue is then locked (skipped if busy) and its manifest re-read from the
 bucket, and only objects the fresh manifest does not reference either are
 deleted, in batched requests. The grace period covers uploads in flight: the
-dispatcher writes data objects before the manifest that names them.
+dispatcher writes data objects before the manifest that names them. A
+segment object that carries manifest chunks is referenced while a head
+reaches one of them (``Manifest.chunk_keys``); an uncommitted one is an
+orphan like any other upload.
 
 Data objects of a queue with no manifest at all are never collected: a lost
 or unreadable manifest must not turn an archive into garbage. They are

@@ -12,7 +12,11 @@ Expiry (DESIGN.md section 4, invariant 4)
     ever be expired.
 
     Only a prefix of a queue is removed, never a hole: the walk from the
-    oldest offset stops at the first segment that is not expired. Gaps
+    oldest offset stops at the first segment that is not expired, and at a
+    segment whose object carries a manifest chunk (tiered/archive/chunks.py)
+    still describing a segment the prefix keeps (``Verdict.CARRIER``;
+    tiered never writes one: a carrier is newer than what it describes).
+    ``still_referenced`` is what a plan must never delete. Gaps
     (offsets the broker lost before they were archived) are metadata: a gap
     goes with the prefix when a later segment in the prefix has expired (the
     lost data was older than data already past retention), or on its own when
@@ -44,7 +48,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from cleaner.retention import Retention
-from tiered.archive.chunks import CHUNK_DIR
+from tiered.archive.chunks import CHUNK_DIR, span
 from tiered.archive.manifest import Gap, Manifest, PendingDelete, Segment, topic_of_dir
 from tiered.archive.segmeta import Descriptor
 from tiered.archive.storage import ObjectInfo
@@ -66,6 +70,10 @@ class Verdict(str, Enum):
     EMPTY = "empty"  # holds no data: never expired
     FUTURE = "future"  # stamped beyond now + tolerance: never expired, reported
     BAD_TIME = "bad_time"  # not a real time (sentinel, pre-2010, max < min): never expired, reported
+    # its object carries a manifest chunk that still describes kept segments:
+    # kept with them (cannot happen with what tiered writes: a carrier is
+    # newer than what it describes; checked anyway)
+    CARRIER = "carrier"
 
     @property
     def skewed(self) -> bool:
@@ -189,15 +197,60 @@ class CleanPlan:
         return tuple((q, s) for q in self.queues for s in q.skewed)
 
 
+def carriers(m: Manifest) -> dict[str, int]:
+    """Segment objects that carry a manifest chunk ``m`` reaches (format
+    4.0), each with the end offset of the newest segment its chunks describe:
+    the object must stay while that segment does."""
+    out: dict[str, int] = {}
+    for name, obj in zip(m.chunk_names, m.chunk_keys):
+        if f"/{CHUNK_DIR}/" not in obj:
+            out[obj] = max(out.get(obj, 0), span(name)[1])
+    return out
+
+
+def still_referenced(m: Manifest, qp: QueuePlan) -> set[str]:
+    """What ``m`` still references once ``qp``'s expiry is committed: the kept
+    segments' objects, the chunks that still describe a kept segment and the
+    objects carrying them, the pending deletes not due. No key of
+    ``qp.expired_keys()`` or ``qp.pending_keys()`` may be in it."""
+    kept = m.segments[len(qp.expire):]
+    end = qp.expire[-1].q_end if qp.expire else -1
+    out = {k for s in kept for k in s.keys()}
+    out.update(k for p in m.pending_deletes if p not in qp.due_pending for k in p.keys)
+    out.update(obj for name, obj in zip(m.chunk_names, m.chunk_keys) if span(name)[1] > end)
+    return out
+
+
 def plan_expiry(
-    m: Manifest, cutoff_ms: int, now_ms: int, skew_tolerance_ms: int
+    m: Manifest, cutoff_ms: int, now_ms: int, skew_tolerance_ms: int, *, limit: int | None = None,
 ) -> tuple[tuple[Segment, ...], tuple[Gap, ...], Verdict | None]:
     """(segments, gaps) forming the removable prefix of ``m``, and the verdict
-    of the segment that stopped the walk (None: nothing stopped it)."""
+    of the segment that stopped the walk (None: nothing stopped it). Nothing
+    from queue offset ``limit`` on is removed. A segment whose object
+    carries a manifest chunk describing a segment the prefix keeps stops it
+    (``Verdict.CARRIER``)."""
+    segments, gaps, stopped = _expiry(m, cutoff_ms, now_ms, skew_tolerance_ms, limit)
+    held = carriers(m)
+    while held and segments:
+        end = segments[-1].q_end
+        stop = next((s for s in segments if any(held.get(k, 0) > end for k in s.keys())), None)
+        if stop is None:
+            break
+        segments, gaps, _ = _expiry(m, cutoff_ms, now_ms, skew_tolerance_ms, stop.q_start)
+        stopped = Verdict.CARRIER
+    return segments, gaps, stopped
+
+
+def _expiry(
+    m: Manifest, cutoff_ms: int, now_ms: int, skew_tolerance_ms: int, limit: int | None,
+) -> tuple[tuple[Segment, ...], tuple[Gap, ...], Verdict | None]:
     items: list[Segment | Gap] = sorted([*m.segments, *m.gaps], key=lambda x: (x.q_start, x.q_end))
     last = -1
     stopped: Verdict | None = None
     for i, item in enumerate(items):
+        if limit is not None and item.q_start >= limit:
+            stopped = Verdict.CARRIER
+            break
         if isinstance(item, Gap):
             if gap_expired(item, cutoff_ms, now_ms, skew_tolerance_ms):
                 last = i

@@ -418,16 +418,20 @@ class QueueArchiver:
         history = (manifest.history if manifest is not None and manifest.history
                    else self.cold.history_for(topic, queue_id, manifest.first_offset if manifest else seg.q_start))
         gaps = manifest.gaps_before(seg.q_start) if manifest is not None else ()
-        desc = self.cold.descriptor(topic, queue_id, history, seg, gaps)
+        carried = None
         if seg.layout == 2:
-            # one PUT: records, entries, index and descriptor in one object
+            # one PUT: records, entries, index, descriptor, and the manifest
+            # chunks this commit seals (carried: no request of their own)
+            carried = self.cold.carry(topic, queue_id, manifest, seg, built.compression)
+            desc = self.cold.descriptor(topic, queue_id, history, seg, gaps, carried)
             packed = segmeta.pack_v2(built.commitlog, built.consumequeue, built.index, desc, built.compression,
-                                     consume=True)  # the built segment is not used again
+                                     consume=True, carried=carried.body)  # the built segment is not used again
             store.put(seg.keys()[0], packed, crc=_object_crc(packed, seg, built.compression))
             seg = replace(seg, stored_bytes=len(packed))  # the manifest knows it, the descriptor cannot
             if packed is built.commitlog:  # uploaded: its mapped pages serve a next segment
                 SEGMENT_BUFFERS.give(packed, holders=2)  # this name and the built segment's
         else:
+            desc = self.cold.descriptor(topic, queue_id, history, seg, gaps)
             # The ConsumeQueue object last: its descriptor promises the others exist.
             store.put(seg.commitlog_key, built.commitlog, crc=seg.commitlog_crc)  # the object is the segment's bytes
             if built.index is not None and seg.index_key:
@@ -447,7 +451,7 @@ class QueueArchiver:
                 raise ConflictError(f"{topic}/{queue_id}: the manifest's history changed meanwhile")
             return replace(current.with_segment(seg), history=history)
 
-        committed = self.cold.commit(topic, queue_id, change)
+        committed = self.cold.commit(topic, queue_id, change, carried=carried)
         result.segments += 1
         result.messages += seg.messages
         result.nbytes += seg.nbytes

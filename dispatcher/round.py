@@ -273,11 +273,15 @@ class Dispatcher:
             committed = committed or r.committed
         if committed:
             self._record_retention()
-            try:
-                self.cold.write_catalog()
-            except Exception as exc:  # noqa: BLE001 - the catalog is a hint; next round rewrites it
-                result.errors["_catalog.json"] = f"{type(exc).__name__}: {exc}"
-                result.failed = True
+        try:
+            # written when it would be wrong (a new queue, in the round that first
+            # commits it; a changed retention), its ranges at most every
+            # dispatch.catalog_refresh: no request in most rounds
+            self.cold.refresh_catalog()
+        except Exception as exc:  # noqa: BLE001 - the catalog is a hint; the next round writes it again
+            result.errors["_catalog.json"] = f"{type(exc).__name__}: {exc}"
+            result.failed = True
+            log.error("writing the catalog failed; the next round writes it again: %s", result.errors["_catalog.json"])
         return result
 
     def _idle(self, key: tuple[str, int]) -> bool:

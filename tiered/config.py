@@ -182,6 +182,9 @@ class DispatchSettings(_Section):
     layout: int = Field(default=2, ge=1, le=2)
     # "zstd" compresses each v2 segment object whole (layout 2 only)
     compression: Literal["none", "zstd"] = "none"
+    # The catalog's ranges lag the manifests by at most this (tiered/archive/catalog.py);
+    # what a reader needs from it (the queues, the retention) is written at once.
+    catalog_refresh: Duration = 300.0
     retry: RetrySettings = RetrySettings()
 
     @field_validator("compression")

@@ -115,22 +115,22 @@ def test_a_newer_major_format_is_refused_clearly(tmp_path, clock):
     d.run_round()
     key = f"{CLUSTER}/{BROKER}/Cache/0/manifest.json"
     doc = json.loads(store.get(key))
-    doc["format_version"] = "4.0"
+    doc["format_version"] = "5.0"
     store.put(key, json.dumps(doc).encode())
-    with pytest.raises(FormatVersionError, match="format version 4.0.*upgrade tiered"):
+    with pytest.raises(FormatVersionError, match="format version 5.0.*upgrade tiered"):
         Manifest.from_bytes(store.get(key), key)
     cat_key = f"{CLUSTER}/{BROKER}/{CATALOG}"
     cat = json.loads(store.get(cat_key))
-    cat["format_version"] = "4.1"
+    cat["format_version"] = "5.1"
     store.put(cat_key, json.dumps(cat).encode())
-    with pytest.raises(FormatVersionError, match="4.1"):
+    with pytest.raises(FormatVersionError, match="5.1"):
         Catalog.from_bytes(store.get(cat_key), cat_key)
     # the CLI says so in one line and fails
     env = {"TIERED_STATE_DIR": str(tmp_path / "state2"), "TIERED_CLUSTER": CLUSTER, "TIERED_BROKER": BROKER,
            "TIERED_LOG__LEVEL": "WARNING"}
     res = CliRunner().invoke(app, ["verify", "--store", str(tmp_path / "store"), "--cold",
                                    f"file://{tmp_path / 'cold'}"], env=env)
-    assert res.exit_code == 1 and "format version 4.0" in res.stdout and "upgrade tiered" in res.stdout
+    assert res.exit_code == 1 and "format version 5.0" in res.stdout and "upgrade tiered" in res.stdout
     res = CliRunner().invoke(app, ["dispatch", "--store", str(tmp_path / "store"), "--cold",
                                    f"file://{tmp_path / 'cold'}", "--once"], env=env)
     assert res.exit_code == 1 and "upgrade tiered" in res.output

@@ -72,6 +72,13 @@ def test_rounds_interleaved_with_produce_archive_exactly(cold_url, open_cold, tm
     assert report.compared_locally == sum(produced.values())
     assert not report.orphans and not report.unarchived
     catalog = Catalog.from_bytes(store.get(f"{CLUSTER}/{BROKER}/{CATALOG}"))
+    # every queue listed from the round that first committed it; its ranges
+    # may lag (at most dispatch.catalog_refresh, 300 s here): refreshed after
+    assert {(q.topic, q.queue_id) for q in catalog.queues} == set(produced)
+    assert all(q.next_offset <= produced[(q.topic, q.queue_id)] for q in catalog.queues)
+    clock.advance(300)
+    assert d.run_round().ok
+    catalog = Catalog.from_bytes(store.get(f"{CLUSTER}/{BROKER}/{CATALOG}"))
     assert {(q.topic, q.queue_id): q.next_offset for q in catalog.queues} == produced
     assert catalog.format_version.startswith("1.")
 

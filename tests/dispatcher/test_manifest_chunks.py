@@ -71,8 +71,10 @@ def grow(n: int, loader: Loader) -> tuple[tuple[Segment, ...], chunks.ChunkPlan,
 def test_appends_seal_a_chunk_every_16_segments_and_fold_every_8_chunks() -> None:
     loader = Loader()
     segments, plan, plans = grow(300, loader)
-    # every commit: the head holds fewer than CHUNK_SEGMENTS inline segments
-    assert all(len(segments[:i + 1]) - p.tail < CHUNK_SEGMENTS for i, p in enumerate(plans))
+    # every commit: the head holds 1 to CHUNK_SEGMENTS inline segments, the
+    # newest always among them (what a commit seals is older than what it adds)
+    assert all(1 <= i + 1 - p.tail <= CHUNK_SEGMENTS for i, p in enumerate(plans))
+    assert [i for i, p in enumerate(plans) if p.writes][:2] == [CHUNK_SEGMENTS, 2 * CHUNK_SEGMENTS]
     levels = [name.split("-")[1] for p in plans for name, _ in p.writes]
     assert levels.count("L0") == 300 // CHUNK_SEGMENTS == 18
     assert levels.count("L1") == 18 // CHUNK_FANOUT == 2
@@ -88,7 +90,7 @@ def test_appends_seal_a_chunk_every_16_segments_and_fold_every_8_chunks() -> Non
 
 def test_a_chunk_name_is_its_content_so_a_retried_write_is_idempotent() -> None:
     loader = Loader()
-    segments, plan, _ = grow(32, loader)
+    segments, plan, _ = grow(33, loader)  # two chunks sealed (the newest segment stays inline)
     again = chunks.plan((), (), segments, TOPIC, QID, loader)
     assert [n for n, _ in again.writes] == [n for n, _ in chunks.plan((), (), segments, TOPIC, QID, loader).writes]
     changed = chunks.plan((), (), (replace(segments[0], created_ms=1),) + segments[1:], TOPIC, QID, loader)
@@ -248,3 +250,86 @@ def test_the_local_cache_keeps_the_head_and_copies_of_its_chunks(tmp_path) -> No
     # expiry past the first chunk drops its local copy
     third.commit(TOPIC, QID, lambda m: replace(m, segments=m.segments[20:]))
     assert sorted(p.name for p in (cache_dir / "_chunks" / f"{TOPIC}.{QID}").iterdir()) == sorted(copies)[1:]
+
+
+def carrier_of(i: int) -> str:
+    return f"{PREFIX}/segment/carrier-{i}"
+
+
+def grow_carried(n: int, loader: Loader) -> tuple[tuple[Segment, ...], chunks.ChunkPlan]:
+    """As ``grow``, every commit's chunks placed in the object of the
+    segment it adds, one after the other (what the dispatcher's upload does)."""
+    segments: tuple[Segment, ...] = ()
+    plan = chunks.ChunkPlan(refs=(), tail=0, writes=(), made={})
+    for i in range(n):
+        new = segments + (seg(i),)
+        at = [100]
+
+        def place(name: str, body: bytes, i: int = i) -> str:
+            at[0] += len(body)
+            return f"{carrier_of(i)}#{at[0] - len(body)}+{len(body)}"
+
+        plan = chunks.plan(plan.refs, segments, new, TOPIC, QID, loader, place=place)
+        loader.add(plan)
+        segments = new
+    return segments, plan
+
+
+def test_carried_chunks_name_their_carrier_which_is_newer_than_what_they_describe() -> None:
+    loader = Loader()
+    segments, plan = grow_carried(300, loader)
+    reached = chunks.reachable(plan.refs, loader)
+    assert len(reached) == 18 + 2 and all(r.carried for r in reached)
+    for r in reached:
+        carrier = int(r.at.split("#")[0].rsplit("-", 1)[1])
+        first, end = chunks.span(r.name)
+        # the carrier is the segment whose commit sealed it: right after what it describes
+        assert segments[carrier].q_start == end
+    # a level-1 chunk names its children where they are carried (format 4.0); a level-0 chunk's
+    # bytes are its segments only (3.0), the same wherever it is stored
+    [l1] = [r for r in plan.refs if r.level == 1][:1]
+    name, body = chunks.encode(TOPIC, QID, loader.chunks[l1.name], 0, chunks.span(l1.name)[1])
+    assert name == l1.name and json.loads(body)["format_version"] == "4.0"
+    assert all("in" in c for c in json.loads(body)["chunks"])
+    l0 = reached[-1]
+    assert json.loads(chunks.encode(TOPIC, QID, loader.chunks[l0.name], *chunks.span(l0.name))[1])[
+        "format_version"] == "3.0"
+    assert chunks.flatten(plan.refs, loader) == segments[:plan.tail]
+
+
+def test_a_chunk_whose_carrier_goes_is_written_again_elsewhere_under_its_name() -> None:
+    loader = Loader()
+    segments, plan = grow_carried(300, loader)
+    level0 = [r for r in chunks.reachable(plan.refs, loader) if r.level == 0]
+    victim = next(r for r in level0 if chunks.span(r.name)[0] == 32 * 2)  # segments 32..47, carried by 48
+    gone = frozenset({victim.at.split("#")[0]})
+    assert gone == {carrier_of(48)}
+    loader.reads = 0
+    after = chunks.plan(plan.refs, segments, segments, TOPIC, QID, loader, gone=gone)
+    loader.add(after)
+    # the chunk keeps its name (its content is the same), now an object of its own; its parent,
+    # which named the old place, is written again; nothing else
+    assert [n for n, _ in after.writes] == [victim.name, after.refs[0].name] and not after.placed
+    assert after.refs[0].name != plan.refs[0].name and after.refs[1:] == plan.refs[1:]
+    reached = chunks.reachable(after.refs, loader)
+    assert not any(r.at and r.at.split("#")[0] in gone for r in reached)
+    assert [r for r in reached if r.name == victim.name] == [replace(victim, at=None)]
+    assert chunks.flatten(after.refs, loader) == segments[:after.tail] and after.tail == plan.tail
+    # nothing goes: nothing is written, whatever the references hold
+    assert chunks.plan(plan.refs, segments, segments, TOPIC, QID, loader).writes == ()
+
+
+def test_a_head_sealed_by_the_older_rule_is_continued() -> None:
+    """tiered 3.0 sealed as soon as 16 segments were inline, leaving none:
+    such a head goes on, the newest segment now always inline."""
+    loader = Loader()
+    segments = tuple(seg(i) for i in range(34))
+    # what 3.0 wrote for 32 segments: two chunks and an empty tail (the same
+    # chunks the present rule seals once a 33rd segment is there)
+    sealed = chunks.plan((), (), segments[:33], TOPIC, QID, loader)
+    loader.add(sealed)
+    assert sealed.tail == 32 and len(sealed.refs) == 2
+    for n in (33, 34):
+        nxt = chunks.plan(sealed.refs, segments[:32], segments[:n], TOPIC, QID, loader)
+        assert nxt.writes == () and nxt.refs == sealed.refs and nxt.tail == 32
+        assert chunks.flatten(nxt.refs, loader) + segments[32:n] == segments[:n]

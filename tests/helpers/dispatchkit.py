@@ -188,8 +188,9 @@ def new_dispatcher(store: ObjectStore, local: LocalStore, state_dir: Path, clock
     archive_keys = {"upload_bytes", "max_delay_ms", "segment_bytes", "start_position", "quarantine_corrupt",
                     "key_index", "layout", "compression"}
     archive = ArchiveOptions(**{k: v for k, v in opts.items() if k in archive_keys})
-    rest = {k: v for k, v in opts.items() if k not in archive_keys}
-    cold = ColdTier(store, CLUSTER, BROKER, state_dir=state_dir, writer=identity, clock=clock)
+    rest = {k: v for k, v in opts.items() if k not in archive_keys and k != "catalog_refresh_s"}
+    cold = ColdTier(store, CLUSTER, BROKER, state_dir=state_dir, writer=identity, clock=clock,
+                    **{k: v for k, v in opts.items() if k == "catalog_refresh_s"})
     lm = (LeaseManager(store, f"{CLUSTER}/{BROKER}", identity, clock=clock, ttl_s=ttl_s, force=force)
           if lease else None)
     return Dispatcher(local, cold, lease=lm, topic_filter=topic_filter, options=DispatchOptions(archive, **rest),

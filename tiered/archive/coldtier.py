@@ -2,9 +2,13 @@
 
 Commit = data objects first (stable names), then one conditional manifest
 write: ``IfNoneMatch: *`` for a queue's first manifest, ``IfMatch: <etag>``
-after. A lost race (another writer, or the cleaner in this process)
-re-reads the manifest and re-applies the change, or gives up when the change
-no longer applies (``ConflictError``).
+after. The manifest chunks a commit seals (tiered/archive/chunks.py) ride in
+the segment object uploaded for it (``carry``, then ``commit(carried=...)``),
+or, when the commit is not an upload's or its base changed, are objects of
+their own written before the head. A lost race (another writer, or the
+cleaner in this process) re-reads the manifest and re-applies the change, or
+gives up when the change no longer applies (``ConflictError``). The catalog
+is written by ``refresh_catalog`` when it is due (tiered/archive/catalog.py).
 
 The local cache (one JSON file per queue under the state directory, written
 with tmp/bak/rename) lets a round with nothing new make no request at all.
@@ -30,10 +34,11 @@ from typing import Any
 
 from tiered.clock import Clock, SystemClock
 from tiered.errors import (CorruptRecordError, FormatVersionError, ObjectNotFoundError, PreconditionFailedError,
-                           TieredError)
+                           StorageError, TieredError)
 from tiered.format.jsonfile import read_json, write_json
-from tiered.archive import chunks
-from tiered.archive.chunks import ManifestChunkError, chunk_key
+from tiered.archive import chunks, layout, segmeta
+from tiered.archive.catalog import DEFAULT_REFRESH_S, CatalogKeeper
+from tiered.archive.chunks import Carried, ManifestChunkError, chunk_key
 from tiered.archive.manifest import (CATALOG, IDENTITY, MANIFEST, Catalog, CatalogEntry, ChunkRef, Gap, Manifest, Segment,
                                      broker_prefix, history_id, queue_prefix, topic_of_dir)
 from tiered.archive.rebuild import RebuildPlan, RepairReport, UnaccountedObjectsError, plan_rebuild, queues_in, scan_queue
@@ -73,6 +78,11 @@ def _queues_with_objects(keys: list[str], prefix: str) -> set[QueueKey]:
     return out
 
 
+def _carrying(m: Manifest) -> bool:
+    """Whether a chunk ``m`` reaches is carried in a segment object (format 4.0)."""
+    return any(f"/{chunks.CHUNK_DIR}/" not in k for k in m.chunk_keys)
+
+
 def _cache_name(topic: str, queue_id: int) -> str:
     return f"{urllib.parse.quote(topic, safe='')}.{queue_id}.json"
 
@@ -94,6 +104,7 @@ class ColdTier:
         writer: str = "",
         clock: Clock | None = None,
         recorder: Recorder | None = None,
+        catalog_refresh_s: float = DEFAULT_REFRESH_S,
     ) -> None:
         self.store = store
         self.cluster = cluster
@@ -113,6 +124,8 @@ class ColdTier:
         self._locks: dict[QueueKey, threading.Lock] = {}
         self._guard = threading.Lock()
         self._catalog_lock = threading.Lock()
+        self._catalog = CatalogKeeper(catalog_refresh_s, self.cache_dir / "_catalog" / "written.json"
+                                      if self.cache_dir is not None else None)
         self._chunks: dict[str, chunks.Chunk] = {}  # key -> content; chunks are immutable
         # Queues with any object in the LIST of the whole prefix that the last
         # load made (None: it made none, it read the catalog or the cache). A
@@ -148,6 +161,7 @@ class ColdTier:
                 if (meta and meta.get("epoch") == epoch and meta.get("complete")
                         and meta.get("store", self.store.url) == self.store.url):
                     self._load_cache_files()
+                    self._catalog.load_copy(self.manifests())
                     self.loaded = True
                     return
             except (CorruptRecordError, ValueError, KeyError, TypeError) as exc:
@@ -231,9 +245,9 @@ class ColdTier:
             refs = Manifest.chunk_refs(head, str(path))
             if refs:  # the head as committed; its chunks from the local copies (or the bucket)
                 topic, qid = str(head["topic"]), int(head["queue_id"])
-                load, qp = self._chunk_loader(topic, qid), queue_prefix(self.cluster, self.broker, topic, qid)
+                load = self._chunk_loader(topic, qid)
                 m = Manifest.from_dict(head, str(path), prefix=chunks.flatten(refs, load))
-                m = replace(m, chunks=refs, chunk_keys=tuple(chunk_key(qp, n) for n in chunks.reachable(refs, load)))
+                m = self._stored_in(m, refs, load)
             else:
                 m = Manifest.from_dict(head, str(path))
             entries[(m.topic, m.queue_id)] = _Entry(m, doc["etag"], True)
@@ -245,6 +259,7 @@ class ColdTier:
         is what a full check asks for (``use_catalog=False``). A queue the
         catalog missed is still safe: ``current`` looks it up before any write."""
         keys: list[str] | None = None
+        catalog: Catalog | None = None
         if use_catalog:
             try:
                 catalog = self.read_catalog()
@@ -276,6 +291,8 @@ class ColdTier:
         self._entries = entries
         self.broken = broken
         self._listed = listed
+        # what the bucket's catalog says: the one just read, else unknown (written at the next refresh)
+        self._catalog.reset(catalog)
         if self.cache_dir is not None:
             for path in self.cache_dir.glob("*.json*"):
                 if not path.name.startswith("_meta"):
@@ -294,8 +311,8 @@ class ColdTier:
             # The head as committed, not the whole manifest: a commit's local write
             # stays as small as its bucket write (chunks are copied once, below).
             m = entry.manifest
-            head = json.dumps(m.head_dict(m.chunks, sum(r.live for r in m.chunks)), separators=(",", ":"),
-                              sort_keys=True).encode("utf-8")
+            head = json.dumps(m.head_dict(m.chunks, sum(r.live for r in m.chunks), carried=_carrying(m)),
+                              separators=(",", ":"), sort_keys=True).encode("utf-8")
         doc = b'{"etag":' + json.dumps(entry.etag).encode("utf-8") + b',"manifest":' + head + b"}"
         # No fsync and no .bak: a cache file lost or torn by a power cut is
         # rebuilt from the bucket (or found one commit behind, which the
@@ -332,8 +349,8 @@ class ColdTier:
         root = self.cache_dir / "_chunks" if self.cache_dir is not None else None
         if root is None or not root.is_dir():
             return
-        keep = {(self._local_chunks(t, q), k.rsplit("/", 1)[-1])
-                for (t, q), e in entries.items() if e.manifest is not None for k in e.manifest.chunk_keys}
+        keep = {(self._local_chunks(t, q), name)
+                for (t, q), e in entries.items() if e.manifest is not None for name in e.manifest.chunk_names}
         for path in root.glob("*/*"):
             if (path.parent, path.name) not in keep:
                 path.unlink(missing_ok=True)
@@ -367,6 +384,7 @@ class ColdTier:
         entry = _Entry(m, etag, True)
         self._entries[(topic, queue_id)] = entry
         self._persist(topic, queue_id, entry)
+        self._catalog.changed((topic, queue_id))  # perhaps a queue the catalog does not list
         return m
 
     def _parse(self, data: bytes, key: str, topic: str, queue_id: int) -> Manifest:
@@ -388,15 +406,23 @@ class ColdTier:
             m.check()
         except ValueError as exc:
             raise ManifestChunkError(key, 0, f"the chunks and the head do not tile the archive: {exc}") from None
-        qp = queue_prefix(self.cluster, self.broker, topic, queue_id)
-        return replace(m, chunks=refs, chunk_keys=tuple(chunk_key(qp, n) for n in chunks.reachable(refs, load)))
+        return self._stored_in(m, refs, load)
+
+    def _stored_in(self, m: Manifest, refs: tuple[ChunkRef, ...],
+                   load: Callable[[ChunkRef], chunks.Chunk]) -> Manifest:
+        """``m`` with its chunk references and, for every chunk they reach,
+        its name and the stored object holding it (its own, or its carrier)."""
+        qp = queue_prefix(self.cluster, self.broker, m.topic, m.queue_id)
+        reached = chunks.reachable(refs, load)
+        return replace(m, chunks=refs, chunk_names=tuple(r.name for r in reached),
+                       chunk_keys=tuple(chunks.stored_in(qp, r) for r in reached))
 
     def _chunk_loader(self, topic: str, queue_id: int) -> Callable[[ChunkRef], chunks.Chunk]:
         qp = queue_prefix(self.cluster, self.broker, topic, queue_id)
         local = self._local_chunks(topic, queue_id)
 
         def load(ref: ChunkRef) -> chunks.Chunk:
-            key = chunk_key(qp, ref.name)
+            key = chunk_key(qp, ref.name)  # the cache's key: a chunk's name is its content, wherever stored
             chunk = self._chunks.get(key)
             if chunk is None and local is not None:
                 try:
@@ -404,12 +430,9 @@ class ColdTier:
                 except (OSError, ManifestChunkError):
                     chunk = None  # no local copy, or a torn one: the bucket has it
             if chunk is None:
-                try:
-                    data = self.store.get(key)
-                except ObjectNotFoundError:
-                    raise ManifestChunkError(key, 0, "manifest chunk missing; `tiered repair` rebuilds the "
-                                                     "manifest from the segment objects") from None
-                chunk = chunks.decode(data, key, ref, topic, queue_id)
+                data = self._read_carried(qp, ref) if ref.carried else self._read_standalone(key)
+                source, offset = (key, 0) if ref.at is None else (layout.object_of(ref.at), layout.split(ref.at)[1])
+                chunk = chunks.decode(data, source, ref, topic, queue_id, offset)
                 self._save_chunk(topic, queue_id, ref.name, data)
             if key not in self._chunks:
                 self._chunks[key] = chunk
@@ -418,6 +441,42 @@ class ColdTier:
                                                  f"{chunk.level}; its reference promises {ref.total} at {ref.level}")
             return chunk
         return load
+
+    def _read_standalone(self, key: str) -> bytes:
+        try:
+            return self.store.get(key)
+        except ObjectNotFoundError:
+            raise ManifestChunkError(key, 0, "manifest chunk missing; `tiered repair` rebuilds the "
+                                             "manifest from the segment objects") from None
+
+    def _read_carried(self, qp: str, ref: ChunkRef) -> bytes:
+        """A carried chunk's bytes: one ranged GET of its carrier, a segment
+        object of the queue. A carrier that is gone or shorter than the
+        reference says is a ManifestChunkError naming it (a HEAD tells a
+        store's refusal of a range past the end from any other failure)."""
+        obj, at, length = layout.split(ref.at or "")
+        end = at + (length or 0)
+        if not obj.startswith(f"{qp}/segment/"):
+            raise ManifestChunkError(obj, at, f"manifest chunk {ref.name} is placed in an object that is not "
+                                              f"one of its queue's segments")
+        what = f"the segment object carrying manifest chunk {ref.name}"
+        repair = "; `tiered repair` rebuilds the manifest from the segment objects"
+        try:
+            data = self.store.get_range(obj, at, end)
+        except ObjectNotFoundError:
+            raise ManifestChunkError(obj, at, f"{what} is missing{repair}") from None
+        except StorageError:
+            info = self.store.head(obj)
+            if info is None:
+                raise ManifestChunkError(obj, at, f"{what} is missing{repair}") from None
+            if info.size < end:
+                raise ManifestChunkError(obj, at, f"{what} is truncated ({info.size} bytes, the chunk ends at "
+                                                  f"{end}){repair}") from None
+            raise
+        if len(data) != end - at:
+            raise ManifestChunkError(obj, at, f"{what} is truncated ({at + len(data)} bytes, the chunk ends at "
+                                              f"{end}){repair}")
+        return data
 
     def _prefetch(self, refs: tuple[ChunkRef, ...], load: Callable[[ChunkRef], chunks.Chunk]) -> None:
         """Read the chunks under ``refs`` level by level, in parallel (a
@@ -434,14 +493,15 @@ class ColdTier:
     def _forget_chunks(self, topic: str, queue_id: int, old: Manifest | None, new: Manifest | None) -> None:
         """Drop cached chunks (in memory and local copies) the queue's new
         manifest no longer reaches."""
-        if old is not None and old.chunk_keys:
-            keep = set(new.chunk_keys) if new is not None else set()
+        if old is not None and old.chunk_names:
+            keep = set(new.chunk_names) if new is not None else set()
             local = self._local_chunks(topic, queue_id)
-            for k in old.chunk_keys:
-                if k not in keep:
-                    self._chunks.pop(k, None)
+            qp = queue_prefix(self.cluster, self.broker, topic, queue_id)
+            for name in old.chunk_names:
+                if name not in keep:
+                    self._chunks.pop(chunk_key(qp, name), None)
                     if local is not None:
-                        (local / k.rsplit("/", 1)[-1]).unlink(missing_ok=True)
+                        (local / name).unlink(missing_ok=True)
 
     def current(self, topic: str, queue_id: int) -> Manifest | None:
         """The manifest to build on: cached, or looked up once for a queue the
@@ -553,9 +613,10 @@ class ColdTier:
         return history_id(self.identity, self.cluster, self.broker, topic, queue_id, start)
 
     def descriptor(self, topic: str, queue_id: int, history: str, seg: Segment,
-                   gaps_before: tuple[Gap, ...]) -> Descriptor:
+                   gaps_before: tuple[Gap, ...], carried: Carried | None = None) -> Descriptor:
         return Descriptor(cluster=self.cluster, broker=self.broker, topic=topic, queue_id=queue_id,
-                          history=history, segment=seg, gaps_before=gaps_before)
+                          history=history, segment=seg, gaps_before=gaps_before,
+                          chunks=carried.span if carried is not None else None)
 
     # --- writing -----------------------------------------------------------------
 
@@ -566,6 +627,7 @@ class ColdTier:
         change: Callable[[Manifest | None], Manifest],
         *,
         attempts: int = 5,
+        carried: Carried | None = None,
     ) -> Manifest:
         """Apply ``change`` to the current manifest and write it conditionally.
 
@@ -573,6 +635,8 @@ class ColdTier:
         returns the new one; it raises ConflictError when it no longer applies,
         and returns its argument itself when the change is already there (a
         commit whose response was lost, then re-read): nothing is written then.
+        ``carried``: chunks already written inside a segment object (``carry``);
+        a chunk the commit needs that is not among them is written on its own.
         """
         key = f"{queue_prefix(self.cluster, self.broker, topic, queue_id)}/{MANIFEST}"
         for _ in range(attempts):
@@ -584,7 +648,7 @@ class ColdTier:
             new = replace(new, generation=(base.generation if base else 0) + 1, writer=self.writer,
                           updated_ms=self.clock.now_ms())
             new.check()
-            new, head = self._store_chunks(topic, queue_id, base, new)
+            new, head = self._store_chunks(topic, queue_id, base, new, carried)
             try:
                 if base is None:
                     etag = self.store.put_if_absent(key, head)
@@ -600,27 +664,57 @@ class ColdTier:
             self._forget_chunks(topic, queue_id, base, new)
             self._entries[(topic, queue_id)] = committed
             self._persist(topic, queue_id, committed, head)
+            self._catalog.changed((topic, queue_id))
             return new
         raise ConflictError(f"{key}: manifest kept changing under us; will retry next round")
 
-    def _store_chunks(self, topic: str, queue_id: int, base: Manifest | None, new: Manifest) -> tuple[Manifest, bytes]:
-        """Write the chunk objects ``new`` needs beyond ``base``'s (plain PUTs
-        of immutable, content-named objects, before the head that names
-        them: a crash in between leaves an orphan, never a dangling
+    def _store_chunks(self, topic: str, queue_id: int, base: Manifest | None, new: Manifest,
+                      carried: Carried | None = None) -> tuple[Manifest, bytes]:
+        """Write the chunks ``new`` needs beyond ``base``'s: none for those
+        ``carried`` in the segment object just written, a plain PUT of an
+        immutable, content-named object for any other, before the head that
+        names them (a crash in between leaves an orphan, never a dangling
         reference); return ``new`` with its chunk references and the head's bytes."""
         qp = queue_prefix(self.cluster, self.broker, topic, queue_id)
         load = self._chunk_loader(topic, queue_id)
+        places = carried.places if carried is not None else {}
         plan = chunks.plan(base.chunks if base else (), base.segments if base else (), new.segments,
-                           topic, queue_id, load)
+                           topic, queue_id, load, place=(lambda name, body: places.get(name)) if places else None,
+                           gone=chunks.going(base, new))
         for name, body in plan.writes:
-            self.store.put(chunk_key(qp, name), body)
+            if name not in plan.placed:
+                self.store.put(chunk_key(qp, name), body)
             self._save_chunk(topic, queue_id, name, body)
         for name, chunk in plan.made.items():
             self._chunks[chunk_key(qp, name)] = chunk
-        new = replace(new, chunks=plan.refs,
-                      chunk_keys=tuple(chunk_key(qp, n) for n in chunks.reachable(plan.refs, load)))
-        head = json.dumps(new.head_dict(plan.refs, plan.tail), separators=(",", ":"), sort_keys=True)
+        new = self._stored_in(new, plan.refs, load)
+        head = json.dumps(new.head_dict(plan.refs, plan.tail, carried=_carrying(new)), separators=(",", ":"),
+                          sort_keys=True)
         return new, head.encode("utf-8")
+
+    def carry(self, topic: str, queue_id: int, base: Manifest | None, seg: Segment, compression: str) -> Carried:
+        """The chunks that committing ``seg`` (a layout v2 segment) on ``base``
+        seals, placed in ``seg``'s object: its upload carries them and the
+        commit references them there (``commit(carried=...)``), so sealing
+        costs no request. Deterministic: the same base and segment give the
+        same bytes, so a retried upload rewrites the object as it was."""
+        if base is None or seg.layout != 2:
+            return Carried()
+        obj = seg.keys()[0]
+        at = segmeta.carried_at(seg, compression)
+        offset = at
+
+        def place(name: str, body: bytes) -> str:
+            nonlocal offset
+            where = layout.section_key(obj, offset, len(body))
+            offset += len(body)
+            return where
+
+        plan = chunks.plan(base.chunks, base.segments, base.segments + (seg,), topic, queue_id,
+                           self._chunk_loader(topic, queue_id), place=place)
+        if not plan.writes:
+            return Carried()
+        return Carried(body=b"".join(body for _, body in plan.writes), at=at, places=dict(plan.placed))
 
     # --- catalog -----------------------------------------------------------------
 
@@ -635,8 +729,28 @@ class ColdTier:
         self.retention = {**(self.retention or {}), **table}
 
     def write_catalog(self) -> None:
-        # serialised, so a catalog computed earlier never lands after a newer one
+        """Write the catalog now, whatever it says."""
         with self._catalog_lock:
+            self._write_catalog(self._catalog.taking())
+
+    def refresh_catalog(self) -> str | None:
+        """Write the catalog when it is due (tiered/archive/catalog.py: when it
+        would be wrong, or its ranges are older than the refresh interval and
+        a commit changed them); no request otherwise. Returns why it was
+        written, None when it was not. A failed write raises, and the next
+        call writes it again."""
+        with self._catalog_lock:
+            why = self._catalog.due(lambda k: self.cached(*k), lambda: bool(self.manifests()), self.retention,
+                                    self.clock.now_ms())
+            if why is not None:
+                self._write_catalog(self._catalog.taking())
+                log.debug("catalog written: %s", why)
+            return why
+
+    def _write_catalog(self, taken: set[QueueKey]) -> None:
+        # serialised (the caller holds _catalog_lock), so a catalog computed
+        # earlier never lands after a newer one
+        try:
             if self.retention is None:
                 # a process that never learnt retention (the cleaner alone)
                 # keeps what the dispatcher recorded
@@ -644,7 +758,13 @@ class ColdTier:
                     self.retention = dict(self.read_catalog().retention)
                 except (ObjectNotFoundError, CorruptRecordError):
                     self.retention = {}
-            self.store.put(f"{self.prefix}/{CATALOG}", self.catalog().to_bytes())
+            catalog = self.catalog()
+            data = catalog.to_bytes()
+            self.store.put(f"{self.prefix}/{CATALOG}", data)
+        except BaseException:
+            self._catalog.failed(taken)
+            raise
+        self._catalog.written(catalog, data)
 
     def read_catalog(self) -> Catalog:
         key = f"{self.prefix}/{CATALOG}"

@@ -21,6 +21,15 @@ one PUT plus the commit::
 With ``.zst`` the whole payload above is one zstd frame (``compression:
 zstd``): offsets below always mean offsets into the decompressed payload.
 
+A segment object may also *carry* manifest chunks (tiered/archive/chunks.py):
+the chunks its commit sealed, read by the head with one ranged GET, so they
+are never compressed. Uncompressed, they are a section between the key
+index and the descriptor; with ``.zst`` they are a zstd *skippable frame*
+(RFC 8878 3.1.2: magic 0x184D2A50, length, bytes every zstd decoder skips)
+in front of the compressed frame, at stored offset 8. Their place is in the
+descriptor and in the head's chunk references (offsets in the object as
+stored).
+
 A v2 segment's ``commitlog_key``, ``consumequeue_key`` and ``index_key`` in
 the manifest are *sections* of that object, written ``{object}#{at}+{length}``.
 Readers never parse them: ``read_range`` and ``read_part`` take a v1 key or a
@@ -31,6 +40,7 @@ with ``#`` is v2; "#" never appears in a v1 key (offsets are digits).
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections import OrderedDict
 
@@ -85,20 +95,42 @@ def compressed(obj: str) -> bool:
     return obj.endswith(ZSTD_SUFFIX)
 
 
-def compress(payload: bytes | bytearray) -> bytes:
+# a zstd skippable frame's header: magic (0x184D2A50..5F), length; little-endian
+SKIPPABLE = struct.Struct("<II")
+SKIPPABLE_MAGIC = 0x184D2A50
+CARRIED_AT_ZSTD = SKIPPABLE.size  # where a compressed object's carried chunks start
+
+
+def compress(payload: bytes | bytearray, *, carried: bytes = b"") -> bytes:
+    """One zstd frame of ``payload``; ``carried`` bytes in a skippable frame
+    in front of it, uncompressed (offset ``CARRIED_AT_ZSTD``)."""
     import zstandard
 
     # level 3: zstd's default, about 300 MB/s per core; cold data is written once
-    return zstandard.ZstdCompressor(level=3, write_content_size=True).compress(bytes(payload))
+    frame = zstandard.ZstdCompressor(level=3, write_content_size=True).compress(bytes(payload))
+    if not carried:
+        return frame
+    return SKIPPABLE.pack(SKIPPABLE_MAGIC, len(carried)) + carried + frame
 
 
-def decompress(data: bytes, obj: str) -> bytes:
+def decompress(data: bytes | memoryview, obj: str) -> bytes:
+    """The payload of a compressed object (skippable frames in front of its
+    frame, carried chunks, skipped as any zstd decoder does)."""
     import zstandard
 
+    view = memoryview(data)
+    at = 0
+    while len(view) - at >= SKIPPABLE.size:
+        magic, length = SKIPPABLE.unpack_from(view, at)
+        if magic & 0xFFFFFFF0 != SKIPPABLE_MAGIC:
+            break
+        at += SKIPPABLE.size + length
+    if at > len(view):
+        raise CorruptRecordError(obj, 0, f"skippable frame runs past the object's end ({len(view)} bytes)")
     try:
-        return zstandard.ZstdDecompressor().decompress(data)
+        return zstandard.ZstdDecompressor().decompress(view[at:])
     except zstandard.ZstdError as exc:
-        raise CorruptRecordError(obj, 0, f"not a valid zstd frame: {exc}") from None
+        raise CorruptRecordError(obj, at, f"not a valid zstd frame: {exc}") from None
 
 
 class _Inflated:

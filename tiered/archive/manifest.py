@@ -4,7 +4,11 @@ Layout under the cold-tier root (DESIGN.md section 3)::
 
     {cluster}/{broker}/_catalog.json                       queues and ranges, one GET for readers
     {cluster}/{broker}/_lease.json                         single-writer lease
-    {cluster}/{broker}/{topic}/{qid}/manifest.json         the commit point
+    {cluster}/{broker}/{topic}/{qid}/manifest.json         the commit point (a bounded head, chunks.py)
+    .../{topic}/{qid}/manifest/chunk-...json                     manifest chunks stored on their own (3.0)
+    .../{topic}/{qid}/segment/{qStart}-{qEnd}.{clStart}-{clEnd}  layout v2: one object a segment
+                                                                 (layout.py), carrying chunks (4.0)
+    layout v1, still read:
     .../{topic}/{qid}/commitlog/{clStart:020d}-{clEnd:020d}      records, byte-identical
     .../{topic}/{qid}/consumequeue/{qStart:020d}-{qEnd:020d}     20-byte entries -> cold CommitLog
     .../{topic}/{qid}/index/{qStart:020d}-{qEnd:020d}            key index
@@ -29,7 +33,7 @@ from typing import Any
 
 from tiered.errors import CorruptRecordError, FormatVersionError
 
-FORMAT_MAJOR = 3
+FORMAT_MAJOR = 4
 # 1.1: manifests carry a history id, ConsumeQueue objects a descriptor trailer
 FORMAT_VERSION = "1.1"
 # 2.0: segments in layout v2 (one object each, tiered/archive/layout.py). A manifest
@@ -40,6 +44,11 @@ FORMAT_VERSION_V2 = "2.0"
 # chunks (tiered/archive/chunks.py). Written only when it references one, so
 # a 2.x reader refuses it loudly instead of seeing only the head's tail.
 FORMAT_VERSION_CHUNKED = "3.0"
+# 4.0: a chunk the head reaches is carried inside a segment object (a section
+# of it, tiered/archive/chunks.py), not an object of its own. Written only
+# then, so a 3.x reader refuses it loudly instead of looking for a chunk
+# object that was never written; a head whose chunks are all standalone stays 3.0.
+FORMAT_VERSION_CARRIED = "4.0"
 
 MANIFEST = "manifest.json"
 CATALOG = "_catalog.json"
@@ -158,29 +167,50 @@ def segment_of(d: dict[str, Any]) -> Segment:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChunkRef:
-    """A head's reference to an immutable manifest chunk object
-    ``{queue}/manifest/{name}`` (tiered/archive/chunks.py): level 0 holds
-    segments, level L > 0 holds references of level L - 1. The chunk yields
-    ``total`` segments; this reference drops the first ``skip`` of them
-    (expired), so expiry needs no chunk rewrite."""
+    """A head's reference to an immutable manifest chunk
+    (tiered/archive/chunks.py): level 0 holds segments, level L > 0 holds
+    references of level L - 1. The chunk yields ``total`` segments; this
+    reference drops the first ``skip`` of them (expired), so expiry needs no
+    chunk rewrite.
+
+    Where it is stored: the object ``{queue}/manifest/{name}`` (format 3.0),
+    or, with ``at``, bytes of a segment object that carried it
+    (``{object}#{offset}+{length}``, offsets in the object as stored, so one
+    ranged GET reads it, compressed object or not; format 4.0). Either way
+    ``name`` carries the hash of the chunk's bytes."""
 
     name: str
     level: int
     total: int
     skip: int = 0
+    at: str | None = None
 
     @property
     def live(self) -> int:
         return self.total - self.skip
 
+    @property
+    def carried(self) -> bool:
+        return self.at is not None
+
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "level": self.level, "total": self.total, "skip": self.skip}
+        d: dict[str, Any] = {"name": self.name, "level": self.level, "total": self.total, "skip": self.skip}
+        if self.at is not None:
+            d["in"] = self.at
+        return d
 
     @classmethod
     def of(cls, d: dict[str, Any]) -> ChunkRef:
-        ref = cls(name=str(d["name"]), level=int(d["level"]), total=int(d["total"]), skip=int(d.get("skip", 0)))
+        at = d.get("in")
+        ref = cls(name=str(d["name"]), level=int(d["level"]), total=int(d["total"]), skip=int(d.get("skip", 0)),
+                  at=None if at is None else str(at))
         if ref.level < 0 or not 0 <= ref.skip < ref.total or "/" in ref.name or not ref.name:
             raise ValueError(f"bad chunk reference {d!r}")
+        if ref.at is not None:
+            obj, sep, where = ref.at.partition("#")
+            offset, plus, length = where.partition("+")
+            if not (obj and sep and plus and offset.isdigit() and length.isdigit() and int(length) > 0):
+                raise ValueError(f"bad chunk location {ref.at!r} (want object#offset+length)")
         return ref
 
 
@@ -228,8 +258,12 @@ class Manifest:
     # immutable chunks holding a prefix of them, and every chunk object those
     # reach. Storage detail, not content: equality ignores them, and the next
     # commit re-derives them from ``segments`` (tiered/archive/chunks.py).
+    # ``chunk_keys[i]`` is the stored object holding the chunk ``chunk_names[i]``
+    # (its own object, or the segment object that carried it: a carrier
+    # stays referenced while a chunk it holds is).
     chunks: tuple[ChunkRef, ...] = field(default=(), compare=False)
     chunk_keys: tuple[str, ...] = field(default=(), compare=False)
+    chunk_names: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
     def empty(cls, topic: str, queue_id: int, start_offset: int, history: str = "") -> Manifest:
@@ -324,12 +358,14 @@ class Manifest:
         local cache's form, and what a head without chunks is."""
         return self.head_dict((), 0)
 
-    def head_dict(self, refs: tuple[ChunkRef, ...], tail: int) -> dict[str, Any]:
+    def head_dict(self, refs: tuple[ChunkRef, ...], tail: int, *, carried: bool = False) -> dict[str, Any]:
         """The manifest as a head: ``refs`` stand for ``segments[:tail]``,
-        the rest is inline. Format 3.0 when it references a chunk."""
+        the rest is inline. Format 3.0 when it references a chunk, 4.0 when
+        a chunk it reaches is ``carried`` in a segment object."""
         # Field by field, not asdict(self): that deep-copies every segment.
         if refs:
-            version = FORMAT_VERSION_CHUNKED  # (no walk over the history on a chunked commit)
+            # (no walk over the history on a chunked commit)
+            version = FORMAT_VERSION_CARRIED if carried else FORMAT_VERSION_CHUNKED
         else:
             version = FORMAT_VERSION_V2 if any(s.layout == 2 for s in self.segments) else self.format_version
         d = {
@@ -363,12 +399,12 @@ class Manifest:
         them): without it, it is refused rather than read as its tail alone."""
         check_version(d, source)
         if d.get("chunks") and prefix is None:
-            raise CorruptRecordError(source, 0, "a chunked manifest (format 3.0) read without its chunks")
+            raise CorruptRecordError(source, 0, "a chunked manifest (format 3.0 or later) read without its chunks")
         try:
             segments = (prefix or ()) + tuple(segment_of(s) for s in d.get("segments", []))
             version = str(d["format_version"])
-            if version.startswith("3."):
-                # 3.x names how the head is stored, not what it holds: in memory
+            if version.startswith(("3.", "4.")):
+                # 3.x / 4.x name how the head is stored, not what it holds: in memory
                 # the manifest has the 1.x/2.0 version its content calls for
                 version = FORMAT_VERSION_V2 if any(s.layout == 2 for s in segments) else FORMAT_VERSION
             return cls(

@@ -24,13 +24,21 @@ end of its one segment object, after the records, the entries and the key
 index; its ``descriptor`` number is 2 (the segment's keys are sections of
 that object) and it starts where the index section ends. ``pack_v2`` builds
 that object.
+
+A v2 object that carries manifest chunks (tiered/archive/chunks.py) has
+``descriptor`` number 3 and ``"chunks": {"at", "length"}``, their place in
+the object as stored: uncompressed, a section between the key index and the
+descriptor (which then starts at ``at + length``); compressed, a zstd
+skippable frame in front of the compressed payload (``at`` = 8), the
+payload itself as in number 2. A tiered older than descriptor 3 refuses
+such an object loudly (a newer descriptor), as its 4.0 head.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from tiered.format.codec import crc32
@@ -38,7 +46,9 @@ from tiered.archive import layout
 from tiered.errors import CorruptRecordError
 from tiered.archive.manifest import Gap, Segment
 
-DESCRIPTOR_VERSION = 2  # 1: v1 trailer on the ConsumeQueue object; 2: layout v2
+# 1: v1 trailer on the ConsumeQueue object; 2: layout v2; 3: layout v2 carrying manifest chunks
+DESCRIPTOR_VERSION = 3
+DESCRIPTOR_CARRIER = 3
 MAGIC = b"TRDSEG01"
 # descriptor length (u32), CRC32 of the descriptor (u32), magic (8 bytes)
 FOOTER = struct.Struct(">II8s")
@@ -57,14 +67,18 @@ class Descriptor:
     history: str
     segment: Segment
     gaps_before: tuple[Gap, ...] = ()
+    # (offset in the object as stored, length) of the manifest chunks it carries
+    chunks: tuple[int, int] | None = None
 
     def to_bytes(self) -> bytes:
-        doc = {
-            "descriptor": self.segment.layout, "cluster": self.cluster, "broker": self.broker,
-            "topic": self.topic, "queue_id": self.queue_id, "history": self.history,
+        doc: dict[str, Any] = {
+            "descriptor": DESCRIPTOR_CARRIER if self.chunks else self.segment.layout, "cluster": self.cluster,
+            "broker": self.broker, "topic": self.topic, "queue_id": self.queue_id, "history": self.history,
             "segment": {f: getattr(self.segment, f) for f in _SEGMENT_FIELDS},
             "gaps_before": [asdict(g) for g in self.gaps_before],
         }
+        if self.chunks:
+            doc["chunks"] = {"at": self.chunks[0], "length": self.chunks[1]}
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
 
 
@@ -74,9 +88,15 @@ def attach(entries: bytes | bytearray, desc: Descriptor) -> bytes:
     return bytes(entries) + body + FOOTER.pack(len(body), crc32(body), MAGIC)
 
 
+def carried_at(seg: Segment, compression: str = "none") -> int:
+    """Where the manifest chunks a v2 object carries start in it, as stored."""
+    return layout.CARRIED_AT_ZSTD if compression == "zstd" else descriptor_at(seg)
+
+
 def pack_v2(records: bytes | bytearray, entries: bytes, index: bytes | None, desc: Descriptor,
-            compression: str = "none", *, consume: bool = False) -> bytes | bytearray:
-    """The one object of a layout v2 segment (tiered/archive/layout.py).
+            compression: str = "none", *, consume: bool = False, carried: bytes = b"") -> bytes | bytearray:
+    """The one object of a layout v2 segment (tiered/archive/layout.py), with
+    the manifest chunks it ``carried`` where ``desc.chunks`` says.
 
     ``consume``: ``records`` (a bytearray) is the caller's to give up; the
     rest of the object is appended to it in place rather than all of it
@@ -84,14 +104,19 @@ def pack_v2(records: bytes | bytearray, entries: bytes, index: bytes | None, des
     seg = desc.segment
     if len(records) != seg.nbytes or len(entries) != seg.messages * 20:
         raise ValueError("records or entries do not match the segment")
+    if (desc.chunks or (0, 0))[1] != len(carried) or (carried and desc.chunks != (carried_at(seg, compression),
+                                                                                  len(carried))):
+        raise ValueError("the descriptor does not place the carried chunks where they go")
     body = desc.to_bytes()
-    tail = (entries, index or b"", body, FOOTER.pack(len(body), crc32(body), MAGIC))
-    if consume and compression != "zstd" and isinstance(records, bytearray):
+    footer = FOOTER.pack(len(body), crc32(body), MAGIC)
+    if compression == "zstd":
+        return layout.compress(b"".join((records, entries, index or b"", body, footer)), carried=carried)
+    tail = (entries, index or b"", carried, body, footer)
+    if consume and isinstance(records, bytearray):
         for part in tail:
             records += part
         return records
-    payload = b"".join((records, *tail))
-    return layout.compress(payload) if compression == "zstd" else payload
+    return b"".join((records, *tail))
 
 
 def descriptor_at(seg: Segment) -> int:
@@ -132,13 +157,25 @@ def parse(data: bytes | bytearray | memoryview, source: str) -> Descriptor | Non
         )
     except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
         raise CorruptRecordError(source, start, f"malformed descriptor: {type(exc).__name__}") from None
-    if desc.segment.layout != int(doc["descriptor"]):
-        raise CorruptRecordError(source, start, f"descriptor {doc['descriptor']} names a layout "
+    number = int(doc["descriptor"])
+    if desc.segment.layout != (2 if number == DESCRIPTOR_CARRIER else number):
+        raise CorruptRecordError(source, start, f"descriptor {number} names a layout "
                                                 f"{desc.segment.layout} segment")
-    if start != descriptor_at(desc.segment):
+    expect = descriptor_at(desc.segment)
+    if number == DESCRIPTOR_CARRIER:
+        try:
+            at, length = int(doc["chunks"]["at"]), int(doc["chunks"]["length"])
+        except (KeyError, TypeError, ValueError):
+            raise CorruptRecordError(source, start, "carrier descriptor without a valid chunks place") from None
+        if length <= 0 or at not in (expect, layout.CARRIED_AT_ZSTD):
+            raise CorruptRecordError(source, start, f"carried chunks placed at {at}+{length}, neither behind the "
+                                                    f"key index ({expect}) nor in a leading skippable frame")
+        desc = replace(desc, chunks=(at, length))
+        if at == expect:  # in the payload, between the key index and the descriptor
+            expect += length
+    if start != expect:
         raise CorruptRecordError(source, start, f"descriptor says {desc.segment.messages} entries ending at "
-                                                f"{descriptor_at(desc.segment)}, the object holds {start} bytes "
-                                                f"before it")
+                                                f"{expect}, the object holds {start} bytes before it")
     return desc
 
 

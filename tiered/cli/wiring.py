@@ -75,7 +75,7 @@ def cold_tier(settings: Settings, store: ObjectStore, *, writer: bool, clock: Cl
     return ColdTier(store, settings.cluster, settings.broker,
                     state_dir=Path(settings.state_dir) if writer else None,
                     writer=settings.writer_identity() if writer else "", clock=clock or SystemClock(),
-                    recorder=recorder)
+                    recorder=recorder, catalog_refresh_s=settings.dispatch.catalog_refresh)
 
 
 def lease(settings: Settings, store: ObjectStore, clock: Clock | None = None) -> LeaseManager:
