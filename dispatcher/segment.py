@@ -59,6 +59,12 @@ def _probe_refs() -> int:
 _ONE_HOLDER = _probe_refs()
 
 
+def ragged(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """starts[r], starts[r] + 1, ... counts[r] items for each r, one after the other."""
+    ends = np.cumsum(counts)
+    return np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(starts - (ends - counts), counts)
+
+
 class BufferPool:
     """Segment buffers given back after their upload, for the next segments.
 
@@ -222,6 +228,42 @@ class SegmentBuilder:
             self._key_hashes.append(key_hashes)
         self._n = end
         self._append(sizes, tags, store_ms, born_ms)
+
+    @staticmethod
+    def extend_many(builders: list[SegmentBuilder], ends: np.ndarray, sizes: np.ndarray, tags: np.ndarray,
+                    store_ms: np.ndarray, born_ms: np.ndarray, los: np.ndarray, his: np.ndarray,
+                    key_offsets: np.ndarray, key_hashes: np.ndarray, key_bounds: np.ndarray) -> None:
+        """``extend`` of many builders in one call (the CommitLog pass hands a
+        thousand queues their records at once; a call each, with its checks,
+        cost more than their records): builder i's records are rows
+        ``los[i]:his[i]`` of ``sizes``, ``tags``, ``store_ms`` and
+        ``born_ms``, its keys rows ``key_bounds[i]:key_bounds[i + 1]`` of
+        ``key_offsets`` and ``key_hashes``. Checked for every builder (its
+        records' sizes add up to ``ends[i]`` from what it holds) before any
+        changes."""
+        n = len(builders)
+        counts = his - los
+        if len(los) != n or len(his) != n or len(ends) != n or len(key_bounds) != n + 1 or (counts < 0).any():
+            raise ValueError(f"{n} builders: one row range and end each, and key bounds, are needed")
+        held = np.fromiter((b._n for b in builders), np.int64, n)
+        done = np.concatenate(([0], np.cumsum(sizes.take(ragged(los, counts)))))
+        bounds = np.concatenate(([0], np.cumsum(counts)))
+        wrong = np.flatnonzero(done[bounds[1:]] - done[bounds[:-1]] != ends - held)
+        if len(wrong):
+            i = int(wrong[0])
+            raise ValueError(f"builder {i}: records of {int(done[bounds[i + 1]] - done[bounds[i]])} bytes "
+                             f"extend {int(held[i])} to {int(ends[i])}")
+        for b, end, lo, hi, k_lo, k_hi in zip(builders, ends.tolist(), los.tolist(), his.tolist(),
+                                              key_bounds[:-1].tolist(), key_bounds[1:].tolist()):
+            if k_hi > k_lo:
+                b._key_offsets.append(key_offsets[k_lo:k_hi])
+                b._key_hashes.append(key_hashes[k_lo:k_hi])
+            b._n = end
+            b._sizes.append(sizes[lo:hi])
+            b._tags.append(tags[lo:hi])
+            b._store.append(store_ms[lo:hi])
+            b._born.append(born_ms[lo:hi])
+            b.count += hi - lo
 
     def reserve(self, nbytes: int, records: int = 0) -> None:
         """Room for ``nbytes`` more record bytes of ``records`` records,
