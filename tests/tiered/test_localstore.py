@@ -11,9 +11,13 @@ import re
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tiered.format.codec import Host, Message, encode_record, tags_code
+from tiered.format.batch import CQ_DTYPE
+from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, Host, Message, encode_record, tags_code
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, NotWrittenYetError
 from tiered.store.localstore import LocalStore, QueueRange
 from tiered.store.storewriter import SCHEDULE_TOPIC, Appended, StoreWriter
@@ -675,3 +679,45 @@ def test_read_gives_a_files_bytes_as_they_are_now_without_mapping(tmp_path: Path
     (d / f"{0:020d}").unlink()
     with pytest.raises(FileNotFoundError):
         files.read(0, 0, 20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.integers(1, 5000), st.sampled_from([-3, CQ_FILLER_SIZE])), max_size=3000),
+       st.integers(0, 3000), st.integers(0, 40), st.integers(0, 5000))
+def test_counting_written_entries_as_arrays_counts_them_one_by_one(sizes, first, zeros_after, length):
+    """``_count_written`` (pending's count, in steps of arrays) against the
+    entry by entry count it replaced: entries up to the first of size 0,
+    bytes without fillers, whatever the span (a few entries or thousands),
+    where it starts and whether the written end is in it."""
+    from tiered.store.localstore import _count_written
+
+    table = np.zeros(len(sizes) + zeros_after, CQ_DTYPE)
+    table["size"][:len(sizes)] = sizes
+    table["phys"] = np.arange(len(table)) * 7
+    view = memoryview(table.tobytes())
+    rel = min(first, len(table)) * CQ_ENTRY_SIZE
+    end = min(len(view), rel + length * CQ_ENTRY_SIZE)
+    want_count = want_bytes = 0
+    ended = False
+    for _phys, size, _tags in CQ_ENTRY.iter_unpack(view[rel:end]):
+        if size == 0:
+            ended = True
+            break
+        want_bytes += size if size != CQ_FILLER_SIZE else 0
+        want_count += 1
+    assert _count_written(view, rel, end) == (want_count, want_bytes, ended)
+
+
+def test_pending_counts_across_files_up_to_the_written_end(tmp_path: Path) -> None:
+    """Thousands of pending entries over two ConsumeQueue files, the second
+    preallocated: counted (and their bytes) up to its first zero entry, at
+    most ``max_entries``, never touching the preallocated zeros past it."""
+    with StoreWriter(tmp_path, commitlog_file_size=1 << 20, cq_entries_per_file=3000) as w:
+        for i in range(4500):
+            w.put("P", 0, b"x" * (i % 50))
+    store = LocalStore(tmp_path)
+    sizes = [e.record.size for e in store.iter_queue("P", 0, 0)]
+    assert store.pending("P", 0, 0) == (4500, sum(sizes))
+    assert store.pending("P", 0, 1234) == (4500 - 1234, sum(sizes[1234:]))
+    assert store.pending("P", 0, 1234, max_entries=2000) == (2000, sum(sizes[1234:3234]))
+    assert store.pending("P", 0, 4500) == (0, 0)

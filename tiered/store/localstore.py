@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from tiered.format.batch import RecordBatch
+from tiered.format.batch import CQ_DTYPE, RecordBatch
 from tiered.format.codec import (
     CQ_ENTRY,
     CQ_ENTRY_SIZE,
@@ -226,6 +226,44 @@ class _QueueFiles(_FileSet):
         return size
 
 
+# entries ``_count_written`` counts at once at first, then four times more a step;
+# as few as _FEW one by one (numpy's calls cost more than a few entries)
+_COUNT_STEP = 1024
+_FEW = 32
+
+
+def _count_written(view: memoryview, rel: int, end: int) -> tuple[int, int, bool]:
+    """(entries, bytes but fillers') of the written entries of ``view[rel:end]``
+    (whole entries), up to the first of size 0 (then True: the written end):
+    as arrays, a step at a time, not entry by entry (a queue's lag counts
+    all its pending entries every round), and never past the written end
+    (a preallocated file's zeros are pages nobody needs to touch)."""
+    if end - rel <= _FEW * CQ_ENTRY_SIZE:
+        count = total = 0
+        for _phys, size, _tags in CQ_ENTRY.iter_unpack(view[rel:end]):
+            if size == 0:
+                return count, total, True
+            if size != CQ_FILLER_SIZE:
+                total += size
+            count += 1
+        return count, total, False
+    count = total = 0
+    at, step = rel, _COUNT_STEP
+    while at < end:
+        n = min(step, (end - at) // CQ_ENTRY_SIZE)
+        sizes = np.frombuffer(view, CQ_DTYPE, count=n, offset=at)["size"]
+        zero = np.flatnonzero(sizes == 0)
+        k = int(zero[0]) if len(zero) else n
+        written = sizes[:k]
+        total += int(written.sum(dtype=np.int64)) - CQ_FILLER_SIZE * int(np.count_nonzero(written == CQ_FILLER_SIZE))
+        count += k
+        if len(zero):
+            return count, total, True
+        at += n * CQ_ENTRY_SIZE
+        step *= 4
+    return count, total, False
+
+
 class LocalStore:
     """A broker store directory, opened read-only."""
 
@@ -334,6 +372,14 @@ class LocalStore:
             return None
         entry = CQ_ENTRY.unpack_from(view, rel)
         return None if entry[1] == 0 else entry
+
+    def entry_at(self, topic: str, queue_id: int, queue_offset: int) -> tuple[int, int, int] | None:
+        """The ConsumeQueue entry (CommitLog offset, size, tags code) at
+        ``queue_offset``; None when it is not written or its file is gone."""
+        try:
+            return self._entry(self._queue(topic, queue_id), queue_offset)
+        except FileNotFoundError:
+            return None
 
     def truncated(self, topic: str, queue_id: int) -> bool:
         """The last ConsumeQueue file ends inside an entry (from its mapping:
@@ -625,14 +671,12 @@ class LocalStore:
                 if files.locate(byte) == start:
                     break
                 continue
-            before = count
-            for _phys, size, _tags in CQ_ENTRY.iter_unpack(view[rel:end]):
-                if size == 0:
-                    return count, total
-                if size != CQ_FILLER_SIZE:
-                    total += size
-                count += 1
-            offset += count - before
+            n, nbytes, ended = _count_written(view, rel, end)
+            count += n
+            total += nbytes
+            if ended:
+                return count, total
+            offset += n
         return count, total
 
     def _expired(self, topic: str, queue_id: int, offset: int) -> ExpiredLocallyError:
