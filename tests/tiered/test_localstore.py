@@ -721,3 +721,42 @@ def test_pending_counts_across_files_up_to_the_written_end(tmp_path: Path) -> No
     assert store.pending("P", 0, 1234) == (4500 - 1234, sum(sizes[1234:]))
     assert store.pending("P", 0, 1234, max_entries=2000) == (2000, sum(sizes[1234:3234]))
     assert store.pending("P", 0, 4500) == (0, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=400), st.integers(0, 50), st.integers(0, 25))
+def test_a_first_look_by_reads_finds_the_written_end_the_mapping_finds(tmp_path_factory, sizes, zeros, cut):
+    """``_written_by_reads`` (a first look at a ConsumeQueue file: its probes
+    read, not faulted in) answers as ``cq_written_entries`` over the mapped
+    file without a hint, zeros in the middle and all; a file cut since it
+    was mapped reads as not written past its end."""
+    from tiered.format.codec import cq_written_entries
+    from tiered.store.localstore import _written_by_reads
+
+    table = np.zeros(len(sizes) + zeros, CQ_DTYPE)
+    table["size"][:len(sizes)] = sizes
+    table["phys"] = 1
+    data = table.tobytes()
+    path = tmp_path_factory.mktemp("cq") / f"{0:020d}"
+    path.write_bytes(data)
+    n = len(table)
+    assert _written_by_reads(str(path), n) == cq_written_entries(memoryview(data))
+    kept = max(0, len(data) - cut * 7)
+    os.truncate(path, kept)
+    assert _written_by_reads(str(path), n) == cq_written_entries(memoryview(data[:kept] + bytes(len(data) - kept)))
+
+
+def test_max_offset_at_first_look_and_after(tmp_path: Path) -> None:
+    """The first look finds a preallocated file's written end by reads (no
+    page of the mapping touched); later looks check the hint it left."""
+    with StoreWriter(tmp_path, commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
+        for _ in range(1234):
+            w.put("M", 0, b"z")
+        store = LocalStore(tmp_path)
+        files = store._queue("M", 0)
+        assert store.max_offset("M", 0) == 1234
+        assert files.written == {20000: 234}  # the last file's, where the written end is
+        for _ in range(10):
+            w.put("M", 0, b"z")
+        w.flush()
+        assert store.max_offset("M", 0) == 1244
