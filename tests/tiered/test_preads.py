@@ -26,9 +26,16 @@ def compiled(request, monkeypatch) -> bool:  # noqa: ANN001
     return request.param == "compiled"
 
 
-def _spans(paths: list[str], los: list[int], ns: list[int], sizes: bool) -> list[tuple[bytes | None, int]]:
-    got = preads.read_files(paths, np.array(los, np.int64), np.array(ns, np.int64), sizes=sizes)
+def _spans(paths: list[str], los: list[int], ns: list[int], sizes: bool,
+           keep: bool = False) -> list[tuple[bytes | None, int]]:
+    got = preads.read_files(paths, np.array(los, np.int64), np.array(ns, np.int64), sizes=sizes, keep=keep)
     assert got.at.tolist() == (np.cumsum([0, *ns])[:-1]).tolist()
+    if keep:
+        assert got.kept is not None
+        again = preads.read_kept(got.kept, np.array(los, np.int64), np.array(ns, np.int64))
+        assert got.kept.tolist() == [-1] * len(paths)  # all closed
+        assert [bytes(again.of(i)) if again.got[i] >= 0 else None for i in range(len(paths))] == [
+            bytes(got.of(i)) if got.got[i] >= 0 else None for i in range(len(paths))]
     return [(bytes(got.of(i)) if got.got[i] >= 0 else None, int(got.sizes[i])) for i in range(len(paths))]
 
 
@@ -104,9 +111,10 @@ def test_a_file_removed_or_truncated_after_listing_reads_as_gone_or_short(tmp_pa
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(-1, 5000), st.integers(0, 6000), st.integers(0, 3000)), max_size=30),
-       st.booleans())
-def test_compiled_and_file_by_file_read_the_same(tmp_path_factory, files, sizes):
-    """Any files (-1: missing), any spans, either path: what reading each file whole says."""
+       st.booleans(), st.booleans())
+def test_compiled_and_file_by_file_read_the_same(tmp_path_factory, files, sizes, keep):
+    """Any files (-1: missing), any spans, either path, kept open and read
+    again or not: what reading each file whole says."""
     root = tmp_path_factory.mktemp("spans")
     paths, los, ns = [], [], []
     for i, (length, lo, n) in enumerate(files):
@@ -121,7 +129,7 @@ def test_compiled_and_file_by_file_read_the_same(tmp_path_factory, files, sizes)
     try:
         for path_ in ([native] if native is not None else []) + [None]:
             preads._native = path_
-            assert _spans(paths, los, ns, sizes) == want
+            assert _spans(paths, los, ns, sizes, keep) == want
     finally:
         preads._native = native
 
@@ -138,7 +146,7 @@ def test_the_compiled_call_checks_its_arrays(tmp_path):
     def call(**kw: np.ndarray) -> None:
         args = {**ok, **kw}
         preads._native.read_files([str(a)], args["los"], args["ns"], args["out"], args["ats"], args["got"],
-                                  args["sizes"], args["errs"], True)
+                                  args["sizes"], args["errs"], True, None)
 
     call()
     assert bytes(out) == b"xxxx"
@@ -150,3 +158,46 @@ def test_the_compiled_call_checks_its_arrays(tmp_path):
         call(ats=np.full(1, 1, np.int64))
     with pytest.raises((BufferError, ValueError), match="read-only|not writable"):
         call(got=np.frombuffer(bytes(8), np.int64))  # the answers need writable arrays
+
+
+def _open_fds() -> set[int]:
+    return {int(n) for n in os.listdir("/proc/self/fd")}
+
+
+def test_kept_files_are_read_again_then_closed_once(tmp_path, compiled):
+    """``keep``: the files stay open after the first read (a file removed or
+    cut meanwhile is read as it is now through its descriptor: removed, its
+    bytes are still there; cut, they are not), ``read_kept`` reads them again
+    and closes every one, once; ``close_kept`` after it closes nothing."""
+    files = [tmp_path / f"k{i}" for i in range(5)]
+    for i, f in enumerate(files):
+        f.write_bytes(bytes([i]) * 100)
+    before = _open_fds()
+    paths = [str(f) for f in files[:2]] + [str(tmp_path / "gone")] + [str(f) for f in files[2:]]
+    first = preads.read_files(paths, np.zeros(6, np.int64), np.full(6, 10, np.int64), sizes=True, keep=True)
+    kept = first.kept
+    assert kept is not None and (kept[[0, 1, 3, 4, 5]] >= 0).all() and kept[2] == -1
+    assert len(_open_fds() - before) == 5
+    files[0].unlink()
+    os.truncate(files[1], 40)
+    again = preads.read_kept(kept, np.full(6, 35, np.int64), np.array([20, 20, 20, 0, 5, 20], np.int64))
+    assert [bytes(again.of(i)) if again.got[i] >= 0 else None for i in range(6)] == [
+        b"\0" * 20, b"\1" * 5, None, b"", b"\3" * 5, b"\4" * 20]
+    assert kept.tolist() == [-1] * 6 and _open_fds() == before
+    preads.close_kept(kept)  # nothing left to close
+    assert _open_fds() == before
+
+
+def test_kept_files_are_closed_when_the_first_read_fails(tmp_path, compiled):
+    a = tmp_path / "a"
+    a.write_bytes(b"x" * 10)
+    (tmp_path / "dir").mkdir()
+    before = _open_fds()
+    with pytest.raises(IsADirectoryError):
+        preads.read_files([str(a), str(tmp_path / "dir"), str(a)], np.zeros(3, np.int64), np.ones(3, np.int64),
+                          keep=True)
+    assert _open_fds() == before
+    kept = preads.read_files([str(a)], np.zeros(1, np.int64), np.ones(1, np.int64), keep=True).kept
+    assert kept is not None and len(_open_fds() - before) == 1
+    preads.close_kept(kept)
+    assert kept.tolist() == [-1] and _open_fds() == before
