@@ -44,6 +44,7 @@ first record of a segment is taken whatever its size"), same bytes.
 
 from __future__ import annotations
 
+import resource
 import time
 from bisect import bisect_right
 from collections.abc import Callable
@@ -59,7 +60,7 @@ from tiered.format.batch import CQ_DTYPE, RUN_FIELDS, RecordBatch, check_runs_ta
 from tiered.format.keyindex import BadProperties, record_key_hashes
 from tiered.format.codec import CQ_ENTRY_SIZE, CQ_FILLER_SIZE
 from tiered.store.localstore import LocalStore, _QueueFiles
-from tiered.store.preads import read_files
+from tiered.store.preads import close_kept, read_files, read_kept
 from tiered.store.queuecursor import NO_LIMIT
 
 # A window of one CommitLog file: mapped in one call, given back behind the
@@ -127,9 +128,13 @@ def build_pass(local: LocalStore, jobs: list[BuildJob]) -> tuple[dict[tuple[str,
     confirmed = local.confirmed_offset()
     phys_limit = confirmed if confirmed is not None else NO_LIMIT
     local.commitlog.refresh()  # files the broker started or deleted since the last look
-    queues, every = _gather(local, jobs, phys_limit)
-    records, nbytes, windows = _walk(local, queues, every)
-    _recheck_last(local, queues)
+    queues, every, kept = _gather(local, jobs, phys_limit)
+    try:
+        records, nbytes, windows = _walk(local, queues, every)
+        _recheck_last(local, queues, kept)
+    finally:
+        if kept is not None:
+            close_kept(kept)  # what the recheck did not close (it raised, or the walk did)
     out: dict[tuple[str, int], Planned] = {}
     continued = 0
     for q in queues:
@@ -149,6 +154,15 @@ _SCAN = 1024
 _SLACK = 64
 
 
+def _keep_limit() -> int:
+    """How many ConsumeQueue files a pass keeps open between its two reads of
+    them (the heads, then the last entries: a read each, not an open, a
+    read and a close each): a quarter of the descriptors this process may
+    open, whose mapped ConsumeQueue files hold one each already."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return NO_LIMIT if soft == resource.RLIM_INFINITY else soft // 4
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Heads:
     """The first read of every job's ConsumeQueue entries (``_read_heads``),
@@ -163,6 +177,8 @@ class _Heads:
     first: np.ndarray
     count: np.ndarray  # entries read, up to ``end``
     table: np.ndarray  # CQ_DTYPE
+    # each job's file left open for the recheck (preads.read_kept; -1: none), or None: not kept
+    kept: np.ndarray | None
 
 
 def _read_heads(local: LocalStore, jobs: list[BuildJob]) -> _Heads:
@@ -172,47 +188,69 @@ def _read_heads(local: LocalStore, jobs: list[BuildJob]) -> _Heads:
     after the start, and ``_SLACK`` more, at most ``_SCAN``."""
     n = len(jobs)
     files = [local._queue(job.topic, job.queue_id) for job in jobs]
-    start = np.full(n, -1, np.int64)
-    bound = np.full(n, NO_LIMIT, np.int64)  # the next file's start, relative: entries end there at most
-    asked = np.zeros(n, np.int64)
-    read, paths = [], []
-    for i, (job, f) in enumerate(zip(jobs, files)):
+    # per queue: plain Python lists, made arrays once (a numpy item set a queue costs more)
+    start, bound, asked = [-1] * n, [NO_LIMIT] * n, [0] * n  # bound: the next file's start, relative
+    read: list[int] = []
+    paths: list[str] = []
+    for i, job, f in zip(range(n), jobs, files):
         byte = job.start * CQ_ENTRY_SIZE
         starts = f.starts
         j = bisect_right(starts, byte) - 1  # files.locate
         if j < 0:
             continue  # the per-queue read says why
-        s = starts[j]
-        start[i] = s
+        s = start[i] = starts[j]
         if j + 1 < len(starts):
             bound[i] = (starts[j + 1] - s) // CQ_ENTRY_SIZE * CQ_ENTRY_SIZE
         written = f.written.get(s)
-        asked[i] = _SCAN if written is None else min(
-            _SCAN, max(0, written - (byte - s) // CQ_ENTRY_SIZE) + _SLACK)
+        if written is None:
+            ask = _SCAN
+        else:
+            ask = written - (byte - s) // CQ_ENTRY_SIZE
+            ask = (ask if ask > 0 else 0) + _SLACK
+            ask = ask if ask < _SCAN else _SCAN
+        asked[i] = ask
         read.append(i)
         paths.append(f.name(s))
     rows = np.asarray(read, np.int64)
-    rel = np.fromiter((job.start for job in jobs), np.int64, n) * CQ_ENTRY_SIZE - start
-    spans = read_files(paths, rel[rows], asked[rows] * CQ_ENTRY_SIZE, sizes=True)
+    starts_, asked_ = np.asarray(start, np.int64), np.asarray(asked, np.int64)
+    rel = np.fromiter((job.start for job in jobs), np.int64, n) * CQ_ENTRY_SIZE - starts_
+    spans = read_files(paths, rel[rows], asked_[rows] * CQ_ENTRY_SIZE, sizes=True, keep=len(paths) <= _keep_limit())
+    kept = None
+    if spans.kept is not None:
+        kept = np.full(n, -1, np.int64)
+        kept[rows] = spans.kept  # the descriptors now live here only: closed through this array, once
     end = np.full(n, -1, np.int64)
     # entries_end: the next file's start bounds them; missing files stay -1
-    end[rows] = np.where(spans.got >= 0, np.minimum(spans.sizes, bound[rows]), -1)
+    end[rows] = np.where(spans.got >= 0, np.minimum(spans.sizes, np.asarray(bound, np.int64)[rows]), -1)
     count = np.zeros(n, np.int64)
     count[rows] = np.maximum(np.minimum(spans.got, end[rows] - rel[rows]), 0) // CQ_ENTRY_SIZE
     first = np.zeros(n, np.int64)
     first[rows] = spans.at // CQ_ENTRY_SIZE
-    return _Heads(files=files, start=start, rel=rel, end=end, asked=asked, first=first, count=count,
-                  table=spans.data.view(CQ_DTYPE))
+    return _Heads(files=files, start=starts_, rel=rel, end=end, asked=asked_, first=first, count=count,
+                  table=spans.data.view(CQ_DTYPE), kept=kept)
 
 
-def _gather(local: LocalStore, jobs: list[BuildJob], phys_limit: int) -> tuple[list[_Queue], np.ndarray]:
-    """Each job's queue with the plain entries the pass reads, and those
-    entries of every queue one after the other (``_Columns.every``). What
-    ``_pending`` reads for each queue, found for all of them at once in
-    their heads (``_read_heads``); a queue whose head does not reach its
-    written end or an entry the pass cannot take (more pending than the
-    head holds) reads on by itself."""
+def _gather(local: LocalStore, jobs: list[BuildJob], phys_limit: int
+            ) -> tuple[list[_Queue], np.ndarray, np.ndarray | None]:
+    """Each job's queue with the plain entries the pass reads, those entries
+    of every queue one after the other (``_Columns.every``), and the
+    ConsumeQueue files left open for the recheck (``_Heads.kept``: the
+    caller closes them). What ``_pending`` reads for each queue, found for
+    all of them at once in their heads (``_read_heads``); a queue whose head
+    does not reach its written end or an entry the pass cannot take (more
+    pending than the head holds) reads on by itself."""
     heads = _read_heads(local, jobs)
+    try:
+        queues, every = _queues_of(jobs, heads, phys_limit)
+    except BaseException:
+        if heads.kept is not None:
+            close_kept(heads.kept)
+        raise
+    return queues, every, heads.kept
+
+
+def _queues_of(jobs: list[BuildJob], heads: _Heads, phys_limit: int) -> tuple[list[_Queue], np.ndarray]:
+    """``_gather``'s queues and entries from the heads read."""
     n = len(jobs)
     budgets = np.fromiter((job.segment_bytes for job in jobs), np.int64, n)
     # _pending's first step, every queue at once: a chunk of the head, up to
@@ -244,17 +282,20 @@ def _gather(local: LocalStore, jobs: list[BuildJob], phys_limit: int) -> tuple[l
     # the last written entry may be the one the broker is writing: it is read
     # again after its record, as QueueCursor._one_entry does
     recheck = (k > 0) & (k == read) & (hi >= 0)
+    at_end = (recheck & (hi * CQ_ENTRY_SIZE < heads.end)).tolist()
+    last_byte = ((hi - 1) * CQ_ENTRY_SIZE).tolist()
     queues = []
-    for i, job, k_, full_, nbytes_, first, again in zip(range(n), jobs, k.tolist(), full.tolist(), nbytes.tolist(),
-                                                       firsts.tolist(), recheck.tolist()):
+    for job, k_, full_, nbytes_, first, again, start, byte, end in zip(
+            jobs, k.tolist(), full.tolist(), nbytes.tolist(), firsts.tolist(), recheck.tolist(), heads.start.tolist(),
+            last_byte, at_end):
         builder = SegmentBuilder(job.prefix, job.start, job.cl_start, key_index=job.key_index, layout=job.layout,
                                  compression=job.compression)
         q = _Queue(job, builder, every[first:first + k_], k_, 0, full_)
         if k_:
             builder.reserve(nbytes_, k_)  # what the pass will copy, allocated once
         if again:
-            q.last = (int(heads.start[i]), int(hi[i] - 1) * CQ_ENTRY_SIZE, every[first + k_ - 1:first + k_].tobytes())
-            q.at_end = int(hi[i]) * CQ_ENTRY_SIZE < int(heads.end[i])
+            q.last = (start, byte, every[first + k_ - 1:first + k_].tobytes())
+            q.at_end = end
         queues.append(q)
     return queues, every
 
@@ -394,24 +435,34 @@ def _plain_runs(table: np.ndarray, firsts: np.ndarray, counts: np.ndarray, phys_
     return k, full, nbytes
 
 
-def _recheck_last(local: LocalStore, queues: list[_Queue]) -> None:
+def _recheck_last(local: LocalStore, queues: list[_Queue], kept: np.ndarray | None) -> None:
     """Each queue's last entry read again now that its record was read (every
-    queue's in one call): when it changed, it was being written, and what
-    the pass took from it is not to be trusted; the per-queue read does the
-    queue again."""
-    due = [q for q in queues if q.last is not None and q.taken == len(q.entries)]
+    queue's in one call, through the files ``_read_heads`` kept open, which
+    it closes; else by name): when it changed, it was being written, and
+    what the pass took from it is not to be trusted; the per-queue read
+    does the queue again. (Through a kept file, a file the broker deleted
+    meanwhile still reads as it was: its entry was not being written.)"""
+    due = [i for i, q in enumerate(queues) if q.last is not None and q.taken == len(q.entries)]
+    lasts = [last for last in (queues[i].last for i in due) if last is not None]
+    if kept is not None:
+        los, ns = np.zeros(len(queues), np.int64), np.zeros(len(queues), np.int64)
+        los[due] = [at for _s, at, _seen in lasts]
+        ns[due] = CQ_ENTRY_SIZE
+        spans = read_kept(kept, los, ns)  # and every file closed, due or not
+        got, now = spans.got[due], spans.data.reshape(-1, CQ_ENTRY_SIZE)
+    elif due:
+        paths = [local._queue(queues[i].job.topic, queues[i].job.queue_id).name(start)
+                 for i, (start, _at, _seen) in zip(due, lasts)]
+        spans = read_files(paths, np.fromiter((at for _s, at, _seen in lasts), np.int64, len(lasts)),
+                           np.full(len(lasts), CQ_ENTRY_SIZE, np.int64))
+        got, now = spans.got, spans.data.reshape(-1, CQ_ENTRY_SIZE)
     if not due:
         return
-    lasts = [q.last for q in due if q.last is not None]
-    paths = [local._queue(q.job.topic, q.job.queue_id).name(start) for q, (start, _at, _seen) in zip(due, lasts)]
-    spans = read_files(paths, np.fromiter((at for _s, at, _seen in lasts), np.int64, len(lasts)),
-                       np.full(len(lasts), CQ_ENTRY_SIZE, np.int64))
     # a file gone reads as nothing: not what was seen
-    now = spans.data.reshape(-1, CQ_ENTRY_SIZE)
     seen = np.frombuffer(b"".join(s for _s, _at, s in lasts), np.uint8).reshape(-1, CQ_ENTRY_SIZE)
-    same = (spans.got == CQ_ENTRY_SIZE) & (now == seen).all(axis=1)
-    for q, same_ in zip(due, same.tolist()):
-        q.redo = not same_
+    same = (got == CQ_ENTRY_SIZE) & (now == seen).all(axis=1)
+    for i, same_ in zip(due, same.tolist()):
+        queues[i].redo = not same_
 
 
 class _Columns:

@@ -242,7 +242,9 @@ def test_every_queue_at_once_takes_what_each_queue_read_alone_took(tmp_path_fact
     if not compiled:
         preads._native = None
     try:
-        got, every = commitpass._gather(local, jobs, phys_limit)
+        got, every, kept = commitpass._gather(local, jobs, phys_limit)
+        if kept is not None:
+            preads.close_kept(kept)
         want = [_per_queue_gather(local, job, phys_limit) for job in jobs]
     finally:
         commitpass._SCAN, commitpass._SLACK, preads._native = saved

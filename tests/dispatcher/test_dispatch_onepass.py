@@ -436,28 +436,39 @@ def _jobs(queues: list[tuple[str, int]], segment_bytes: int = 1 << 20) -> list:
                      key_index=True, layout=2) for t, q in queues]
 
 
+@pytest.mark.parametrize("kept", [True, False])
 @pytest.mark.parametrize(("damage", "mapped"), [("deleted", False), ("deleted", True), ("truncated", False),
                                                ("cut_inside_an_entry", False), ("queue_directory_gone", False),
                                                ("queue_directory_gone", True)])
-def test_a_consumequeue_file_damaged_between_the_gather_and_the_walk(tmp_path, clock, monkeypatch, damage, mapped):
+def test_a_consumequeue_file_damaged_between_the_gather_and_the_walk(tmp_path, clock, monkeypatch, damage, mapped,
+                                                                      kept):
     """The broker deletes or cuts a queue's ConsumeQueue file after the pass
-    read its entries and before it read their records: the queue's last entry
-    no longer reads as it did, so the per-queue read does the queue again and
-    decides; every queue's segment and stop are exactly what ``build_segment``
-    makes of the store as it is now, through a store that looked at the
-    files as the pass's did: listed only (the file gone is expired), or
-    mapped too (as a round's look maps them: a deleted file stays readable
-    through its mapping). (A file cut while mapped is not a case: reading
-    past its new end faults, which is why the pass reads with pread.)"""
+    read its entries and before it read their records. Cut: the queue's last
+    entry no longer reads as it did, so the per-queue read does the queue
+    again and decides, exactly as ``build_segment`` decides through a store
+    that looked at the files as the pass's did. Deleted: through the file
+    the pass kept open it still reads as it was (its entry was not being
+    written): the segment is the one read before the deletion; without the
+    file kept (past the descriptors a pass may keep), the entry reads as
+    gone and the per-queue read decides: expired (files listed only), or the
+    records read through the mapping a round's look left (a deleted file
+    stays readable through it). The other queues are built whole. (A file
+    cut while mapped is not a case: reading past its new end faults, which
+    is why the pass reads with pread.)"""
+    from dispatcher.buildpool import build_segment
     from tiered.errors import ExpiredLocallyError
     from tiered.format.codec import CQ_ENTRY_SIZE
 
+    if not kept:
+        monkeypatch.setattr(commitpass, "_keep_limit", lambda: 0)
     queues = [("Dmg", q) for q in range(6)]
     sd = tmp_path / "store"
     _small_queues(sd, clock, queues, 20)
     victim = queues[3]
     cq_dir = sd / "consumequeue" / victim[0] / str(victim[1])
     cq = cq_dir / f"{0:020d}"
+    jobs = _jobs(queues)
+    before = build_segment(LocalStore(sd), jobs[3], 5)[0]
     local = LocalStore(sd)
     seen = LocalStore(sd)  # the per-queue read's, which looked at the files before the damage too
     for store in (local, seen):
@@ -478,15 +489,32 @@ def test_a_consumequeue_file_damaged_between_the_gather_and_the_walk(tmp_path, c
         return real_walk(local_, queues_, *more)
 
     monkeypatch.setattr(commitpass, "_walk", damage_then_walk)
-    jobs = _jobs(queues)
+    real_gather, gathered = commitpass._gather, []
+
+    def gather(*args):  # noqa: ANN002, ANN202
+        out = real_gather(*args)
+        gathered.append(out[2])
+        return out
+
+    monkeypatch.setattr(commitpass, "_gather", gather)
     planned, stats = commitpass.build_pass(local, jobs)
-    assert stats.continued == 1  # the damaged queue only, read again on its own
+    if kept:  # every file the pass kept open is closed
+        assert gathered[0] is not None and gathered[0].tolist() == [-1] * len(jobs)
+    else:
+        assert gathered == [None]
     monkeypatch.setattr(commitpass, "_walk", real_walk)
+    gone = damage in ("deleted", "queue_directory_gone")
+    assert stats.continued == (0 if gone and kept else 1)  # at most the damaged queue, read again on its own
     for job in jobs:
+        if (job.topic, job.queue_id) == victim and gone and kept:
+            _job, builder, stop = planned[(job.topic, job.queue_id)]
+            got = builder.build(5)
+            assert stop is None and got.segment == before.segment and bytes(got.commitlog) == bytes(before.commitlog)
+            continue
         got, stop = _as_per_queue(seen, job, planned)
         if (job.topic, job.queue_id) != victim or mapped:
             assert stop is None and got.segment.messages == 20
-        elif damage in ("deleted", "queue_directory_gone"):
+        elif gone:
             assert got is None and isinstance(stop, ExpiredLocallyError)
         else:  # the entries left are read; a cut entry is not one
             assert stop is None and got.segment.messages == 12, stop
@@ -549,3 +577,35 @@ def test_a_thousand_queues_with_one_corrupt_among_them(tmp_path, clock):
     assert [k for k, s in stops.items() if s is not None] == [bad]
     assert isinstance(stops[bad], CorruptRecordError) and "CRC" in stops[bad].reason
     assert stops[bad].source == str(sd / "commitlog" / f"{0:020d}") and stops[bad].offset == phys
+
+
+@pytest.mark.parametrize("fails", ["walk", "recheck"])
+def test_files_kept_open_by_a_pass_are_closed_when_it_fails(tmp_path, clock, monkeypatch, fails):
+    """The ConsumeQueue files the pass keeps open between its two reads are
+    closed, once, when the walk or the recheck raises."""
+    queues = [("Shut", q) for q in range(4)]
+    sd = tmp_path / "store"
+    _small_queues(sd, clock, queues, 5)
+    local = LocalStore(sd)
+    real_gather, gathered = commitpass._gather, []
+
+    def gather(*args):  # noqa: ANN002, ANN202
+        out = real_gather(*args)
+        gathered.append((out[2], out[2].tolist()))
+        return out
+
+    def boom(*args):  # noqa: ANN002, ANN202
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(commitpass, "_gather", gather)
+    monkeypatch.setattr(commitpass, "_walk" if fails == "walk" else "read_kept", boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        commitpass.build_pass(local, _jobs(queues))
+    kept, numbers = gathered[0]
+    assert len(numbers) == 4 and min(numbers) >= 0 and kept.tolist() == [-1] * 4
+    for fd in numbers:  # none of them still open on a ConsumeQueue file
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except FileNotFoundError:
+            continue
+        assert "consumequeue" not in target, target
