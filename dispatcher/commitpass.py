@@ -15,9 +15,18 @@ write (reput) order, for all the queues of a round's wave:
    be a record, below the confirmed offset, physical offsets growing. The
    queue's last written entry is read again after its record, as the
    per-queue read does (the broker may have been writing it): when it
-   changed, the queue is read again by the per-queue read. The entries are
-   read with ``pread`` (``_FileSet.read``), a few KiB a queue, not mapped;
-   the plain ones are found for all queues at once (``_plain_many``).
+   changed, the queue is read again by the per-queue read. Every queue's
+   entries are read in one call (``_read_heads``, ``preads.read_files``:
+   compiled, the GIL given up once for all the queues, where a ``pread``
+   a queue gave it up four times and a pass over 1,000 queues spent most
+   of its wall time getting it back from the upload threads), as many as
+   the round's look at the queue found written and a few more, not mapped;
+   the first step of ``_pending`` and the plain entries are found for all
+   queues at once (``_plain_runs``); only a queue with more pending than
+   its head holds reads on by itself. The files stay open until the last
+   entries are read again, all in one more call, which closes them (up to
+   a quarter of the descriptors the process may open; beyond, they are
+   opened again by name).
 2. ``_walk``: every queue's entries merged by physical offset (one argsort),
    cut into windows of one CommitLog file, each window's pages mapped in one
    call and given back behind it. In a window each queue's entries are
@@ -28,8 +37,8 @@ write (reput) order, for all the queues of a round's wave:
    again for every queue whose records it holds; measured 0.19 s more for
    64 MiB over 16 queues). The pass's per-queue state is kept as arrays
    (``_Columns``), so a window costs array operations over its queues, not
-   Python calls a queue; each builder is handed its records' arrays once,
-   after the walk.
+   Python calls a queue; the builders are handed their records' arrays once,
+   after the walk, in one ``SegmentBuilder.extend_many``.
 3. ``_finish``: where the pass left a queue short of its budget (a record
    ``check_run`` does not accept, a filler, the last entry, the end of a
    ConsumeQueue file, a CommitLog file gone), the per-queue read continues

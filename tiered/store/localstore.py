@@ -138,10 +138,10 @@ class _FileSet:
     def read(self, start: int, lo: int, n: int) -> tuple[bytes, int]:
         """Bytes [lo, lo + n) of file ``start`` as it is now (fewer where it
         ends) in one ``pread``, and the file's size: nothing mapped, so no
-        page to fault in and none to give back after (``release``'s madvise
-        cost more than the read for the few KiB of ConsumeQueue a queue's
-        CommitLog pass needs, at 1,000 queues). Raises FileNotFoundError
-        when the file is gone."""
+        page to fault in and none to give back after. (One file's read of
+        what the CommitLog pass reads for all its queues in one call,
+        ``tiered.store.preads``; the tests' reference for it.) Raises
+        FileNotFoundError when the file is gone."""
         fd = os.open(self.name(start), os.O_RDONLY | os.O_CLOEXEC)
         try:
             return os.pread(fd, n, lo), os.fstat(fd).st_size
@@ -150,7 +150,8 @@ class _FileSet:
 
     def read_bytes(self, start: int, lo: int, n: int) -> bytes:
         """``read`` without the file's size: one system call less (each gives
-        the GIL up, and a pass over 1,000 queues waits to get it back)."""
+        the GIL up; the CommitLog pass reads on this way only for a queue
+        with more entries pending than its first read held)."""
         fd = os.open(self.name(start), os.O_RDONLY | os.O_CLOEXEC)
         try:
             return os.pread(fd, n, lo)
