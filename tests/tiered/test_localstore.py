@@ -760,3 +760,53 @@ def test_max_offset_at_first_look_and_after(tmp_path: Path) -> None:
             w.put("M", 0, b"z")
         w.flush()
         assert store.max_offset("M", 0) == 1244
+
+
+def _queue_range_by_entries(store: LocalStore, topic: str, queue_id: int) -> QueueRange:
+    """``queue_range`` as it was written: each probe through ``_entry``."""
+    files = store._queue(topic, queue_id)
+    max_offset = store._max_offset(files)
+    lo, hi = files.starts[0] // CQ_ENTRY_SIZE, max_offset
+    min_phys = store.commitlog.starts[0] if store.commitlog.starts else None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        entry = store._entry(files, mid)
+        if entry is None or (entry[1] != CQ_FILLER_SIZE and min_phys is not None and entry[0] >= min_phys):
+            hi = mid
+        else:
+            lo = mid + 1
+    return QueueRange(lo, max_offset)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.sampled_from(["ok", "ok", "filler", "old", "zero"]), max_size=24),
+                          st.sampled_from(["zeros", "end", "cut", "long"])), min_size=1, max_size=4),
+       st.integers(0, 3), st.sampled_from([None, 0, 5000]))
+def test_queue_range_probes_as_entry_by_entry(tmp_path_factory, files, first_file, commitlog_start):
+    """The bisection of ``queue_range`` (keeping the probed file's view
+    between probes) finds what probing through ``_entry`` found, over files
+    of any shape: fillers, entries below the CommitLog's start, zeros in
+    the middle, files cut short or inside an entry or longer than their
+    slot, several files."""
+    root = tmp_path_factory.mktemp("qr")
+    d = root / "consumequeue" / "T" / "0"
+    d.mkdir(parents=True)
+    (root / "commitlog").mkdir()
+    if commitlog_start is not None:
+        (root / "commitlog" / f"{commitlog_start:020d}").write_bytes(b"")
+    per_file = 24
+    for fi, (kinds, ending) in enumerate(files):
+        table = np.zeros(per_file, CQ_DTYPE)
+        for i, kind in enumerate(kinds):
+            table[i] = {"ok": (6000 + i * 100, 100, 1), "filler": (6000, CQ_FILLER_SIZE, 0),
+                        "old": (10 * i, 100, 1), "zero": (0, 0, 0)}[kind]
+        data = table.tobytes()
+        if ending == "end":
+            data = data[:len(kinds) * CQ_ENTRY_SIZE]
+        elif ending == "cut":
+            data = data[:max(0, len(kinds) * CQ_ENTRY_SIZE - 9)]
+        elif ending == "long":  # past the next file's start (a crashed writer's): read there from the next file
+            data += np.array([(1, 100, 1)] * 10, CQ_DTYPE).tobytes()
+        (d / f"{(first_file + fi) * per_file * CQ_ENTRY_SIZE:020d}").write_bytes(data)
+    store, reference = LocalStore(root), LocalStore(root)
+    assert store.queue_range("T", 0) == _queue_range_by_entries(reference, "T", 0)

@@ -49,7 +49,7 @@ from tiered.errors import CorruptRecordError, ExpiredLocallyError, NotWrittenYet
 from tiered.store.consumeroffsets import ConsumerOffsets, read_consumer_offsets
 from tiered.format.jsonfile import read_json
 from tiered.store.queuecursor import EMPTY as _EMPTY
-from tiered.store.queuecursor import QueueCursor
+from tiered.store.queuecursor import NO_LIMIT, QueueCursor
 
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14; the name is Python >= 3.13
 _CHECKPOINT_CONFIRM = struct.Struct(">q")
@@ -466,14 +466,29 @@ class LocalStore:
         min_phys = self.commitlog.starts[0] if self.commitlog.starts else None
         # first offset that is neither a filler nor below the CommitLog's start
         hi = max_offset
+        # the file of the last probe and its view, kept while the probes stay in it
+        # (``_entry``'s locate and view a probe, without their calls: a round asks
+        # each queue's range up to three times)
+        start, view, end = -1, _EMPTY, -1
         while lo < hi:
             mid = (lo + hi) // 2
+            byte = mid * CQ_ENTRY_SIZE
             try:
-                entry = self._entry(files, mid)
+                if not start <= byte < end or byte - start + CQ_ENTRY_SIZE > len(view):
+                    located = files.locate(byte)
+                    if located is None:
+                        raise FileNotFoundError(byte)
+                    start = located
+                    view = files.view(start, byte - start + CQ_ENTRY_SIZE)
+                    i = bisect_right(files.starts, start)
+                    end = files.starts[i] if i < len(files.starts) else NO_LIMIT
             except FileNotFoundError:
                 files.refresh()
                 return self.queue_range(topic, queue_id)
-            if entry is None or (entry[1] != CQ_FILLER_SIZE and min_phys is not None and entry[0] >= min_phys):
+            rel = byte - start
+            entry = CQ_ENTRY.unpack_from(view, rel) if rel + CQ_ENTRY_SIZE <= len(view) else None
+            if entry is None or entry[1] == 0 or (entry[1] != CQ_FILLER_SIZE and min_phys is not None
+                                                  and entry[0] >= min_phys):
                 hi = mid
             else:
                 lo = mid + 1
