@@ -685,11 +685,11 @@ def test_read_gives_a_files_bytes_as_they_are_now_without_mapping(tmp_path: Path
 @given(st.lists(st.one_of(st.integers(1, 5000), st.sampled_from([-3, CQ_FILLER_SIZE])), max_size=3000),
        st.integers(0, 3000), st.integers(0, 40), st.integers(0, 5000))
 def test_counting_written_entries_as_arrays_counts_them_one_by_one(sizes, first, zeros_after, length):
-    """``_count_written`` (pending's count, in steps of arrays) against the
+    """``count_written`` (pending's count, in steps of arrays) against the
     entry by entry count it replaced: entries up to the first of size 0,
     bytes without fillers, whatever the span (a few entries or thousands),
     where it starts and whether the written end is in it."""
-    from tiered.store.localstore import _count_written
+    from tiered.store.cqscan import count_written
 
     table = np.zeros(len(sizes) + zeros_after, CQ_DTYPE)
     table["size"][:len(sizes)] = sizes
@@ -705,7 +705,7 @@ def test_counting_written_entries_as_arrays_counts_them_one_by_one(sizes, first,
             break
         want_bytes += size if size != CQ_FILLER_SIZE else 0
         want_count += 1
-    assert _count_written(view, rel, end) == (want_count, want_bytes, ended)
+    assert count_written(view, rel, end) == (want_count, want_bytes, ended)
 
 
 def test_pending_counts_across_files_up_to_the_written_end(tmp_path: Path) -> None:
@@ -726,12 +726,12 @@ def test_pending_counts_across_files_up_to_the_written_end(tmp_path: Path) -> No
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 3), max_size=400), st.integers(0, 50), st.integers(0, 25))
 def test_a_first_look_by_reads_finds_the_written_end_the_mapping_finds(tmp_path_factory, sizes, zeros, cut):
-    """``_written_by_reads`` (a first look at a ConsumeQueue file: its probes
+    """``written_by_reads`` (a first look at a ConsumeQueue file: its probes
     read, not faulted in) answers as ``cq_written_entries`` over the mapped
     file without a hint, zeros in the middle and all; a file cut since it
     was mapped reads as not written past its end."""
     from tiered.format.codec import cq_written_entries
-    from tiered.store.localstore import _written_by_reads
+    from tiered.store.cqscan import written_by_reads
 
     table = np.zeros(len(sizes) + zeros, CQ_DTYPE)
     table["size"][:len(sizes)] = sizes
@@ -740,10 +740,10 @@ def test_a_first_look_by_reads_finds_the_written_end_the_mapping_finds(tmp_path_
     path = tmp_path_factory.mktemp("cq") / f"{0:020d}"
     path.write_bytes(data)
     n = len(table)
-    assert _written_by_reads(str(path), n) == cq_written_entries(memoryview(data))
+    assert written_by_reads(str(path), n) == cq_written_entries(memoryview(data))
     kept = max(0, len(data) - cut * 7)
     os.truncate(path, kept)
-    assert _written_by_reads(str(path), n) == cq_written_entries(memoryview(data[:kept] + bytes(len(data) - kept)))
+    assert written_by_reads(str(path), n) == cq_written_entries(memoryview(data[:kept] + bytes(len(data) - kept)))
 
 
 def test_max_offset_at_first_look_and_after(tmp_path: Path) -> None:
