@@ -95,6 +95,8 @@ class QueueArchiver:
         self._reported_corrupt: set[tuple[str, int, int]] = set()
         # (topic, queue) -> (first pending offset, when we first saw it pending)
         self._pending_since: dict[tuple[str, int], tuple[int, int]] = {}
+        # (topic, queue) -> (offset, its ConsumeQueue entry, the record's store time): _oldest_pending_ms
+        self._oldest: dict[tuple[str, int], tuple[int, tuple[int, int, int], int]] = {}
         # Segments are built in worker processes when ``builds`` is given, as
         # many at once as it has workers. In this process one is built at a
         # time: building is CPU work in the interpreter and in short numpy
@@ -318,12 +320,28 @@ class QueueArchiver:
         return manifest
 
     def _oldest_pending_ms(self, topic: str, queue_id: int, offset: int) -> int | None:
+        """The store time of the queue's record at ``offset``; None when it
+        cannot be read (the build reads it again and deals with it). Kept a
+        queue: while the ConsumeQueue entry at ``offset`` is the one the time
+        was read under, the record is too (records are never rewritten in
+        place), so a queue waiting to be due, asked every round by
+        ``next_job``, ``run`` and the lag, costs an entry read, not a record
+        read and decode."""
+        key = (topic, queue_id)
+        entry = self.local.entry_at(topic, queue_id, offset)
+        kept = self._oldest.get(key)
+        if kept is not None and entry is not None and kept[0] == offset and kept[1] == entry:
+            return kept[2]
+        stamp = None
         try:
             for item in self.local.iter_queue(topic, queue_id, offset, max_count=1, verify_crc=False):
-                return item.record.store_timestamp
+                stamp = item.record.store_timestamp
+                break
         except TieredError:
             return None  # the build reads it again and deals with it
-        return None
+        if stamp is not None and entry is not None:
+            self._oldest[key] = (offset, entry, stamp)
+        return stamp
 
     def _old_enough(self, topic: str, queue_id: int, offset: int) -> bool:
         """Due by age: the oldest pending message's store time, or (when the

@@ -15,9 +15,18 @@ write (reput) order, for all the queues of a round's wave:
    be a record, below the confirmed offset, physical offsets growing. The
    queue's last written entry is read again after its record, as the
    per-queue read does (the broker may have been writing it): when it
-   changed, the queue is read again by the per-queue read. The entries are
-   read with ``pread`` (``_FileSet.read``), a few KiB a queue, not mapped;
-   the plain ones are found for all queues at once (``_plain_many``).
+   changed, the queue is read again by the per-queue read. Every queue's
+   entries are read in one call (``_read_heads``, ``preads.read_files``:
+   compiled, the GIL given up once for all the queues, where a ``pread``
+   a queue gave it up four times and a pass over 1,000 queues spent most
+   of its wall time getting it back from the upload threads), as many as
+   the round's look at the queue found written and a few more, not mapped;
+   the first step of ``_pending`` and the plain entries are found for all
+   queues at once (``_plain_runs``); only a queue with more pending than
+   its head holds reads on by itself. The files stay open until the last
+   entries are read again, all in one more call, which closes them (up to
+   a quarter of the descriptors the process may open; beyond, they are
+   opened again by name).
 2. ``_walk``: every queue's entries merged by physical offset (one argsort),
    cut into windows of one CommitLog file, each window's pages mapped in one
    call and given back behind it. A window is one compiled call for all its
@@ -37,7 +46,8 @@ write (reput) order, for all the queues of a round's wave:
    run there, whatever the pieces after it did. The pass's per-queue state
    is kept as arrays (``_Columns``), so a window costs array operations
    over its queues, not Python calls a queue; each builder is handed its
-   records' arrays and CRC once, after the walk.
+   records' arrays and CRCs once, after the walk, in one
+   ``SegmentBuilder.extend_many``.
 3. ``_finish``: where the pass left a queue short of its budget (a record
    ``check_run`` does not accept, a filler, the last entry, the end of a
    ConsumeQueue file, a CommitLog file gone), the per-queue read continues
@@ -53,7 +63,9 @@ first record of a segment is taken whatever its size"), same bytes.
 from __future__ import annotations
 
 import os
+import resource
 import time
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -61,11 +73,13 @@ import numpy as np
 
 from dispatcher.buildpool import BuildJob
 from dispatcher.segment import SegmentBuilder
+from dispatcher.segment import ragged as _ragged
 from tiered.errors import CorruptRecordError, ExpiredLocallyError
 from tiered.format.batch import COPY_FIELDS, CQ_DTYPE, RecordBatch, check_copy_runs, run_tails
 from tiered.format.keyindex import BadProperties, record_key_hashes
 from tiered.format.codec import CQ_ENTRY_SIZE, CQ_FILLER_SIZE
-from tiered.store.localstore import LocalStore
+from tiered.store.localstore import LocalStore, _QueueFiles
+from tiered.store.preads import close_kept, read_files, read_kept
 from tiered.store.queuecursor import NO_LIMIT
 
 # A window of one CommitLog file: mapped in one call, given back behind the
@@ -115,7 +129,7 @@ class PassStats:
     cpu_seconds: float = 0.0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Queue:
     job: BuildJob
     builder: SegmentBuilder
@@ -147,12 +161,16 @@ def build_pass(local: LocalStore, jobs: list[BuildJob]) -> tuple[dict[tuple[str,
     confirmed = local.confirmed_offset()
     phys_limit = confirmed if confirmed is not None else NO_LIMIT
     local.commitlog.refresh()  # files the broker started or deleted since the last look
-    queues = _gather(local, jobs, phys_limit)
-    records, nbytes, windows, helpers_cpu = _walk(local, queues)
+    queues, every, kept = _gather(local, jobs, phys_limit)
+    try:
+        records, nbytes, windows, helpers_cpu = _walk(local, queues, every)
+        _recheck_last(local, queues, kept)
+    finally:
+        if kept is not None:
+            close_kept(kept)  # what the recheck did not close (it raised, or the walk did)
     out: dict[tuple[str, int], Planned] = {}
     continued = 0
     for q in queues:
-        _recheck_last(local, q)
         if _finish(local, q):
             continued += 1
             local.release_queue(q.job.topic, q.job.queue_id)  # what the per-queue read mapped
@@ -163,73 +181,200 @@ def build_pass(local: LocalStore, jobs: list[BuildJob]) -> tuple[dict[tuple[str,
     return out, stats
 
 
-def _gather(local: LocalStore, jobs: list[BuildJob], phys_limit: int) -> list[_Queue]:
-    """Each job's queue with the plain entries the pass reads: read queue
-    by queue, checked (``_plain_many``) for all queues at once."""
-    read = [_read_pending(local, job, phys_limit) for job in jobs]
-    none = np.zeros(0, CQ_DTYPE)
-    k, full, nbytes = _plain_many([r[0] if r is not None else none for r in read], phys_limit,
-                                  np.fromiter((job.segment_bytes for job in jobs), np.int64, len(jobs)))
+# ConsumeQueue entries read at first by ``_pending``, then four times more each step
+_SCAN = 1024
+# entries read first past those written at the round's look at the queue
+# (``_QueueFiles.written``): what the broker may have added since
+_SLACK = 64
+
+
+def _keep_limit() -> int:
+    """How many ConsumeQueue files a pass keeps open between its two reads of
+    them (the heads, then the last entries: a read each, not an open, a
+    read and a close each): a quarter of the descriptors this process may
+    open, whose mapped ConsumeQueue files hold one each already."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return NO_LIMIT if soft == resource.RLIM_INFINITY else soft // 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Heads:
+    """The first read of every job's ConsumeQueue entries (``_read_heads``),
+    one item a job. Entries ``first[i]:first[i] + count[i]`` of ``table``
+    are job i's from its start offset, in the file of that offset."""
+
+    files: list[_QueueFiles]
+    start: np.ndarray  # int64: that file's start byte; -1: there is none (before the first file)
+    rel: np.ndarray  # the job's start byte in that file
+    end: np.ndarray  # where that file's entries end (``entries_end``); -1: not read (no file, or gone)
+    asked: np.ndarray  # entries asked for
+    first: np.ndarray
+    count: np.ndarray  # entries read, up to ``end``
+    table: np.ndarray  # CQ_DTYPE
+    # each job's file left open for the recheck (preads.read_kept; -1: none), or None: not kept
+    kept: np.ndarray | None
+
+
+def _read_heads(local: LocalStore, jobs: list[BuildJob]) -> _Heads:
+    """Each job's ConsumeQueue entries from its start offset, every job's read
+    in one call (``preads.read_files``: the GIL given up once, not four times
+    a queue). As many entries as the round's look at the queue found written
+    after the start, and ``_SLACK`` more, at most ``_SCAN``."""
+    n = len(jobs)
+    files = [local._queue(job.topic, job.queue_id) for job in jobs]
+    # per queue: plain Python lists, made arrays once (a numpy item set a queue costs more)
+    start, bound, asked = [-1] * n, [NO_LIMIT] * n, [0] * n  # bound: the next file's start, relative
+    read: list[int] = []
+    paths: list[str] = []
+    for i, job, f in zip(range(n), jobs, files):
+        byte = job.start * CQ_ENTRY_SIZE
+        starts = f.starts
+        j = bisect_right(starts, byte) - 1  # files.locate
+        if j < 0:
+            continue  # the per-queue read says why
+        s = start[i] = starts[j]
+        if j + 1 < len(starts):
+            bound[i] = (starts[j + 1] - s) // CQ_ENTRY_SIZE * CQ_ENTRY_SIZE
+        written = f.written.get(s)
+        if written is None:
+            ask = _SCAN
+        else:
+            ask = written - (byte - s) // CQ_ENTRY_SIZE
+            ask = (ask if ask > 0 else 0) + _SLACK
+            ask = ask if ask < _SCAN else _SCAN
+        asked[i] = ask
+        read.append(i)
+        paths.append(f.name(s))
+    rows = np.asarray(read, np.int64)
+    starts_, asked_ = np.asarray(start, np.int64), np.asarray(asked, np.int64)
+    rel = np.fromiter((job.start for job in jobs), np.int64, n) * CQ_ENTRY_SIZE - starts_
+    spans = read_files(paths, rel[rows], asked_[rows] * CQ_ENTRY_SIZE, sizes=True, keep=len(paths) <= _keep_limit())
+    kept = None
+    if spans.kept is not None:
+        kept = np.full(n, -1, np.int64)
+        kept[rows] = spans.kept  # the descriptors now live here only: closed through this array, once
+    end = np.full(n, -1, np.int64)
+    # entries_end: the next file's start bounds them; missing files stay -1
+    end[rows] = np.where(spans.got >= 0, np.minimum(spans.sizes, np.asarray(bound, np.int64)[rows]), -1)
+    count = np.zeros(n, np.int64)
+    count[rows] = np.maximum(np.minimum(spans.got, end[rows] - rel[rows]), 0) // CQ_ENTRY_SIZE
+    first = np.zeros(n, np.int64)
+    first[rows] = spans.at // CQ_ENTRY_SIZE
+    return _Heads(files=files, start=starts_, rel=rel, end=end, asked=asked_, first=first, count=count,
+                  table=spans.data.view(CQ_DTYPE), kept=kept)
+
+
+def _gather(local: LocalStore, jobs: list[BuildJob], phys_limit: int
+            ) -> tuple[list[_Queue], np.ndarray, np.ndarray | None]:
+    """Each job's queue with the plain entries the pass reads, those entries
+    of every queue one after the other (``_Columns.every``), and the
+    ConsumeQueue files left open for the recheck (``_Heads.kept``: the
+    caller closes them). What ``_pending`` reads for each queue, found for
+    all of them at once in their heads (``_read_heads``); a queue whose head
+    does not reach its written end or an entry the pass cannot take (more
+    pending than the head holds) reads on by itself."""
+    heads = _read_heads(local, jobs)
+    try:
+        queues, every = _queues_of(jobs, heads, phys_limit)
+    except BaseException:
+        if heads.kept is not None:
+            close_kept(heads.kept)
+        raise
+    return queues, every, heads.kept
+
+
+def _queues_of(jobs: list[BuildJob], heads: _Heads, phys_limit: int) -> tuple[list[_Queue], np.ndarray]:
+    """``_gather``'s queues and entries from the heads read."""
+    n = len(jobs)
+    budgets = np.fromiter((job.segment_bytes for job in jobs), np.int64, n)
+    # _pending's first step, every queue at once: a chunk of the head, up to
+    # the first entry of size 0 (the written end) or the end of the file
+    at = heads.rel // CQ_ENTRY_SIZE
+    last = heads.end // CQ_ENTRY_SIZE
+    some = (heads.end >= 0) & (heads.rel + CQ_ENTRY_SIZE <= heads.end)  # else the per-queue read says why
+    chunk = np.where(some, np.minimum(heads.asked, last - at), 0)
+    alone = some & (chunk > heads.count)  # the head is short of the chunk: _pending reads it itself
+    chunk[alone] = 0
+    zero = _first_in_runs(heads.table["size"] == 0, heads.first, chunk)
+    read = np.minimum(zero, chunk)  # entries up to the written end
+    ended = some & ~alone & ((zero < chunk) | (at + chunk >= last))
+    hi = np.where(ended, at + read, -1)  # the written end, where it was found
+    k, full, nbytes = _plain_runs(heads.table, heads.first, read, phys_limit, budgets)
+    # entries all plain up to the head's end, the written end not in sight: read on
+    alone |= some & ~ended & ~alone & (k == read)
+    parts: dict[int, tuple[np.ndarray, int | None]] = {}
+    for i in np.flatnonzero(alone).tolist():
+        head = heads.table[int(heads.first[i]):int(heads.first[i] + heads.count[i])]
+        entries, end_ = _read_on(heads.files[i], int(heads.start[i]), int(heads.rel[i]), int(heads.end[i]), head,
+                                 int(heads.asked[i]), phys_limit, int(budgets[i]))
+        parts[i] = entries, end_
+        k[i], full[i] = _plain(entries, phys_limit, int(budgets[i]))
+        nbytes[i] = int(entries["size"][:k[i]].astype(np.int64).sum())
+        read[i], hi[i] = len(entries), -1 if end_ is None else end_
+    every = _taken(heads, parts, k)
+    firsts = np.cumsum(k) - k
+    # the last written entry may be the one the broker is writing: it is read
+    # again after its record, as QueueCursor._one_entry does
+    recheck = (k > 0) & (k == read) & (hi >= 0)
+    at_end = (recheck & (hi * CQ_ENTRY_SIZE < heads.end)).tolist()
+    last_byte = ((hi - 1) * CQ_ENTRY_SIZE).tolist()
     queues = []
-    for job, got, k_, full_, nbytes_ in zip(jobs, read, k.tolist(), full.tolist(), nbytes.tolist()):
+    for job, k_, full_, nbytes_, first, again, start, byte, end in zip(
+            jobs, k.tolist(), full.tolist(), nbytes.tolist(), firsts.tolist(), recheck.tolist(), heads.start.tolist(),
+            last_byte, at_end):
         builder = SegmentBuilder(job.prefix, job.start, job.cl_start, key_index=job.key_index, layout=job.layout,
                                  compression=job.compression)
-        if got is None:
-            queues.append(_Queue(job, builder, none, 0))  # the per-queue read says why (expired, nothing yet)
-            continue
-        entries, hi, start, end = got
-        q = _Queue(job, builder, entries[:k_], k_, full=full_)
-        builder.reserve(nbytes_, k_)  # what the pass will copy, allocated once
-        if k_ and k_ == len(entries) and hi is not None:
-            # the last written entry may be the one the broker is writing: it is
-            # read again after its record, as QueueCursor._one_entry does
-            q.last = (start, (hi - 1) * CQ_ENTRY_SIZE, entries[k_ - 1:k_].tobytes())
-            q.at_end = hi * CQ_ENTRY_SIZE < end
+        q = _Queue(job, builder, every[first:first + k_], k_, 0, full_)
+        if k_:
+            builder.reserve(nbytes_, k_)  # what the pass will copy, allocated once
+        if again:
+            q.last = (start, byte, every[first + k_ - 1:first + k_].tobytes())
+            q.at_end = end
         queues.append(q)
-    return queues
+    return queues, every
 
 
-def _read_pending(local: LocalStore, job: BuildJob, phys_limit: int
-                  ) -> tuple[np.ndarray, int | None, int, int] | None:
-    """``_pending`` of the job's queue from its start, in the ConsumeQueue file
-    of that offset, and that file's start and entries' end; None when there
-    is nothing to read there (the per-queue read says why)."""
-    files = local._queue(job.topic, job.queue_id)
-    byte = job.start * CQ_ENTRY_SIZE
-    start = files.locate(byte)
-    if start is None:
-        return None
-    rel = byte - start
-    try:
-        # read, not mapped: a queue's few KiB of entries cost a pread, where a
-        # map cost page faults and an madvise to give the pages back
-        head, size = files.read(start, rel, _SCAN * CQ_ENTRY_SIZE)
-    except FileNotFoundError:
-        return None
-    end = files.entries_end(start, size)
-    if rel + CQ_ENTRY_SIZE > end:
-        return None
-    first = np.frombuffer(head, CQ_DTYPE, count=min(len(head), end - rel) // CQ_ENTRY_SIZE)
+def _first_in_runs(flags: np.ndarray, firsts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """For each run r (``flags[firsts[r]:firsts[r] + counts[r]]``), the index in
+    the run of its first True flag, or ``counts[r]``."""
+    hits = np.append(np.flatnonzero(flags), len(flags))
+    return np.minimum(hits[np.searchsorted(hits, firsts)] - firsts, counts)
+
+
+def _taken(heads: _Heads, parts: dict[int, tuple[np.ndarray, int | None]], k: np.ndarray) -> np.ndarray:
+    """The first ``k[i]`` entries read for each queue i, one queue after the
+    other: from its head, or from ``parts`` for a queue that read on."""
+    if not parts:
+        return heads.table.take(_ragged(heads.first, k))
+    # the parts behind the heads' table, as rows of one array
+    source = _joined([heads.table, *(entries for entries, _end in parts.values())])
+    starts = heads.first.copy()
+    behind = np.cumsum([len(heads.table)] + [len(entries) for entries, _end in parts.values()])
+    for (i, _part), row in zip(parts.items(), behind[:-1].tolist()):
+        starts[i] = row
+    return source.take(_ragged(starts, k))
+
+
+def _read_on(files: _QueueFiles, start: int, rel: int, end: int, head: np.ndarray, step: int, phys_limit: int,
+             budget: int) -> tuple[np.ndarray, int | None]:
+    """``_pending`` of a queue from its start, in ConsumeQueue file ``start``
+    whose entries end at ``end``, the first entries from ``head`` (read
+    already), the next read from the file."""
 
     def read(at: int, n: int) -> np.ndarray | None:
-        if at == rel // CQ_ENTRY_SIZE and n <= len(first):
-            return first[:n]
+        if at == rel // CQ_ENTRY_SIZE and n <= len(head):
+            return head[:n]
         try:
             more = files.read_bytes(start, at * CQ_ENTRY_SIZE, n * CQ_ENTRY_SIZE)
         except FileNotFoundError:
             return None  # deleted since the first read: the per-queue read goes on from here and reports it
         return np.frombuffer(more, CQ_DTYPE, count=len(more) // CQ_ENTRY_SIZE)
 
-    entries, hi = _pending(read, rel // CQ_ENTRY_SIZE, end // CQ_ENTRY_SIZE, phys_limit, job.segment_bytes)
-    return entries, hi, start, end
-
-
-# ConsumeQueue entries read at first by ``_pending``, then four times more each step
-_SCAN = 1024
+    return _pending(read, rel // CQ_ENTRY_SIZE, end // CQ_ENTRY_SIZE, phys_limit, budget, step)
 
 
 def _pending(read: Callable[[int, int], np.ndarray | None], first: int, last: int, phys_limit: int,
-             budget: int) -> tuple[np.ndarray, int | None]:
+             budget: int, step: int | None = None) -> tuple[np.ndarray, int | None]:
     """The entries from ``first`` up to the written end (the first entry of
     size 0, or ``last``; entries are written in order), and that end; or,
     when an entry the pass cannot take (``_plain``) comes first, the entries
@@ -239,9 +384,10 @@ def _pending(read: Callable[[int, int], np.ndarray | None], first: int, last: in
     any more, and the entries read so far are returned with None): what a
     segment takes and a step more, where finding the written end by
     bisection over the whole file faulted in a page for each probe (a
-    fifth of the pass's CPU at 1,000 queues)."""
+    fifth of the pass's CPU at 1,000 queues). The first step reads ``step``
+    entries (default ``_SCAN``), each next four times more."""
     parts: list[np.ndarray] = []
-    at, step = first, _SCAN
+    at, step = first, step or _SCAN
     while True:
         chunk = read(at, min(step, last - at))
         if chunk is None:
@@ -282,12 +428,25 @@ def _plain_many(parts: list[np.ndarray], phys_limit: int, budgets: np.ndarray
     many leading entries the pass takes, whether the one after them passes
     the budget, and the bytes of those taken."""
     counts = np.fromiter((len(p) for p in parts), np.int64, len(parts))
-    firsts = np.cumsum(counts) - counts
-    ends = firsts + counts
     if not counts.sum():
         zeros = np.zeros(len(parts), np.int64)
         return zeros, zeros.astype(bool), zeros
-    every = _joined(parts)
+    return _plain_runs(_joined(parts), np.cumsum(counts) - counts, counts, phys_limit, budgets)
+
+
+def _plain_runs(table: np.ndarray, firsts: np.ndarray, counts: np.ndarray, phys_limit: int, budgets: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_plain_many`` of the queues' entries ``table[firsts[i]:firsts[i] +
+    counts[i]]`` (runs in order, not overlapping; rows between them are not
+    read)."""
+    n = len(counts)
+    if not counts.sum():
+        zeros = np.zeros(n, np.int64)
+        return zeros, zeros.astype(bool), zeros
+    rows = _ragged(firsts, counts)
+    every = table.take(rows) if len(rows) != len(table) else table
+    firsts = np.cumsum(counts) - counts  # of each queue's entries in ``every``
+    ends = firsts + counts
     phys, size = every["phys"].astype(np.int64), every["size"].astype(np.int64)
     can_be = (size > 0) & (size != CQ_FILLER_SIZE) & (phys >= 0) & (phys + size <= phys_limit)
     total = np.cumsum(size)
@@ -310,18 +469,34 @@ def _plain_many(parts: list[np.ndarray], phys_limit: int, budgets: np.ndarray
     return k, full, nbytes
 
 
-def _recheck_last(local: LocalStore, q: _Queue) -> None:
-    """The queue's last entry read again now that its record was read: when
-    it changed, it was being written, and what the pass took from it is
-    not to be trusted; the per-queue read does the queue again."""
-    if q.last is None or q.taken != len(q.entries):
+def _recheck_last(local: LocalStore, queues: list[_Queue], kept: np.ndarray | None) -> None:
+    """Each queue's last entry read again now that its record was read (every
+    queue's in one call, through the files ``_read_heads`` kept open, which
+    it closes; else by name): when it changed, it was being written, and
+    what the pass took from it is not to be trusted; the per-queue read
+    does the queue again. (Through a kept file, a file the broker deleted
+    meanwhile still reads as it was: its entry was not being written.)"""
+    due = [i for i, q in enumerate(queues) if q.last is not None and q.taken == len(q.entries)]
+    lasts = [last for last in (queues[i].last for i in due) if last is not None]
+    if kept is not None:
+        los, ns = np.zeros(len(queues), np.int64), np.zeros(len(queues), np.int64)
+        los[due] = [at for _s, at, _seen in lasts]
+        ns[due] = CQ_ENTRY_SIZE
+        spans = read_kept(kept, los, ns)  # and every file closed, due or not
+        got, now = spans.got[due], spans.data.reshape(-1, CQ_ENTRY_SIZE)
+    elif due:
+        paths = [local._queue(queues[i].job.topic, queues[i].job.queue_id).name(start)
+                 for i, (start, _at, _seen) in zip(due, lasts)]
+        spans = read_files(paths, np.fromiter((at for _s, at, _seen in lasts), np.int64, len(lasts)),
+                           np.full(len(lasts), CQ_ENTRY_SIZE, np.int64))
+        got, now = spans.got, spans.data.reshape(-1, CQ_ENTRY_SIZE)
+    if not due:
         return
-    start, at, seen = q.last
-    try:
-        now = local._queue(q.job.topic, q.job.queue_id).read_bytes(start, at, CQ_ENTRY_SIZE)
-    except FileNotFoundError:
-        now = b""
-    q.redo = now != seen
+    # a file gone reads as nothing: not what was seen
+    seen = np.frombuffer(b"".join(s for _s, _at, s in lasts), np.uint8).reshape(-1, CQ_ENTRY_SIZE)
+    same = (got == CQ_ENTRY_SIZE) & (now == seen).all(axis=1)
+    for i, same_ in zip(due, same.tolist()):
+        queues[i].redo = not same_
 
 
 class _Columns:
@@ -331,12 +506,14 @@ class _Columns:
     queues). The records a window takes are kept as arrays too and handed to
     each builder once, at the end of the walk (``flush``)."""
 
-    def __init__(self, queues: list[_Queue]) -> None:
+    def __init__(self, queues: list[_Queue], every: np.ndarray | None = None) -> None:
+        """``every``: the queues' entries one after the other, when the caller
+        has them so (``_gather``), else they are joined here."""
         n = len(queues)
         self.queues = queues
         counts = np.fromiter((len(q.entries) for q in queues), np.int64, n)
         self.first = np.cumsum(counts) - counts  # of each queue's entries in ``every``
-        self.every = _joined([q.entries for q in queues])
+        self.every = _joined([q.entries for q in queues]) if every is None else every
         self.limit = np.fromiter((q.limit for q in queues), np.int64, n)
         self.taken = np.zeros(n, np.int64)
         self.filled = np.fromiter((q.builder.nbytes for q in queues), np.int64, n)  # bytes in its buffer
@@ -348,7 +525,11 @@ class _Columns:
         self.start = np.fromiter((q.job.start for q in queues), np.int64, n)
         self.queue_id = np.fromiter((q.job.queue_id for q in queues), np.int64, n)
         self.keyed = np.fromiter((q.job.key_index for q in queues), bool, n)
-        self.tails, self.blob = run_tails([q.job.topic.encode("utf-8") for q in queues])
+        # each topic's tail once: a pass over 1,000 queues has a few topics
+        topics: dict[str, int] = {}
+        of_topic = np.fromiter((topics.setdefault(q.job.topic, len(topics)) for q in queues), np.int64, n)
+        tails, self.blob = run_tails([topic.encode("utf-8") for topic in topics])
+        self.tails = tails.take(of_topic, axis=0)
         # check_copy_runs's answers, each record's at its entry's row of ``every``: a
         # queue's records stay in order with no sort; handed to its builder from ``given``
         self.out = np.empty((6, len(self.every)), np.int64)
@@ -370,14 +551,16 @@ class _Columns:
         if several or np.any(rows[1:] < rows[:-1]):
             order = np.argsort(rows, kind="stable")
             rows, hashes = rows.take(order), hashes.take(order)
-        lo, hi = self.first[due] + self.given[due], self.first[due] + self.taken[due]
-        k_lo, k_hi = np.searchsorted(rows, lo).tolist(), np.searchsorted(rows, hi).tolist()
-        sizes, tags, store, born = self.out[1], self.out[2], self.out[3], self.out[4]
-        for qi, first, r_lo, r_hi, a, b, end, crc in zip(due.tolist(), self.first[due].tolist(), lo.tolist(),
-                                                         hi.tolist(), k_lo, k_hi, self.filled[due].tolist(),
-                                                         self.crc[due].tolist()):
-            self.queues[qi].builder.extend(end, sizes[r_lo:r_hi], tags[r_lo:r_hi], store[r_lo:r_hi],
-                                           born[r_lo:r_hi], rows[a:b] - first, hashes[a:b], crc=crc)
+        first = self.first[due]
+        lo, hi = first + self.given[due], first + self.taken[due]
+        k_lo, k_hi = np.searchsorted(rows, lo), np.searchsorted(rows, hi)
+        # every key is of a record taken and not handed yet: the due queues' key
+        # runs follow one another; each key's entry index in its queue, at once
+        offsets = rows - np.repeat(first, k_hi - k_lo)
+        queues = self.queues
+        SegmentBuilder.extend_many([queues[qi].builder for qi in due.tolist()], self.filled[due], self.out[1],
+                                   self.out[2], self.out[3], self.out[4], lo, hi, offsets, hashes,
+                                   np.append(k_lo, k_hi[-1]), self.crc[due])
         self.given[due] = self.taken[due]
 
     def settle(self) -> None:
@@ -387,14 +570,15 @@ class _Columns:
             q.limit, q.taken = limit, taken
 
 
-def _walk(local: LocalStore, queues: list[_Queue]) -> tuple[int, int, int, float]:
-    """Every queue's plain entries read in physical order, window by window.
-    Returns (records, bytes, windows) read and the CPU seconds of the
-    threads the windows started."""
+def _walk(local: LocalStore, queues: list[_Queue], every: np.ndarray | None = None
+          ) -> tuple[int, int, int, float]:
+    """Every queue's plain entries read in physical order, window by window
+    (``every``: see ``_Columns``). Returns (records, bytes, windows) read and
+    the CPU seconds of the threads the windows started."""
     counts = [q.limit for q in queues]
     if not sum(counts):
         return 0, 0, 0, 0.0
-    cols = _Columns(queues)
+    cols = _Columns(queues, every)
     phys, size = cols.every["phys"].astype(np.int64), cols.every["size"].astype(np.int64)
     before = np.zeros(len(size) + 1, np.int64)  # the bytes of the entries before each one
     np.cumsum(size, out=before[1:])
@@ -453,12 +637,6 @@ def _joined(parts: list[np.ndarray]) -> np.ndarray:
     array, a thousand arrays a window at 1,000 queues)."""
     # (as CQ_DTYPE first: numpy's own joins hand back the native byte order, the same values)
     return np.concatenate([np.asarray(p, CQ_DTYPE).view(_RAW) for p in parts]).view(CQ_DTYPE)
-
-
-def _ragged(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """starts[r], starts[r] + 1, ... counts[r] items for each r, one after the other."""
-    ends = np.cumsum(counts)
-    return np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(starts - (ends - counts), counts)
 
 
 def _window(cols: _Columns, view: memoryview, base: int, source: str, owners: np.ndarray, indices: np.ndarray,

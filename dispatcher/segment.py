@@ -95,6 +95,12 @@ def _probe_refs() -> int:
 _ONE_HOLDER = _probe_refs()
 
 
+def ragged(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """starts[r], starts[r] + 1, ... counts[r] items for each r, one after the other."""
+    ends = np.cumsum(counts)
+    return np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(starts - (ends - counts), counts)
+
+
 class BufferPool:
     """Segment buffers given back after their upload, for the next segments.
 
@@ -278,6 +284,49 @@ class SegmentBuilder:
                 self._crc = crc32(cl[self._crc_end:self._n], self._crc)
             self._crc_end = self._n
         return self._crc
+
+    @staticmethod
+    def extend_many(builders: list[SegmentBuilder], ends: np.ndarray, sizes: np.ndarray, tags: np.ndarray,
+                    store_ms: np.ndarray, born_ms: np.ndarray, los: np.ndarray, his: np.ndarray,
+                    key_offsets: np.ndarray, key_hashes: np.ndarray, key_bounds: np.ndarray,
+                    crcs: np.ndarray | None = None) -> None:
+        """``extend`` of many builders in one call (the CommitLog pass hands a
+        thousand queues their records at once; a call each, with its checks,
+        cost more than their records): builder i's records are rows
+        ``los[i]:his[i]`` of ``sizes``, ``tags``, ``store_ms`` and
+        ``born_ms``, its keys rows ``key_bounds[i]:key_bounds[i + 1]`` of
+        ``key_offsets`` and ``key_hashes``; ``crcs[i]``, when given, the CRC-32
+        of its bytes up to ``ends[i]``. Checked for every builder (its
+        records' sizes add up to ``ends[i]`` from what it holds) before any
+        changes."""
+        n = len(builders)
+        counts = his - los
+        if len(los) != n or len(his) != n or len(ends) != n or len(key_bounds) != n + 1 or (counts < 0).any():
+            raise ValueError(f"{n} builders: one row range and end each, and key bounds, are needed")
+        held = np.fromiter((b._n for b in builders), np.int64, n)
+        done = np.concatenate(([0], np.cumsum(sizes.take(ragged(los, counts)))))
+        bounds = np.concatenate(([0], np.cumsum(counts)))
+        wrong = np.flatnonzero(done[bounds[1:]] - done[bounds[:-1]] != ends - held)
+        if len(wrong):
+            i = int(wrong[0])
+            raise ValueError(f"builder {i}: records of {int(done[bounds[i + 1]] - done[bounds[i]])} bytes "
+                             f"extend {int(held[i])} to {int(ends[i])}")
+        if crcs is not None and len(crcs) != n:
+            raise ValueError(f"{n} builders: {len(crcs)} CRCs")
+        crc_of = crcs.tolist() if crcs is not None else [None] * n
+        for b, end, lo, hi, k_lo, k_hi, crc in zip(builders, ends.tolist(), los.tolist(), his.tolist(),
+                                                   key_bounds[:-1].tolist(), key_bounds[1:].tolist(), crc_of):
+            if k_hi > k_lo:
+                b._key_offsets.append(key_offsets[k_lo:k_hi])
+                b._key_hashes.append(key_hashes[k_lo:k_hi])
+            b._n = end
+            if crc is not None:
+                b._crc, b._crc_end = crc, end
+            b._sizes.append(sizes[lo:hi])
+            b._tags.append(tags[lo:hi])
+            b._store.append(store_ms[lo:hi])
+            b._born.append(born_ms[lo:hi])
+            b.count += hi - lo
 
     def reserve(self, nbytes: int, records: int = 0) -> None:
         """Room for ``nbytes`` more record bytes of ``records`` records,

@@ -124,3 +124,134 @@ def test_a_file_gone_mid_read_hands_the_queue_to_the_per_queue_read():
         commitpass._SCAN = saved
     assert calls == [(0, 2), (2, 8), (10, 30)]
     assert hi is None and got.tobytes() == table[:10].tobytes()
+
+
+# --- _gather: every queue's head read at once, against the per-queue read ------------------------------------
+
+
+def _per_queue_gather(local, job, phys_limit: int):  # noqa: ANN001, ANN202
+    """What the pass took for one queue when it read each queue on its own
+    (before ``_read_heads``): its plain entries, whether the next passes the
+    budget, the bytes taken, the last entry to read again and whether the
+    written data ends in its file."""
+    files = local._queue(job.topic, job.queue_id)
+    byte = job.start * CQ_ENTRY_SIZE
+    start = files.locate(byte)
+    nothing = (b"", False, 0, None, False)
+    if start is None:
+        return nothing
+    rel = byte - start
+    try:
+        head, size = files.read(start, rel, commitpass._SCAN * CQ_ENTRY_SIZE)
+    except FileNotFoundError:
+        return nothing
+    end = files.entries_end(start, size)
+    if rel + CQ_ENTRY_SIZE > end:
+        return nothing
+    first = np.frombuffer(head, CQ_DTYPE, count=min(len(head), end - rel) // CQ_ENTRY_SIZE)
+
+    def read(at: int, n: int):  # noqa: ANN202
+        if at == rel // CQ_ENTRY_SIZE and n <= len(first):
+            return first[:n]
+        try:
+            more = files.read_bytes(start, at * CQ_ENTRY_SIZE, n * CQ_ENTRY_SIZE)
+        except FileNotFoundError:
+            return None
+        return np.frombuffer(more, CQ_DTYPE, count=len(more) // CQ_ENTRY_SIZE)
+
+    entries, hi = commitpass._pending(read, rel // CQ_ENTRY_SIZE, end // CQ_ENTRY_SIZE, phys_limit, job.segment_bytes)
+    k, full = commitpass._plain(entries, phys_limit, job.segment_bytes)
+    nbytes = int(entries["size"][:k].astype(np.int64).sum())
+    last = at_end = None
+    if k and k == len(entries) and hi is not None:
+        last = (start, (hi - 1) * CQ_ENTRY_SIZE, entries[k - 1:k].tobytes())
+        at_end = hi * CQ_ENTRY_SIZE < end
+    return entries[:k].tobytes(), full, nbytes, last, bool(at_end)
+
+
+_ENTRY = st.one_of(st.integers(1, 300), st.integers(1, 300), st.integers(1, 3000),
+                   st.sampled_from([0, -5, CQ_FILLER_SIZE, 1 << 20]))
+# a queue: its ConsumeQueue files (index of the first one, each file's entries then
+# how it ends), where its job starts (past its first file's start, or anywhere),
+# whether its entries step back now and then, the round's look at it
+_FILE = st.tuples(st.lists(_ENTRY, max_size=20), st.sampled_from(["zeros", "end", "cut", "short", "long"]))
+_QUEUE = st.tuples(st.integers(0, 2), st.lists(_FILE, max_size=3),
+                   st.one_of(st.integers(0, 20), st.integers(-2, 80).map(lambda s: -1000 - s)), st.booleans(),
+                   st.sampled_from(["", "", "", "gone", "hint", "stale"]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_QUEUE, min_size=1, max_size=12), st.sampled_from([1 << 62, 60_000, 150_000]),
+       st.sampled_from([1000, 20_000, 1 << 40]), st.sampled_from([(1024, 64), (2, 1), (7, 3), (16, 64)]),
+       st.booleans())
+def test_every_queue_at_once_takes_what_each_queue_read_alone_took(tmp_path_factory, queues, phys_limit, budget,
+                                                                   scan_slack, compiled):
+    """ConsumeQueue files of any shape (written up to the end or not, cut
+    inside an entry, shorter than their slot, fillers and impossible sizes,
+    physical offsets stepping back), jobs starting anywhere (before the first
+    file, in a middle one, past the end), a queue whose directory is gone,
+    a file longer than its slot (entries past the next file's start), the
+    round's look at a queue fresh, stale or absent, compiled reads or
+    not: ``_gather`` gives each queue exactly what reading it alone gave."""
+    import shutil
+
+    from dispatcher.buildpool import BuildJob
+    from tiered.store import preads
+    from tiered.store.localstore import LocalStore
+
+    root = tmp_path_factory.mktemp("cq")
+    per_file = 16  # entries a ConsumeQueue file holds
+    jobs, phys = [], 0
+    for qi, (first_file, files, start, back, look) in enumerate(queues):
+        d = root / "consumequeue" / f"T{qi % 3}" / str(qi)
+        d.mkdir(parents=True)
+        start = first_file * per_file + start if start >= 0 else -1000 - start  # in its files, or anywhere
+        for fi, (sizes, ending) in enumerate(files):
+            rows = []
+            for size in sizes[:per_file]:
+                if back and len(rows) % 9 == 5:
+                    phys -= 30  # a step back: not plain
+                rows.append((phys, size, qi))
+                phys += abs(size) if size != CQ_FILLER_SIZE else 100
+            table = np.zeros(per_file, CQ_DTYPE)
+            table[:len(rows)] = rows
+            data = table.tobytes()
+            if ending == "end":
+                data = data[:len(rows) * CQ_ENTRY_SIZE]
+            elif ending == "cut":
+                data = data[:max(0, len(rows) * CQ_ENTRY_SIZE - 7)]
+            elif ending == "short":
+                data = data[:(len(rows) + 2) * CQ_ENTRY_SIZE]
+            elif ending == "long":  # past the next file's start (a crashed writer's): those entries do not count
+                data = np.array(rows + [(phys + i * 10, 10, qi) for i in range(per_file + 3 - len(rows))],
+                                CQ_DTYPE).tobytes()
+            (d / f"{(first_file + fi) * per_file * CQ_ENTRY_SIZE:020d}").write_bytes(data)
+        jobs.append(BuildJob(prefix=f"p/{qi}", topic=f"T{qi % 3}", queue_id=qi, start=max(0, start), cl_start=0,
+                             segment_bytes=budget, key_index=True, layout=2))
+    local = LocalStore(root)
+    for qi, (_first, _files, _start, _back, look) in enumerate(queues):
+        files = local._queue(f"T{qi % 3}", qi)  # the round's look: files listed, maybe counted
+        if look == "hint":
+            local.max_offset(f"T{qi % 3}", qi)
+        elif look == "stale":
+            files.written.update({s: (s // CQ_ENTRY_SIZE + 3) % 7 for s in files.starts})
+        elif look == "gone":
+            shutil.rmtree(root / "consumequeue" / f"T{qi % 3}" / str(qi))
+    saved = commitpass._SCAN, commitpass._SLACK, preads._native
+    commitpass._SCAN, commitpass._SLACK = scan_slack
+    if not compiled:
+        preads._native = None
+    try:
+        got, every, kept = commitpass._gather(local, jobs, phys_limit)
+        if kept is not None:
+            preads.close_kept(kept)
+        want = [_per_queue_gather(local, job, phys_limit) for job in jobs]
+    finally:
+        commitpass._SCAN, commitpass._SLACK, preads._native = saved
+    assert every.tobytes() == b"".join(w[0] for w in want)
+    for job, q, (entries, full, nbytes, last, at_end) in zip(jobs, got, want):
+        assert q.job is job and q.taken == 0 and q.stop is None and not q.redo
+        assert (q.entries.tobytes(), q.limit, q.full, q.last, q.at_end) == (
+            entries, len(entries) // CQ_ENTRY_SIZE, full, last, at_end), job
+        if nbytes:  # room for what the pass copies, allocated once
+            assert len(q.builder.buffer(q.builder.nbytes)) >= nbytes

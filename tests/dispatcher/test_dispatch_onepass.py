@@ -8,6 +8,7 @@ a corrupt record stops its queue with the typed error, the others go on."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -253,8 +254,8 @@ def test_a_last_entry_written_during_the_pass_is_read_again(tmp_path, clock, mon
     phys, size, tags = CQ_ENTRY.unpack_from(cq.read_bytes(), last * CQ_ENTRY_SIZE)
     real_walk = commitpass._walk
 
-    def walk_then_complete(local_, queues):  # noqa: ANN001, ANN202
-        out = real_walk(local_, queues)
+    def walk_then_complete(local_, queues, *more):  # noqa: ANN001, ANN002, ANN202
+        out = real_walk(local_, queues, *more)
         with open(cq, "r+b") as fh:  # the broker completes the entry: its tags code lands now
             fh.seek(last * CQ_ENTRY_SIZE)
             fh.write(CQ_ENTRY.pack(phys, size, tags ^ 0x5A5A))
@@ -462,3 +463,192 @@ def test_queues_with_and_without_a_key_index_in_one_window(tmp_path, clock, monk
         else:
             assert stop is None and got.segment.messages == 10
             assert (got.index is not None) == job.key_index
+
+
+def _small_queues(sd: Path, clock, queues: list[tuple[str, int]], records: int, **kw) -> None:  # noqa: ANN001, ANN003
+    with new_writer(sd, commitlog_file_size=1 << 20, cq_entries_per_file=64, **kw) as w:
+        for i in range(records):
+            for q in queues:
+                produce(w, *q, 1, clock=clock, body_size=60, seed=i)
+
+
+def _jobs(queues: list[tuple[str, int]], segment_bytes: int = 1 << 20) -> list:
+    from dispatcher.buildpool import BuildJob
+
+    return [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=0, cl_start=0, segment_bytes=segment_bytes,
+                     key_index=True, layout=2) for t, q in queues]
+
+
+@pytest.mark.parametrize("kept", [True, False])
+@pytest.mark.parametrize(("damage", "mapped"), [("deleted", False), ("deleted", True), ("truncated", False),
+                                               ("cut_inside_an_entry", False), ("queue_directory_gone", False),
+                                               ("queue_directory_gone", True)])
+def test_a_consumequeue_file_damaged_between_the_gather_and_the_walk(tmp_path, clock, monkeypatch, damage, mapped,
+                                                                      kept):
+    """The broker deletes or cuts a queue's ConsumeQueue file after the pass
+    read its entries and before it read their records. Cut: the queue's last
+    entry no longer reads as it did, so the per-queue read does the queue
+    again and decides, exactly as ``build_segment`` decides through a store
+    that looked at the files as the pass's did. Deleted: through the file
+    the pass kept open it still reads as it was (its entry was not being
+    written): the segment is the one read before the deletion; without the
+    file kept (past the descriptors a pass may keep), the entry reads as
+    gone and the per-queue read decides: expired (files listed only), or the
+    records read through the mapping a round's look left (a deleted file
+    stays readable through it). The other queues are built whole. (A file
+    cut while mapped is not a case: reading past its new end faults, which
+    is why the pass reads with pread.)"""
+    from dispatcher.buildpool import build_segment
+    from tiered.errors import ExpiredLocallyError
+    from tiered.format.codec import CQ_ENTRY_SIZE
+
+    if not kept:
+        monkeypatch.setattr(commitpass, "_keep_limit", lambda: 0)
+    queues = [("Dmg", q) for q in range(6)]
+    sd = tmp_path / "store"
+    _small_queues(sd, clock, queues, 20)
+    victim = queues[3]
+    cq_dir = sd / "consumequeue" / victim[0] / str(victim[1])
+    cq = cq_dir / f"{0:020d}"
+    jobs = _jobs(queues)
+    before = build_segment(LocalStore(sd), jobs[3], 5)[0]
+    local = LocalStore(sd)
+    seen = LocalStore(sd)  # the per-queue read's, which looked at the files before the damage too
+    for store in (local, seen):
+        for q in queues:
+            store.max_offset(*q) if mapped else store._queue(*q)
+            store.release_queue(*q)
+    real_walk = commitpass._walk
+
+    def damage_then_walk(local_, queues_, *more):  # noqa: ANN001, ANN002, ANN202
+        if damage == "deleted":
+            cq.unlink()
+        elif damage == "truncated":
+            os.truncate(cq, 12 * CQ_ENTRY_SIZE)  # entries 12.. are gone
+        elif damage == "cut_inside_an_entry":
+            os.truncate(cq, 12 * CQ_ENTRY_SIZE + 7)
+        else:
+            shutil.rmtree(cq_dir)
+        return real_walk(local_, queues_, *more)
+
+    monkeypatch.setattr(commitpass, "_walk", damage_then_walk)
+    real_gather, gathered = commitpass._gather, []
+
+    def gather(*args):  # noqa: ANN002, ANN202
+        out = real_gather(*args)
+        gathered.append(out[2])
+        return out
+
+    monkeypatch.setattr(commitpass, "_gather", gather)
+    planned, stats = commitpass.build_pass(local, jobs)
+    if kept:  # every file the pass kept open is closed
+        assert gathered[0] is not None and gathered[0].tolist() == [-1] * len(jobs)
+    else:
+        assert gathered == [None]
+    monkeypatch.setattr(commitpass, "_walk", real_walk)
+    gone = damage in ("deleted", "queue_directory_gone")
+    assert stats.continued == (0 if gone and kept else 1)  # at most the damaged queue, read again on its own
+    for job in jobs:
+        if (job.topic, job.queue_id) == victim and gone and kept:
+            _job, builder, stop = planned[(job.topic, job.queue_id)]
+            got = builder.build(5)
+            assert stop is None and got.segment == before.segment and bytes(got.commitlog) == bytes(before.commitlog)
+            continue
+        got, stop = _as_per_queue(seen, job, planned)
+        if (job.topic, job.queue_id) != victim or mapped:
+            assert stop is None and got.segment.messages == 20
+        elif gone:
+            assert got is None and isinstance(stop, ExpiredLocallyError)
+        else:  # the entries left are read; a cut entry is not one
+            assert stop is None and got.segment.messages == 12, stop
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_queue_gone_before_the_pass_is_left_to_its_own_read(tmp_path, clock, mapped):
+    """A queue whose directory vanished after the round looked at its files:
+    the pass reads nothing for it (one read for all queues, the missing one
+    reading as gone) and its own read decides: expired, or (the file still
+    mapped from the look) the records read through the mapping, as
+    ``build_segment`` decides; the others are built whole."""
+    from tiered.errors import ExpiredLocallyError
+
+    queues = [("Gone", q) for q in range(5)]
+    sd = tmp_path / "store"
+    _small_queues(sd, clock, queues, 10)
+    local, seen = LocalStore(sd), LocalStore(sd)  # the pass's, and build_segment's in the same state
+    for store in (local, seen):
+        for q in queues:  # the round's look: files listed (and mapped, counting them)
+            store.max_offset(*q) if mapped else store._queue(*q)
+            store.release_queue(*q)
+    shutil.rmtree(sd / "consumequeue" / "Gone" / "2")
+    jobs = _jobs(queues)
+    planned, stats = commitpass.build_pass(local, jobs)
+    assert stats.queues == 5 and stats.continued == 1
+    for job in jobs:
+        got, stop = _as_per_queue(seen, job, planned)
+        if job.queue_id == 2 and not mapped:
+            assert got is None and isinstance(stop, ExpiredLocallyError), stop
+        else:
+            assert stop is None and got.segment.messages == 10
+
+
+def test_a_thousand_queues_with_one_corrupt_among_them(tmp_path, clock):
+    """A pass over 1,000 queues (their entries read in one call, their
+    records in one window): the queue with a corrupt record stops there with
+    the typed error naming the CommitLog file and the record's offset; the
+    999 others are built whole, each exactly as its own read builds it."""
+    from tiered.errors import CorruptRecordError
+
+    queues = [(f"K{i % 4}", i // 4) for i in range(1000)]
+    sd = tmp_path / "store"
+    with new_writer(sd, commitlog_file_size=4 << 20, cq_entries_per_file=32) as w:
+        for i in range(3):
+            for q in queues:
+                produce(w, *q, 1, clock=clock, body_size=40, seed=i)
+    bad = queues[617]
+    local = LocalStore(sd)
+    phys = next(iter(local.iter_queue(*bad, 1, max_count=1))).record.physical_offset
+    _flip_body_byte(sd, *bad, 1)
+    jobs = _jobs(queues)
+    planned, stats = commitpass.build_pass(local, jobs)
+    assert stats.queues == 1000 and stats.windows == 1
+    stops = {}
+    for job in jobs:
+        got, stop = _as_per_queue(local, job, planned)
+        stops[(job.topic, job.queue_id)] = stop
+        assert got is not None and got.segment.messages == (1 if (job.topic, job.queue_id) == bad else 3)
+    assert [k for k, s in stops.items() if s is not None] == [bad]
+    assert isinstance(stops[bad], CorruptRecordError) and "CRC" in stops[bad].reason
+    assert stops[bad].source == str(sd / "commitlog" / f"{0:020d}") and stops[bad].offset == phys
+
+
+@pytest.mark.parametrize("fails", ["walk", "recheck"])
+def test_files_kept_open_by_a_pass_are_closed_when_it_fails(tmp_path, clock, monkeypatch, fails):
+    """The ConsumeQueue files the pass keeps open between its two reads are
+    closed, once, when the walk or the recheck raises."""
+    queues = [("Shut", q) for q in range(4)]
+    sd = tmp_path / "store"
+    _small_queues(sd, clock, queues, 5)
+    local = LocalStore(sd)
+    real_gather, gathered = commitpass._gather, []
+
+    def gather(*args):  # noqa: ANN002, ANN202
+        out = real_gather(*args)
+        gathered.append((out[2], out[2].tolist()))
+        return out
+
+    def boom(*args):  # noqa: ANN002, ANN202
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(commitpass, "_gather", gather)
+    monkeypatch.setattr(commitpass, "_walk" if fails == "walk" else "read_kept", boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        commitpass.build_pass(local, _jobs(queues))
+    kept, numbers = gathered[0]
+    assert len(numbers) == 4 and min(numbers) >= 0 and kept.tolist() == [-1] * 4
+    for fd in numbers:  # none of them still open on a ConsumeQueue file
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except FileNotFoundError:
+            continue
+        assert "consumequeue" not in target, target

@@ -416,3 +416,54 @@ def test_stays_below_the_cluster_confirmed_commitlog_offset(tmp_path, clock):
     assert read_manifest(store, *Q).next_offset == 10
     w.close()
     assert_exact(store, local, [Q])
+
+
+def test_the_oldest_pending_store_time_is_read_once_while_its_entry_stays(tmp_path, clock, recorder):
+    """A queue waiting to be due is asked its oldest pending message's age
+    every round (to plan the wave, to run, for the lag): the record is read
+    once, then its time is kept while the ConsumeQueue entry at that offset
+    is the same, and read again when the queue moves on or the entry there
+    changes (a store written again). Due exactly when its age says so, and
+    the lag's age follows the record, not when it was first seen."""
+    from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE
+
+    store = _file_store(tmp_path, recorder)
+    w = new_writer(tmp_path / "store")
+    local = LocalStore(tmp_path / "store")
+    d = new_dispatcher(store, local, tmp_path / "state", clock, recorder=recorder, upload_bytes=1 << 30,
+                       max_delay_ms=10_000)
+    reads: list[tuple[str, int, int]] = []
+    real = local.iter_queue
+
+    def counted(topic, queue_id, offset, **kw):  # noqa: ANN001, ANN003, ANN202
+        if kw.get("max_count") == 1:
+            reads.append((topic, queue_id, offset))
+        return real(topic, queue_id, offset, **kw)
+
+    local.iter_queue = counted  # type: ignore[method-assign]
+    produce(w, *Q, 3, clock=clock)
+    first_ms = clock.now_ms()
+    for _ in range(3):
+        clock.advance(2)
+        assert d.run_round().segments == 0
+    assert reads == [(*Q, 0)]  # three rounds, three asks a round: one read
+    assert d.archiver.oldest_pending_ms(*Q, 0) == first_ms
+    clock.advance(5)  # 11 s old: due
+    r = d.run_round()
+    assert r.segments == 1 and r.messages == 3
+    produce(w, *Q, 2, clock=clock)
+    second_ms = clock.now_ms()
+    clock.advance(3)
+    assert d.run_round().segments == 0
+    assert reads == [(*Q, 0), (*Q, 3)]  # moved on: the record at the new offset, once
+    assert d.archiver.oldest_pending_ms(*Q, 3) == second_ms
+    # the entry at offset 3 rewritten (its tags code: another record there): read again
+    cq = tmp_path / "store" / "consumequeue" / Q[0] / str(Q[1]) / f"{0:020d}"
+    with open(cq, "r+b") as fh:
+        fh.seek(3 * CQ_ENTRY_SIZE)
+        phys, size, tags = CQ_ENTRY.unpack(fh.read(CQ_ENTRY_SIZE))
+        fh.seek(3 * CQ_ENTRY_SIZE)
+        fh.write(CQ_ENTRY.pack(phys, size, tags + 1))
+    assert d.archiver.oldest_pending_ms(*Q, 3) == second_ms
+    assert reads == [(*Q, 0), (*Q, 3), (*Q, 3)]
+    w.close()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ctypes
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dispatcher.segment import SEGMENT_BUFFERS, BufferPool, SegmentBuilder
 from tiered.archive import segmeta
@@ -180,3 +182,67 @@ def test_records_copied_into_buffer_and_extended_build_what_add_builds() -> None
     with pytest.raises(ValueError, match="extend 0 to 7"):
         SegmentBuilder("p", 0, 0).extend(7, sizes[:1], whole.tags[:1], whole.store_ms[:1], whole.born_ms[:1], None,
                                           None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 5)), min_size=1, max_size=8), st.integers(0, 3))
+def test_extend_many_hands_each_builder_what_extend_hands_it(rounds, gap):
+    """Many builders given their records in one ``extend_many`` call (rows of
+    shared arrays, with rows of no builder between them), round after round,
+    hold exactly what one ``extend`` each gives them."""
+    import numpy as np
+
+    from dispatcher.segment import ragged
+
+    whole = _batch()
+    n = len(rounds)
+    one, many = [SegmentBuilder("p", 0, 1000) for _ in range(n)], [SegmentBuilder("p", 0, 1000) for _ in range(n)]
+    for step in range(2):
+        # builder i takes the next counts[i] records of the batch (its own copy of them)
+        counts = np.array([(c + step) % 6 for c, _k in rounds], np.int64)
+        los = np.cumsum(counts + gap) - counts - gap  # rows of no builder between them
+        rows = ragged(los, counts)
+        table = {f: np.zeros(int(los[-1] + counts[-1]) + gap, np.int64) for f in ("sizes", "tags", "store", "born")}
+        picks = np.arange(len(rows)) % whole.count
+        for f, src in (("sizes", whole.sizes), ("tags", whole.tags), ("store", whole.store_ms),
+                       ("born", whole.born_ms)):
+            table[f][rows] = src[picks]
+        keys = [np.arange(k, dtype=np.int64) + i for i, (_c, k) in enumerate(rounds)]
+        hashes = [np.arange(k, dtype=np.uint64) * 7 + i for i, (_c, k) in enumerate(rounds)]
+        ends = []
+        for i, (b1, b2) in enumerate(zip(one, many)):
+            lo, hi = int(los[i]), int(los[i] + counts[i])
+            end = b1.nbytes + int(table["sizes"][lo:hi].sum())
+            b1.buffer(end)
+            b1.extend(end, table["sizes"][lo:hi], table["tags"][lo:hi], table["store"][lo:hi], table["born"][lo:hi],
+                      keys[i], hashes[i])
+            b2.buffer(end)
+            ends.append(end)
+        key_bounds = np.concatenate(([0], np.cumsum([len(k) for k in keys])))
+        SegmentBuilder.extend_many(many, np.array(ends, np.int64), table["sizes"], table["tags"], table["store"],
+                                   table["born"], los, los + counts, np.concatenate(keys), np.concatenate(hashes),
+                                   key_bounds)
+    for b1, b2 in zip(one, many):
+        assert (b1.count, b1.nbytes) == (b2.count, b2.nbytes)
+        for f in ("_sizes", "_tags", "_store", "_born", "_key_offsets", "_key_hashes"):
+            got, want = getattr(b2, f), getattr(b1, f)
+            assert [a.tolist() for a in got if len(a)] == [a.tolist() for a in want if len(a)], f
+
+
+def test_extend_many_checks_every_builder_before_it_changes_one() -> None:
+    import numpy as np
+
+    builders = [SegmentBuilder("p", 0, 0) for _ in range(3)]
+    sizes = np.array([5, 6, 7], np.int64)
+    for b in builders:
+        b.buffer(20)
+    no_keys = np.zeros(0, np.int64)
+    with pytest.raises(ValueError, match="builder 2: records of 7 bytes extend 0 to 8"):
+        SegmentBuilder.extend_many(builders, np.array([5, 6, 8], np.int64), sizes, sizes, sizes, sizes,
+                                   np.arange(3), np.arange(1, 4), no_keys, no_keys.astype(np.uint64),
+                                   np.zeros(4, np.int64))
+    assert [b.count for b in builders] == [0, 0, 0] and [b.nbytes for b in builders] == [0, 0, 0]
+    with pytest.raises(ValueError, match="3 builders"):
+        SegmentBuilder.extend_many(builders, np.array([5, 6], np.int64), sizes, sizes, sizes, sizes,
+                                   np.arange(3), np.arange(1, 4), no_keys, no_keys.astype(np.uint64),
+                                   np.zeros(4, np.int64))

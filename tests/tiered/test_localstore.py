@@ -11,9 +11,13 @@ import re
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tiered.format.codec import Host, Message, encode_record, tags_code
+from tiered.format.batch import CQ_DTYPE
+from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, Host, Message, encode_record, tags_code
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, NotWrittenYetError
 from tiered.store.localstore import LocalStore, QueueRange
 from tiered.store.storewriter import SCHEDULE_TOPIC, Appended, StoreWriter
@@ -675,3 +679,134 @@ def test_read_gives_a_files_bytes_as_they_are_now_without_mapping(tmp_path: Path
     (d / f"{0:020d}").unlink()
     with pytest.raises(FileNotFoundError):
         files.read(0, 0, 20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.integers(1, 5000), st.sampled_from([-3, CQ_FILLER_SIZE])), max_size=3000),
+       st.integers(0, 3000), st.integers(0, 40), st.integers(0, 5000))
+def test_counting_written_entries_as_arrays_counts_them_one_by_one(sizes, first, zeros_after, length):
+    """``count_written`` (pending's count, in steps of arrays) against the
+    entry by entry count it replaced: entries up to the first of size 0,
+    bytes without fillers, whatever the span (a few entries or thousands),
+    where it starts and whether the written end is in it."""
+    from tiered.store.cqscan import count_written
+
+    table = np.zeros(len(sizes) + zeros_after, CQ_DTYPE)
+    table["size"][:len(sizes)] = sizes
+    table["phys"] = np.arange(len(table)) * 7
+    view = memoryview(table.tobytes())
+    rel = min(first, len(table)) * CQ_ENTRY_SIZE
+    end = min(len(view), rel + length * CQ_ENTRY_SIZE)
+    want_count = want_bytes = 0
+    ended = False
+    for _phys, size, _tags in CQ_ENTRY.iter_unpack(view[rel:end]):
+        if size == 0:
+            ended = True
+            break
+        want_bytes += size if size != CQ_FILLER_SIZE else 0
+        want_count += 1
+    assert count_written(view, rel, end) == (want_count, want_bytes, ended)
+
+
+def test_pending_counts_across_files_up_to_the_written_end(tmp_path: Path) -> None:
+    """Thousands of pending entries over two ConsumeQueue files, the second
+    preallocated: counted (and their bytes) up to its first zero entry, at
+    most ``max_entries``, never touching the preallocated zeros past it."""
+    with StoreWriter(tmp_path, commitlog_file_size=1 << 20, cq_entries_per_file=3000) as w:
+        for i in range(4500):
+            w.put("P", 0, b"x" * (i % 50))
+    store = LocalStore(tmp_path)
+    sizes = [e.record.size for e in store.iter_queue("P", 0, 0)]
+    assert store.pending("P", 0, 0) == (4500, sum(sizes))
+    assert store.pending("P", 0, 1234) == (4500 - 1234, sum(sizes[1234:]))
+    assert store.pending("P", 0, 1234, max_entries=2000) == (2000, sum(sizes[1234:3234]))
+    assert store.pending("P", 0, 4500) == (0, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=400), st.integers(0, 50), st.integers(0, 25))
+def test_a_first_look_by_reads_finds_the_written_end_the_mapping_finds(tmp_path_factory, sizes, zeros, cut):
+    """``written_by_reads`` (a first look at a ConsumeQueue file: its probes
+    read, not faulted in) answers as ``cq_written_entries`` over the mapped
+    file without a hint, zeros in the middle and all; a file cut since it
+    was mapped reads as not written past its end."""
+    from tiered.format.codec import cq_written_entries
+    from tiered.store.cqscan import written_by_reads
+
+    table = np.zeros(len(sizes) + zeros, CQ_DTYPE)
+    table["size"][:len(sizes)] = sizes
+    table["phys"] = 1
+    data = table.tobytes()
+    path = tmp_path_factory.mktemp("cq") / f"{0:020d}"
+    path.write_bytes(data)
+    n = len(table)
+    assert written_by_reads(str(path), n) == cq_written_entries(memoryview(data))
+    kept = max(0, len(data) - cut * 7)
+    os.truncate(path, kept)
+    assert written_by_reads(str(path), n) == cq_written_entries(memoryview(data[:kept] + bytes(len(data) - kept)))
+
+
+def test_max_offset_at_first_look_and_after(tmp_path: Path) -> None:
+    """The first look finds a preallocated file's written end by reads (no
+    page of the mapping touched); later looks check the hint it left."""
+    with StoreWriter(tmp_path, commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
+        for _ in range(1234):
+            w.put("M", 0, b"z")
+        store = LocalStore(tmp_path)
+        files = store._queue("M", 0)
+        assert store.max_offset("M", 0) == 1234
+        assert files.written == {20000: 234}  # the last file's, where the written end is
+        for _ in range(10):
+            w.put("M", 0, b"z")
+        w.flush()
+        assert store.max_offset("M", 0) == 1244
+
+
+def _queue_range_by_entries(store: LocalStore, topic: str, queue_id: int) -> QueueRange:
+    """``queue_range`` as it was written: each probe through ``_entry``."""
+    files = store._queue(topic, queue_id)
+    max_offset = store._max_offset(files)
+    lo, hi = files.starts[0] // CQ_ENTRY_SIZE, max_offset
+    min_phys = store.commitlog.starts[0] if store.commitlog.starts else None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        entry = store._entry(files, mid)
+        if entry is None or (entry[1] != CQ_FILLER_SIZE and min_phys is not None and entry[0] >= min_phys):
+            hi = mid
+        else:
+            lo = mid + 1
+    return QueueRange(lo, max_offset)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.sampled_from(["ok", "ok", "filler", "old", "zero"]), max_size=24),
+                          st.sampled_from(["zeros", "end", "cut", "long"])), min_size=1, max_size=4),
+       st.integers(0, 3), st.sampled_from([None, 0, 5000]))
+def test_queue_range_probes_as_entry_by_entry(tmp_path_factory, files, first_file, commitlog_start):
+    """The bisection of ``queue_range`` (keeping the probed file's view
+    between probes) finds what probing through ``_entry`` found, over files
+    of any shape: fillers, entries below the CommitLog's start, zeros in
+    the middle, files cut short or inside an entry or longer than their
+    slot, several files."""
+    root = tmp_path_factory.mktemp("qr")
+    d = root / "consumequeue" / "T" / "0"
+    d.mkdir(parents=True)
+    (root / "commitlog").mkdir()
+    if commitlog_start is not None:
+        (root / "commitlog" / f"{commitlog_start:020d}").write_bytes(b"")
+    per_file = 24
+    for fi, (kinds, ending) in enumerate(files):
+        table = np.zeros(per_file, CQ_DTYPE)
+        for i, kind in enumerate(kinds):
+            table[i] = {"ok": (6000 + i * 100, 100, 1), "filler": (6000, CQ_FILLER_SIZE, 0),
+                        "old": (10 * i, 100, 1), "zero": (0, 0, 0)}[kind]
+        data = table.tobytes()
+        if ending == "end":
+            data = data[:len(kinds) * CQ_ENTRY_SIZE]
+        elif ending == "cut":
+            data = data[:max(0, len(kinds) * CQ_ENTRY_SIZE - 9)]
+        elif ending == "long":  # past the next file's start (a crashed writer's): read there from the next file
+            data += np.array([(1, 100, 1)] * 10, CQ_DTYPE).tobytes()
+        (d / f"{(first_file + fi) * per_file * CQ_ENTRY_SIZE:020d}").write_bytes(data)
+    store, reference = LocalStore(root), LocalStore(root)
+    assert store.queue_range("T", 0) == _queue_range_by_entries(reference, "T", 0)

@@ -47,9 +47,10 @@ from tiered.format.codec import (
 )
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, NotWrittenYetError
 from tiered.store.consumeroffsets import ConsumerOffsets, read_consumer_offsets
+from tiered.store.cqscan import count_written, written_by_reads
 from tiered.format.jsonfile import read_json
 from tiered.store.queuecursor import EMPTY as _EMPTY
-from tiered.store.queuecursor import QueueCursor
+from tiered.store.queuecursor import NO_LIMIT, QueueCursor
 
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14; the name is Python >= 3.13
 _CHECKPOINT_CONFIRM = struct.Struct(">q")
@@ -78,16 +79,22 @@ class QueuedRecord:
 class _FileSet:
     """Files of one directory named by their 20-digit start byte offset."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self._prefix = os.path.join(os.fspath(directory), "")  # ``read``'s names without a Path each
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        # a string, and a Path only when asked: a round looks at a thousand
+        # queues' directories, pathlib's joins cost more than the look
+        self._directory = os.fspath(directory)
+        self._prefix = os.path.join(self._directory, "")  # files' names without a Path each
         self.starts: list[int] = []
         self._maps: dict[int, tuple[mmap.mmap | None, memoryview]] = {}
         self.refresh()
 
+    @property
+    def directory(self) -> Path:
+        return Path(self._directory)
+
     def refresh(self) -> None:
         try:
-            names = os.listdir(self.directory)
+            names = os.listdir(self._directory)
         except FileNotFoundError:
             names = []
         self.starts = sorted(int(n) for n in names if len(n) == 20 and n.isascii() and n.isdigit())
@@ -97,6 +104,11 @@ class _FileSet:
 
     def path(self, start: int) -> Path:
         return self.directory / f"{start:020d}"
+
+    def name(self, start: int) -> str:
+        """``path(start)`` as a string, without making a Path (a pass names
+        a file of each of a thousand queues)."""
+        return f"{self._prefix}{start:020d}"
 
     def locate(self, offset: int) -> int | None:
         """Start of the file that may hold ``offset`` (None: before the first file)."""
@@ -111,7 +123,7 @@ class _FileSet:
             return cached[1]
         if cached is not None:
             self._drop(start)
-        fd = os.open(self.path(start), os.O_RDONLY)  # FileNotFoundError: expired
+        fd = os.open(self.name(start), os.O_RDONLY)  # FileNotFoundError: expired
         try:
             length = os.fstat(fd).st_size
             if length == 0:
@@ -127,11 +139,11 @@ class _FileSet:
     def read(self, start: int, lo: int, n: int) -> tuple[bytes, int]:
         """Bytes [lo, lo + n) of file ``start`` as it is now (fewer where it
         ends) in one ``pread``, and the file's size: nothing mapped, so no
-        page to fault in and none to give back after (``release``'s madvise
-        cost more than the read for the few KiB of ConsumeQueue a queue's
-        CommitLog pass needs, at 1,000 queues). Raises FileNotFoundError
-        when the file is gone."""
-        fd = os.open(f"{self._prefix}{start:020d}", os.O_RDONLY | os.O_CLOEXEC)
+        page to fault in and none to give back after. (One file's read of
+        what the CommitLog pass reads for all its queues in one call,
+        ``tiered.store.preads``; the tests' reference for it.) Raises
+        FileNotFoundError when the file is gone."""
+        fd = os.open(self.name(start), os.O_RDONLY | os.O_CLOEXEC)
         try:
             return os.pread(fd, n, lo), os.fstat(fd).st_size
         finally:
@@ -139,8 +151,9 @@ class _FileSet:
 
     def read_bytes(self, start: int, lo: int, n: int) -> bytes:
         """``read`` without the file's size: one system call less (each gives
-        the GIL up, and a pass over 1,000 queues waits to get it back)."""
-        fd = os.open(f"{self._prefix}{start:020d}", os.O_RDONLY | os.O_CLOEXEC)
+        the GIL up; the CommitLog pass reads on this way only for a queue
+        with more entries pending than its first read held)."""
+        fd = os.open(self.name(start), os.O_RDONLY | os.O_CLOEXEC)
         try:
             return os.pread(fd, n, lo)
         finally:
@@ -196,7 +209,7 @@ class _FileSet:
 
 
 class _QueueFiles(_FileSet):
-    def __init__(self, directory: Path, topic: str, queue_id: int) -> None:
+    def __init__(self, directory: str | os.PathLike[str], topic: str, queue_id: int) -> None:
         super().__init__(directory)
         self.topic = topic
         self.queue_id = queue_id
@@ -227,6 +240,7 @@ class LocalStore:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self.commitlog = _FileSet(self.root / "commitlog")
+        self._queues_prefix = os.path.join(os.fspath(self.root), "consumequeue", "")
         self._queues: dict[tuple[str, int], _QueueFiles] = {}
 
     # --- discovery -------------------------------------------------------
@@ -310,7 +324,7 @@ class LocalStore:
     def _queue(self, topic: str, queue_id: int) -> _QueueFiles:
         files = self._queues.get((topic, queue_id))
         if files is None:
-            files = _QueueFiles(self.root / "consumequeue" / topic / str(queue_id), topic, queue_id)
+            files = _QueueFiles(f"{self._queues_prefix}{topic}{os.sep}{queue_id}", topic, queue_id)
             self._queues[(topic, queue_id)] = files
         return files
 
@@ -329,6 +343,14 @@ class LocalStore:
             return None
         entry = CQ_ENTRY.unpack_from(view, rel)
         return None if entry[1] == 0 else entry
+
+    def entry_at(self, topic: str, queue_id: int, queue_offset: int) -> tuple[int, int, int] | None:
+        """The ConsumeQueue entry (CommitLog offset, size, tags code) at
+        ``queue_offset``; None when it is not written or its file is gone."""
+        try:
+            return self._entry(self._queue(topic, queue_id), queue_offset)
+        except FileNotFoundError:
+            return None
 
     def truncated(self, topic: str, queue_id: int) -> bool:
         """The last ConsumeQueue file ends inside an entry (from its mapping:
@@ -384,14 +406,29 @@ class LocalStore:
         min_phys = self.commitlog.starts[0] if self.commitlog.starts else None
         # first offset that is neither a filler nor below the CommitLog's start
         hi = max_offset
+        # the file of the last probe and its view, kept while the probes stay in it
+        # (``_entry``'s locate and view a probe, without their calls: a round asks
+        # each queue's range up to three times)
+        start, view, end = -1, _EMPTY, -1
         while lo < hi:
             mid = (lo + hi) // 2
+            byte = mid * CQ_ENTRY_SIZE
             try:
-                entry = self._entry(files, mid)
+                if not start <= byte < end or byte - start + CQ_ENTRY_SIZE > len(view):
+                    located = files.locate(byte)
+                    if located is None:
+                        raise FileNotFoundError(byte)
+                    start = located
+                    view = files.view(start, byte - start + CQ_ENTRY_SIZE)
+                    i = bisect_right(files.starts, start)
+                    end = files.starts[i] if i < len(files.starts) else NO_LIMIT
             except FileNotFoundError:
                 files.refresh()
                 return self.queue_range(topic, queue_id)
-            if entry is None or (entry[1] != CQ_FILLER_SIZE and min_phys is not None and entry[0] >= min_phys):
+            rel = byte - start
+            entry = CQ_ENTRY.unpack_from(view, rel) if rel + CQ_ENTRY_SIZE <= len(view) else None
+            if entry is None or entry[1] == 0 or (entry[1] != CQ_FILLER_SIZE and min_phys is not None
+                                                  and entry[0] >= min_phys):
                 hi = mid
             else:
                 lo = mid + 1
@@ -403,9 +440,19 @@ class LocalStore:
                 view = files.view(start)
             except FileNotFoundError:
                 continue
+            gone = False
             while True:
                 n = len(view) // CQ_ENTRY_SIZE
-                lo = files.written[start] = cq_written_entries(view, files.written.get(start))
+                hint = files.written.get(start)
+                if hint is None:
+                    try:
+                        lo = written_by_reads(files.name(start), n)
+                    except FileNotFoundError:
+                        gone = True  # deleted since it was mapped: as if it could not be mapped
+                        break
+                else:
+                    lo = cq_written_entries(view, hint)
+                files.written[start] = lo
                 if lo < n or start != files.starts[-1]:
                     break
                 # every mapped entry is written: the last file may have grown
@@ -417,6 +464,8 @@ class LocalStore:
                 if len(grown) // CQ_ENTRY_SIZE <= n:
                     break
                 view = grown
+            if gone:
+                continue
             if lo > 0 or start == files.starts[0]:
                 return start // CQ_ENTRY_SIZE + lo
         return files.starts[0] // CQ_ENTRY_SIZE if files.starts else 0
@@ -453,7 +502,7 @@ class LocalStore:
             newer = self.commitlog.locate(commitlog_offset)
             if newer is not None and newer != start:
                 return self.read_at(commitlog_offset, verify_crc=verify_crc)
-        source = str(self.commitlog.path(start))
+        source = self.commitlog.name(start)
         if rel + 8 > len(view):
             raise NotWrittenYetError(source, rel, "the file ends inside the record header")
         kind, size = peek(view, rel, source)
@@ -493,7 +542,7 @@ class LocalStore:
                 start = newer
                 view = cl.view(start, phys - start + size)
         rel = phys - start
-        source = str(cl.path(start))
+        source = cl.name(start)
         if rel + size > len(view):
             if rel + 8 > len(view):
                 return None  # the file ends inside the record header: a torn tail
@@ -620,14 +669,12 @@ class LocalStore:
                 if files.locate(byte) == start:
                     break
                 continue
-            before = count
-            for _phys, size, _tags in CQ_ENTRY.iter_unpack(view[rel:end]):
-                if size == 0:
-                    return count, total
-                if size != CQ_FILLER_SIZE:
-                    total += size
-                count += 1
-            offset += count - before
+            n, nbytes, ended = count_written(view, rel, end)
+            count += n
+            total += nbytes
+            if ended:
+                return count, total
+            offset += n
         return count, total
 
     def _expired(self, topic: str, queue_id: int, offset: int) -> ExpiredLocallyError:
