@@ -9,14 +9,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 
 import pytest
 
-from chunkkit import Recording, carried_docs
-from cleaner.orphans import collect_orphans
-from cleaner.report import CleanReport
-from dispatchkit import BROKER, CLUSTER, CountingRecorder, assert_exact, new_dispatcher, new_writer, produce
+from chunkkit import carried_docs, orphan_pass, Recording
+from dispatchkit import BROKER, CLUSTER, CountingRecorder, archive_all, assert_exact, new_dispatcher, new_writer, produce
 from tiered.archive import layout, manifest as manifest_mod, segmeta
 from tiered.archive.chunks import CHUNK_DIR, CHUNK_SEGMENTS, Carried, ManifestChunkError
 from tiered.archive.coldtier import ColdTier
@@ -25,11 +22,9 @@ from tiered.archive.storage import ObjectStore
 from tiered.errors import CorruptRecordError, FormatVersionError
 from tiered.ops.status import queue_status
 from tiered.ops.verify import verify
-from tiered.recorder import NullRecorder
 from tiered.store.localstore import LocalStore
 
 TOPIC = "Carried"
-GRACE_MS = 3_600_000
 HEAD = f"{queue_prefix(CLUSTER, BROKER, TOPIC, 0)}/{MANIFEST}"
 
 
@@ -37,16 +32,6 @@ def dispatcher(store: ObjectStore, local: LocalStore, state, clock, **kw):  # no
     kw.setdefault("layout", 2)
     return new_dispatcher(store, local, state, clock, upload_bytes=1, max_delay_ms=0, segment_bytes=1, **kw)
 
-
-def archive_all(d, local: LocalStore, queues: list[tuple[str, int]]) -> None:  # noqa: ANN001
-    for _ in range(50):
-        local.refresh()
-        result = d.run_round()
-        assert result.ok, result.errors
-        if all(d.cold.cached(t, q) and d.cold.cached(t, q).next_offset == local.max_offset(t, q)
-               for t, q in queues):
-            return
-    raise AssertionError("the dispatcher stopped making progress")
 
 
 def archived(tmp_path, open_cold, cold_url, clock, n: int, *, queues: int = 1, **kw):  # noqa: ANN001, ANN003, ANN202
@@ -66,13 +51,6 @@ def carriers(store: ObjectStore) -> list[tuple[str, int, int]]:
     """(object, offset, length) of each chunk the head references directly."""
     return [layout.split(c["in"]) for c in json.loads(store.get(HEAD))["chunks"]]  # type: ignore[misc]
 
-
-def orphan_pass(store: ObjectStore) -> list[str]:
-    now = time.time_ns() // 1_000_000 + 2 * GRACE_MS  # object times are the store's real clock
-    report = CleanReport(now)
-    collect_orphans(ColdTier(store, CLUSTER, BROKER), now, GRACE_MS, report, NullRecorder())
-    assert report.ok, report.errors
-    return sorted(report.orphans)
 
 
 def test_a_crash_between_the_carrier_upload_and_the_head_commit_loses_nothing(

@@ -9,39 +9,23 @@ tests/dispatcher/test_carried_chunks.py has the bad days of carried chunks."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
-from chunkkit import Recording
-from cleaner.orphans import collect_orphans
-from cleaner.report import CleanReport
-from dispatchkit import (BROKER, CLUSTER, CountingRecorder, assert_exact, local_records, new_dispatcher, new_writer,
-                         produce)
+from chunkkit import orphan_pass, Recording
+from dispatchkit import (BROKER, CLUSTER, CountingRecorder, archive_all, assert_exact, local_records,
+                         new_dispatcher, new_writer, produce)
 from tiered.archive.chunks import CHUNK_DIR, CHUNK_FANOUT, CHUNK_SEGMENTS, ManifestChunkError
 from tiered.archive.coldtier import ColdTier
 from tiered.archive.manifest import LEASE, MANIFEST, queue_prefix
 from tiered.archive.storage import ObjectStore
 from tiered.ops.verify import verify
 from tiered.query.reader import ColdReader, ReadStatus
-from tiered.recorder import NullRecorder
 from tiered.store.localstore import LocalStore
 
 TOPIC = "Chunky"
 WRITE_OPS = ("put", "put_if_absent", "put_if_match")
-GRACE_MS = 3_600_000
 
-
-def archive_all(d, local: LocalStore, queues: list[tuple[str, int]]) -> None:  # noqa: ANN001
-    """Rounds until every queue is archived to its local end."""
-    for _ in range(1000):
-        local.refresh()
-        result = d.run_round()
-        assert result.ok, result.errors
-        if all(d.cold.cached(t, q) and d.cold.cached(t, q).next_offset == local.max_offset(t, q)
-               for t, q in queues):
-            return
-    raise AssertionError("the dispatcher stopped making progress")
 
 
 def chunk_objects(store: ObjectStore, qid: int = 0) -> set[str]:
@@ -139,14 +123,6 @@ def test_two_write_requests_per_segment_over_330_segments(cold_url, open_cold, t
     report = verify(ColdTier(store, CLUSTER, BROKER), local)
     assert report.ok and report.segments == 332 and not report.orphans, report.problems
 
-
-def orphan_pass(store: ObjectStore) -> list[str]:
-    """One orphan collection, as the cleaner runs it, with the grace period past."""
-    now = time.time_ns() // 1_000_000 + 2 * GRACE_MS  # object times are the store's real clock
-    report = CleanReport(now)
-    collect_orphans(ColdTier(store, CLUSTER, BROKER), now, GRACE_MS, report, NullRecorder())
-    assert report.ok, report.errors
-    return sorted(report.orphans)
 
 
 def test_a_crash_between_chunk_write_and_head_commit_loses_nothing(cold_url, open_cold, tmp_path, clock) -> None:

@@ -20,9 +20,8 @@ from dispatcher.segment import ALIGN, SEGMENT_BUFFERS, BufferPool, SegmentBuilde
 from tiered.archive import segmeta
 from tiered.archive.storage import DIRECT_MIN, open_store
 from tiered.format.batch import RecordBatch
-from tiered.format.keyindex import record_key_hashes
 
-from dispatchkit import props_batch
+from dispatchkit import direct_opens, extend_like_the_pass, props_batch
 
 pytestmark = pytest.mark.skipif(segment._realign is None, reason="the install built no _runcheck.c")
 
@@ -48,18 +47,7 @@ def _pass_like(builder: SegmentBuilder, whole: RecordBatch) -> None:
     """What the CommitLog pass does: reserve once, copy records into
     ``buffer`` window by window, ``extend``."""
     builder.reserve(whole.nbytes, whole.count)
-    sizes, ends = whole.sizes, whole.positions + whole.sizes
-    owners, hashes = record_key_hashes(whole.view, whole.props_at, ends)
-    for lo, hi in ((0, 15), (15, whole.count)):
-        at = builder.nbytes
-        end = at + int(sizes[lo:hi].sum())
-        buf = builder.buffer(end)
-        for p, e in zip(whole.positions[lo:hi].tolist(), ends[lo:hi].tolist()):
-            buf[at:at + e - p] = whole.view[p:e]
-            at += e - p
-        mine = (owners >= lo) & (owners < hi)
-        builder.extend(end, sizes[lo:hi], whole.tags[lo:hi], whole.store_ms[lo:hi], whole.born_ms[lo:hi],
-                       owners[mine], hashes[mine])
+    extend_like_the_pass(builder, whole, [(0, 15), (15, whole.count)])
 
 
 def _pack(builder: SegmentBuilder) -> bytes | bytearray:
@@ -211,15 +199,7 @@ def test_a_round_writes_the_same_objects_with_and_without_direct_writes(tmp_path
             for q in queues:
                 produce(w, *q, 20, clock=clock, body_size=5000, seed=i)
     clock.advance(1)
-    real_open = os.open
-    direct: list[str] = []
-
-    def open_(path, flags, *a):  # noqa: ANN001, ANN002, ANN202
-        if flags & os.O_DIRECT:
-            direct.append(str(path))
-        return real_open(path, flags, *a)
-
-    monkeypatch.setattr(os, "open", open_)
+    direct = direct_opens(monkeypatch)
     objects = {}
     for name, on in (("direct", True), ("cached", False)):
         store, local = FileStore(str(tmp_path / name), direct=on), LocalStore(sd)

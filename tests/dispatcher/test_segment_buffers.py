@@ -15,7 +15,7 @@ from tiered.archive import segmeta
 from tiered.format.batch import RecordBatch
 from tiered.format.keyindex import lookup
 
-from dispatchkit import props_batch
+from dispatchkit import extend_like_the_pass, props_batch
 
 PROPS = [b"KEYS\x01k%d a%d\x02UNIQ_KEY\x01u%d" % (i, i % 3, i) for i in range(40)]
 
@@ -155,26 +155,13 @@ def test_records_copied_into_buffer_and_extended_build_what_add_builds() -> None
     """The CommitLog pass copies a window's records into each builder's
     ``buffer`` itself, then ``extend``s it with their arrays and keys: the
     same segment, byte for byte, as ``add``."""
-    from tiered.format.keyindex import record_key_hashes
 
     whole = _batch()
     expected = SegmentBuilder("p", 0, 1000)
     expected.add(whole)
     builder = SegmentBuilder("p", 0, 1000)
     sizes = whole.sizes
-    ends = whole.positions + sizes
-    owners, hashes = record_key_hashes(whole.view, whole.props_at, ends)
-    for lo, hi in ((0, 2), (2, whole.count)):  # two windows
-        at = builder.nbytes
-        end = at + int(sizes[lo:hi].sum())
-        buf = builder.buffer(end)
-        assert len(buf) >= end
-        for p, e in zip(whole.positions[lo:hi].tolist(), ends[lo:hi].tolist()):
-            buf[at:at + e - p] = whole.view[p:e]
-            at += e - p
-        mine = (owners >= lo) & (owners < hi)
-        builder.extend(end, sizes[lo:hi], whole.tags[lo:hi], whole.store_ms[lo:hi], whole.born_ms[lo:hi],
-                       owners[mine], hashes[mine])
+    extend_like_the_pass(builder, whole, [(0, 2), (2, whole.count)])  # two windows
     assert builder.count == expected.count and builder.nbytes == expected.nbytes
     got, want = builder.build(5), expected.build(5)
     assert got.segment == want.segment and bytes(got.commitlog) == bytes(want.commitlog)

@@ -7,11 +7,28 @@ head write after a chunk was written (standalone or carried)."""
 from __future__ import annotations
 
 import json
+import time
 
+from cleaner.orphans import collect_orphans
+from cleaner.report import CleanReport
+from dispatchkit import BROKER, CLUSTER
 from tiered.archive import layout, segmeta
 from tiered.archive.chunks import CHUNK_DIR
 from tiered.archive.manifest import CATALOG, MANIFEST
+from tiered.archive.coldtier import ColdTier
 from tiered.archive.storage import ObjectStore
+from tiered.recorder import NullRecorder
+
+GRACE_MS = 3_600_000
+
+
+def orphan_pass(store: ObjectStore) -> list[str]:
+    """One orphan collection, as the cleaner runs it, with the grace period past."""
+    now = time.time_ns() // 1_000_000 + 2 * GRACE_MS  # object times are the store's real clock
+    report = CleanReport(now)
+    collect_orphans(ColdTier(store, CLUSTER, BROKER), now, GRACE_MS, report, NullRecorder())
+    assert report.ok, report.errors
+    return sorted(report.orphans)
 
 
 def carried_docs(section: bytes) -> list[dict]:

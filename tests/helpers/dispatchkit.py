@@ -197,6 +197,53 @@ def new_dispatcher(store: ObjectStore, local: LocalStore, state_dir: Path, clock
                       recorder=recorder, clock=clock)
 
 
+def archive_all(d: Dispatcher, local: LocalStore, queues: list[tuple[str, int]]) -> None:
+    """Rounds until every queue is archived to its local end (each must succeed)."""
+    for _ in range(1000):
+        local.refresh()
+        result = d.run_round()
+        assert result.ok, result.errors
+        if all((m := d.cold.cached(t, q)) is not None and m.next_offset == local.max_offset(t, q) for t, q in queues):
+            return
+    raise AssertionError("the dispatcher stopped making progress")
+
+
+def direct_opens(monkeypatch: Any) -> list[str]:
+    """The paths ``os.open`` is asked to open with O_DIRECT from now on
+    (the opens themselves go through unchanged)."""
+    real_open = os.open
+    direct: list[str] = []
+
+    def open_(path: Any, flags: int, *a: Any) -> int:
+        if flags & os.O_DIRECT:
+            direct.append(str(path))
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(os, "open", open_)
+    return direct
+
+
+def extend_like_the_pass(builder: Any, whole: RecordBatch, windows: list[tuple[int, int]]) -> None:
+    """What the CommitLog pass does with a segment builder: the records of
+    each window ``[lo, hi)`` of ``whole`` copied into ``builder.buffer``,
+    then ``extend`` with their arrays and keys."""
+    from tiered.format.keyindex import record_key_hashes
+
+    sizes, ends = whole.sizes, whole.positions + whole.sizes
+    owners, hashes = record_key_hashes(whole.view, whole.props_at, ends)
+    for lo, hi in windows:
+        at = builder.nbytes
+        end = at + int(sizes[lo:hi].sum())
+        buf = builder.buffer(end)
+        assert len(buf) >= end
+        for p, e in zip(whole.positions[lo:hi].tolist(), ends[lo:hi].tolist()):
+            buf[at:at + e - p] = whole.view[p:e]
+            at += e - p
+        mine = (owners >= lo) & (owners < hi)
+        builder.extend(end, sizes[lo:hi], whole.tags[lo:hi], whole.store_ms[lo:hi], whole.born_ms[lo:hi],
+                       owners[mine], hashes[mine])
+
+
 def cq_entries(store: ObjectStore, seg: Segment) -> bytes:
     """The entries of a segment's cold ConsumeQueue object, after checking that
     the descriptor trailing them describes exactly this segment."""

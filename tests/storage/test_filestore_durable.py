@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dispatchkit import direct_opens
 from tiered.archive.storage import open_store
 
 
@@ -220,15 +221,7 @@ def test_a_direct_write_is_synced_as_a_buffered_one(tmp_path: Path, synced,  # n
     root = tmp_path / "cold"
     (root / "T").mkdir(parents=True)
     store = open_store(f"file://{root}")
-    real_open = os.open
-    direct: list[str] = []
-
-    def open_(path, flags, *a):  # noqa: ANN001, ANN002, ANN202
-        if flags & os.O_DIRECT:
-            direct.append(str(path))
-        return real_open(path, flags, *a)
-
-    monkeypatch.setattr(os, "open", open_)
+    direct = direct_opens(monkeypatch)
     data = os.urandom(DIRECT_MIN + 1)
     m = mmap.mmap(-1, len(data))  # page-aligned, as the dispatcher's segment buffers are
     m[:] = data

@@ -42,6 +42,36 @@ static int int64_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t n, int writab
  * or an int64 array that receives each file's descriptor, left open (-1:
  * not open) for read_fds. Every array and slot is checked before a file
  * is opened. */
+/* Bytes [off, off + n) of ``fd`` into ``dst``, short only at the end of
+ * the file; their count, or what was read before a failure whose errno goes
+ * to ``*err`` (0 otherwise). */
+static int64_t read_span(int fd, uint8_t *dst, int64_t n, int64_t off, int64_t *err) {
+    int64_t done = 0;
+    *err = 0;
+    while (done < n) {
+        ssize_t r = pread(fd, dst + done, (size_t)(n - done), (off_t)(off + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            *err = errno;
+            break;
+        }
+        if (r == 0) break;
+        done += r;
+    }
+    return done;
+}
+
+/* Every span [ats[i], ats[i] + ns[i]) inside ``out_len`` bytes, at
+ * offsets that are not negative: 1; else 0 with a ValueError set. */
+static int spans_fit(const int64_t *los, const int64_t *ns, const int64_t *ats, Py_ssize_t n, Py_ssize_t out_len) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (los[i] < 0 || ns[i] < 0 || ats[i] < 0 || ats[i] > out_len || ns[i] > out_len - ats[i]) {
+            PyErr_Format(PyExc_ValueError, "file %zd: a negative offset, or its bytes do not fit out", i);
+            return 0;
+        }
+    return 1;
+}
+
 static PyObject *py_read_files(PyObject *self, PyObject *args) {
     PyObject *paths, *objs[8];
     int want_size;
@@ -64,13 +94,7 @@ static PyObject *py_read_files(PyObject *self, PyObject *args) {
     PyObject **encoded = NULL;
     Py_ssize_t held = 0;
     if (got_views == nviews) {
-        const int64_t *los = views[0].buf, *ns = views[1].buf, *ats = views[3].buf;
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (los[i] < 0 || ns[i] < 0 || ats[i] < 0 || ats[i] > views[2].len || ns[i] > views[2].len - ats[i]) {
-                PyErr_Format(PyExc_ValueError, "file %zd: a negative offset, or its bytes do not fit out", i);
-                break;
-            }
-        if (!PyErr_Occurred()) {
+        if (spans_fit(views[0].buf, views[1].buf, views[3].buf, n, views[2].len)) {
             encoded = PyMem_Calloc(n ? (size_t)n : 1, sizeof(PyObject *));
             if (encoded == NULL) PyErr_NoMemory();
         }
@@ -95,17 +119,7 @@ static PyObject *py_read_files(PyObject *self, PyObject *args) {
                 errs[i] = errno;
                 continue;
             }
-            int64_t done = 0;
-            while (done < ns[i]) {
-                ssize_t r = pread(fd, out + ats[i] + done, (size_t)(ns[i] - done), (off_t)(los[i] + done));
-                if (r < 0 && errno == EINTR) continue;
-                if (r < 0) {
-                    errs[i] = errno;
-                    break;
-                }
-                if (r == 0) break;
-                done += r;
-            }
+            int64_t done = read_span(fd, out + ats[i], ns[i], los[i], &errs[i]);
             if (!errs[i]) {
                 got[i] = done;
                 struct stat st;
@@ -163,14 +177,7 @@ static PyObject *py_read_fds(PyObject *self, PyObject *args) {
         }
         if (rc < 0) break;
     }
-    if (got_views == 7) {
-        const int64_t *los = views[1].buf, *ns = views[2].buf, *ats = views[4].buf;
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (los[i] < 0 || ns[i] < 0 || ats[i] < 0 || ats[i] > views[3].len || ns[i] > views[3].len - ats[i]) {
-                PyErr_Format(PyExc_ValueError, "file %zd: a negative offset, or its bytes do not fit out", i);
-                break;
-            }
-    }
+    if (got_views == 7) spans_fit(views[1].buf, views[2].buf, views[4].buf, n, views[3].len);
     if (got_views == 7 && !PyErr_Occurred()) {
         int64_t *fds = views[0].buf, *got = views[5].buf, *errs = views[6].buf;
         const int64_t *los = views[1].buf, *ns = views[2].buf, *ats = views[4].buf;
@@ -182,17 +189,7 @@ static PyObject *py_read_fds(PyObject *self, PyObject *args) {
                 got[i] = -1;
                 continue;
             }
-            int64_t done = 0;
-            while (done < ns[i]) {
-                ssize_t r = pread((int)fds[i], out + ats[i] + done, (size_t)(ns[i] - done), (off_t)(los[i] + done));
-                if (r < 0 && errno == EINTR) continue;
-                if (r < 0) {
-                    errs[i] = errno;
-                    break;
-                }
-                if (r == 0) break;
-                done += r;
-            }
+            int64_t done = read_span((int)fds[i], out + ats[i], ns[i], los[i], &errs[i]);
             got[i] = errs[i] ? 0 : done;
             close((int)fds[i]);
             fds[i] = -1;
