@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from dispatcher import segment
 from dispatcher.segment import ALIGN, SEGMENT_BUFFERS, BufferPool, SegmentBuilder, fit
 from tiered.archive import segmeta
-from tiered.archive.storage import DIRECT_MIN, open_store
+from tiered.archive.filewrite import DIRECT_MIN
+from tiered.archive.storage import open_store
 from tiered.format.batch import RecordBatch
 
 from dispatchkit import direct_opens, extend_like_the_pass, props_batch

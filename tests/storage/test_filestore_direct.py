@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tiered.archive.storage import DIRECT_ALIGN, DIRECT_MIN, FileStore, RetryPolicy, open_store
+from tiered.archive.filewrite import DIRECT_ALIGN, DIRECT_MIN
+from tiered.archive.storage import FileStore, RetryPolicy, open_store
 from tiered.errors import StorageError
 
 PAGE = DIRECT_ALIGN
@@ -138,7 +139,7 @@ def test_a_file_system_refusing_o_direct_at_open_gets_buffered_writes_said_once(
     monkeypatch.setattr(os, "open", open_)
     store = open_store(f"file://{tmp_path}")
     objects = {f"T/{i}/obj": _payload(DIRECT_MIN + 100 * i + 1, i) for i in range(3)}
-    with caplog.at_level(logging.INFO, logger="tiered.archive.storage"):
+    with caplog.at_level(logging.INFO, logger="tiered.archive.filewrite"):
         for key, data in objects.items():
             store.put(key, aligned(data))
     assert len(tried) == 1 and not store.direct  # asked once, remembered for this store

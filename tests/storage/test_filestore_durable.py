@@ -189,7 +189,7 @@ def test_directories_made_for_a_file_that_could_not_be_opened_are_synced(tmp_pat
     import builtins
     import errno
 
-    from tiered.archive import storage
+    from tiered.archive import filewrite
     from tiered.archive.storage import RetryPolicy
     from tiered.errors import StorageError
 
@@ -204,7 +204,7 @@ def test_directories_made_for_a_file_that_could_not_be_opened_are_synced(tmp_pat
             raise OSError(errno.EMFILE, "Too many open files")
         return builtins.open(file, *a, **kw)
 
-    monkeypatch.setattr(storage, "open", open_, raising=False)
+    monkeypatch.setattr(filewrite, "open", open_, raising=False)
     with pytest.raises(StorageError):
         store.put("T/0/segment/obj", b"x")
     dirs = _dirs(synced)
@@ -216,7 +216,7 @@ def test_a_direct_write_is_synced_as_a_buffered_one(tmp_path: Path, synced,  # n
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     import mmap
 
-    from tiered.archive.storage import DIRECT_MIN
+    from tiered.archive.filewrite import DIRECT_MIN
 
     root = tmp_path / "cold"
     (root / "T").mkdir(parents=True)

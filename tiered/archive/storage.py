@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
 from zlib_ng.zlib_ng import crc32
 
 from tiered.archive.dirsync import Directories
+from tiered.archive.filewrite import FileWriter
 from tiered.errors import (
     BadResponseError,
     ConfigError,
@@ -62,16 +62,6 @@ T = TypeVar("T")
 DELETE_BATCH = 1000
 _SINGLE_PUT_LIMIT = 5 << 30  # S3's largest single PUT
 _POOL = 64  # connections kept per client: dispatch.parallelism's upper bound
-# FileStore: objects from this size on whose buffer starts at a multiple of
-# DIRECT_ALIGN are written around the page cache (O_DIRECT). Measured here
-# (ext4, an fsync per object, kernel threads' CPU counted too): a direct write
-# of 16 MiB costs a fifth of a buffered one's system time, of 1 MiB a third
-# to four fifths; of 256 KiB a little less (a round over 1,000 queues, whose objects
-# are that big, took less CPU in 13 of 15 paired runs); of 64-128 KiB more
-# (the object's create and fsync dominate, and a direct write adds to them).
-DIRECT_MIN = 256 << 10
-DIRECT_ALIGN = 4096  # O_DIRECT's alignment of address, offset and length on Linux (a page covers any block size up to it)
-_O_DIRECT = getattr(os, "O_DIRECT", 0)  # 0 where there is none: never direct
 
 
 @dataclass(frozen=True)
@@ -308,12 +298,6 @@ class ObjectStore:
         self._sleep = time.sleep
 
 
-def _wrote(n: int) -> int:
-    if n <= 0:  # a write that never ends would loop here forever
-        raise OSError(errno.EIO, "write wrote nothing")
-    return n
-
-
 def _md5(data: bytes) -> str:
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
@@ -323,21 +307,15 @@ class FileStore(ObjectStore):
     and the directory fsynced, so a reader never sees half an object, a crash
     leaves none, and an object a manifest names survives a power loss.
 
-    A segment object (``DIRECT_MIN`` bytes or more, in a buffer starting at a
-    multiple of ``DIRECT_ALIGN``: the dispatcher's segment buffers are) is
-    written around the page cache: its whole pages with O_DIRECT, the short
-    tail through the cache, then fsynced as any other. The kernel then reads
-    the bytes straight from the buffer instead of copying them into cache
-    pages (the largest cost of a buffered write here), and archived objects,
-    never read back by the dispatcher, do not push the broker's CommitLog
-    out of the cache. ``direct=False``, or a file system refusing O_DIRECT
-    (EINVAL, once: then remembered), writes everything through the cache."""
+    A segment object's bytes are written around the page cache
+    (tiered/archive/filewrite.py); ``direct=False``, or a file system
+    refusing O_DIRECT, writes everything through the cache."""
 
     scheme = "file"
 
     def __init__(self, root: str, *, direct: bool = True, **kw: Any) -> None:
         super().__init__(os.path.abspath(root), **kw)
-        self.direct = direct and _O_DIRECT != 0  # set to False when the file system refuses it
+        self._writer = FileWriter(self.root, direct=direct)
         self._tls = threading.local()
         # directory fsyncs shared by the writer threads, and the directories
         # known to exist (tiered/archive/dirsync.py)
@@ -366,13 +344,13 @@ class FileStore(ObjectStore):
         made: list[Path] = [] if self._dirs.known(path.parent) else self._dirs.prepare(path.parent)
         try:
             try:
-                self._write_file(tmp, data)
+                self._writer.write(tmp, data)
             except FileNotFoundError:
                 # the directory is created on the first write into it only: a
                 # mkdir per object costs as much as the write itself (measured
                 # at 1,000 queues: 5,000 mkdir calls for 2,000 objects)
                 made = self._dirs.prepare(path.parent)
-                self._write_file(tmp, data)
+                self._writer.write(tmp, data)
         except BaseException:
             # the temp file of a failed write (half written, maybe) goes at
             # once; one a crash leaves is the orphan pass's (``leftovers``)
@@ -388,69 +366,11 @@ class FileStore(ObjectStore):
             self._dirs.settle(made)
         return tmp
 
-    def _write_file(self, tmp: Path, data: bytes) -> None:
-        """``data`` into the file ``tmp`` (created or truncated), fsynced."""
-        head = self._direct_bytes(data)
-        if head and self._write_direct(tmp, data, head):
-            return
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    def _direct_bytes(self, data: bytes) -> int:
-        """How many of ``data``'s first bytes to write with O_DIRECT: its
-        whole pages when it is big and starts at a page; else 0."""
-        if not self.direct or len(data) < DIRECT_MIN:
-            return 0
-        try:
-            address = np.frombuffer(data, np.uint8).ctypes.data
-        except (TypeError, ValueError):  # not a plain buffer of bytes
-            return 0
-        return len(data) - len(data) % DIRECT_ALIGN if address % DIRECT_ALIGN == 0 else 0
-
-    def _write_direct(self, tmp: Path, data: bytes, head: int) -> bool:
-        """``data`` into ``tmp``: its first ``head`` bytes with O_DIRECT (the
-        kernel reads them from ``data`` itself, no page-cache copy), the rest
-        through the cache, then fsynced: as durable as a buffered write. False,
-        with nothing to clean up (the buffered write truncates ``tmp``), when
-        the file system refuses O_DIRECT; this store then stops asking."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-        try:
-            fd = os.open(tmp, flags | _O_DIRECT, 0o666)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise  # FileNotFoundError among them: the caller makes the directory
-            self._refuse_direct(exc)
-            return False
-        try:
-            with memoryview(data) as view:
-                done = 0
-                try:
-                    while done < head:
-                        n = _wrote(os.write(fd, view[done:head]))
-                        done += n
-                        if n % DIRECT_ALIGN:
-                            break  # a short write off a page boundary: the rest through the cache
-                    if done < len(view):
-                        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
-                except OSError as exc:
-                    if exc.errno != errno.EINVAL:
-                        raise
-                    self._refuse_direct(exc)
-                    return False
-                while done < len(view):
-                    done += _wrote(os.write(fd, view[done:]))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        return True
-
-    def _refuse_direct(self, exc: OSError) -> None:
-        if self.direct:
-            self.direct = False  # per store: not asked again for every object
-            log.info("%s refuses O_DIRECT writes (%s): writing objects through the page cache", self.root,
-                     exc.strerror or exc)
+    @property
+    def direct(self) -> bool:
+        """Whether big page-aligned objects are written with O_DIRECT (no more
+        once the file system refused it)."""
+        return self._writer.direct
 
     def _raw_put(self, key: str, data: bytes, crc: int | None = None) -> None:
         path = self._path(key)
