@@ -213,3 +213,48 @@ def test_the_lease_is_read_once_per_round_then_every_lease_check_s(cold_url, ope
     assert b.run_round().ok
     w.close()
     assert_exact(store, local, QUEUES)
+
+
+def test_a_thread_waiting_for_the_lease_check_when_another_loses_it_writes_nothing(cold_url, open_cold, tmp_path,
+                                                                                   clock):
+    """An upload thread that waited for the lease check while another thread
+    learnt the lease was lost must not check again: with the old lease
+    expired, a check would take a new one in the middle of the round."""
+    import threading
+
+    w, local = _setup(tmp_path, open_cold, cold_url, clock)
+    a, rec_a, _ = _disp(open_cold, cold_url, local, tmp_path, clock, "sidecar-a", ttl_s=60)
+    assert a.run_round().ok
+    clock.advance(61)  # a's lease expired: a check now would take a fresh one
+    inner = threading.Lock()
+    waiting = threading.Event()
+
+    class SignallingLock:
+        def __enter__(self) -> None:
+            waiting.set()
+            inner.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            inner.release()
+
+    a._check_lock = SignallingLock()  # type: ignore[assignment]
+    before = _writes(rec_a)
+    raised: list[BaseException] = []
+
+    def upload() -> None:
+        try:
+            a._before_write()
+        except BaseException as exc:  # noqa: BLE001
+            raised.append(exc)
+
+    inner.acquire()  # the thread that is checking (and will lose the lease)
+    waiter = threading.Thread(target=upload)
+    waiter.start()
+    assert waiting.wait(30)  # past the unlocked test, waiting for the lock
+    a._fenced = "lease of 'sidecar-a' lost"
+    inner.release()
+    waiter.join(30)
+    assert len(raised) == 1 and isinstance(raised[0], FencedError)
+    assert _writes(rec_a) == before, "the waiting thread took a new lease mid-round"
+    assert a.lease.lease.epoch == 1
+    w.close()
