@@ -34,10 +34,17 @@ def test_version() -> None:
 
 
 def test_shell_completion_script() -> None:
-    result = run("--show-completion", "bash")
-    assert result.exit_code == 0
-    assert "_TIERED_COMPLETE=complete_bash" in result.stdout and "complete -o default -F _tiered_completion tiered" \
-        in result.stdout
+    # --show-completion finds the shell from the process's parents (shellingham),
+    # so ask from a bash, as a user would: under CliRunner the answer depended
+    # on what started pytest
+    import subprocess
+
+    tiered = Path(sys.executable).with_name("tiered")
+    out = subprocess.run(["bash", "-c", '"$0" --show-completion; exit $?', str(tiered)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "_TIERED_COMPLETE=complete_bash" in out.stdout and "complete -o default -F _tiered_completion tiered" \
+        in out.stdout
 
 
 def test_config_show_names_each_source_and_masks_secrets(tmp_path: Path) -> None:
