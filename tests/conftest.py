@@ -50,7 +50,7 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 # Fixtures that reach the S3 server: a test using one is marked ``s3`` (the
 # set CI runs a second time on SeaweedFS).
-_S3_FIXTURES = {"moto_endpoint", "s3_bucket", "s3_client", "s3_url", "s3_options", "open_cold"}
+_S3_FIXTURES = {"moto_endpoint", "s3_bucket", "s3_client", "s3_url", "s3_options"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -195,13 +195,22 @@ def cold_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def open_cold(moto_endpoint: str):  # noqa: ANN201
-    """open_cold(url, **kw) -> ObjectStore for file:// or the moto s3:// URL, with fast retries."""
+def open_cold(request: pytest.FixtureRequest):  # noqa: ANN201
+    """open_cold(url, **kw) -> ObjectStore for file:// or the test S3 server's
+    s3:// URL, with fast retries. The server is reached only for an s3://
+    URL, so a test opening file:// alone is not an S3 test (not run again on
+    SeaweedFS); one opening s3:// must be marked ``s3`` (its URL from
+    ``cold_url``, ``s3_url`` or ``s3_bucket`` marks it), or it fails."""
     from tiered.archive.storage import RetryPolicy, S3Options, open_store
 
     def _open(url: str, **kw):  # noqa: ANN202
         kw.setdefault("retry", RetryPolicy(attempts=6, base_delay=0.001, max_delay=0.01))
-        return open_store(url, s3=S3Options(endpoint_url=moto_endpoint), **kw)
+        if not url.startswith("s3://"):
+            return open_store(url, **kw)
+        if request.node.get_closest_marker("s3") is None:
+            raise pytest.UsageError(f"{request.node.nodeid} opens {url} but is not marked s3: it would not run "
+                                    "on the real S3 server; take its URL from cold_url, s3_url or s3_bucket")
+        return open_store(url, s3=S3Options(endpoint_url=request.getfixturevalue("moto_endpoint")), **kw)
 
     return _open
 
