@@ -421,24 +421,14 @@ def _plain(entries: np.ndarray, phys_limit: int, budget: int) -> tuple[int, bool
     return k, 0 < k < len(plain) and bool(can_be[k]) and not bool(in_budget[k])
 
 
-def _plain_many(parts: list[np.ndarray], phys_limit: int, budgets: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``_plain`` of every queue's entries at once (a dozen numpy calls a
-    queue cost more than its few entries at 1,000 queues): for each, how
-    many leading entries the pass takes, whether the one after them passes
-    the budget, and the bytes of those taken."""
-    counts = np.fromiter((len(p) for p in parts), np.int64, len(parts))
-    if not counts.sum():
-        zeros = np.zeros(len(parts), np.int64)
-        return zeros, zeros.astype(bool), zeros
-    return _plain_runs(_joined(parts), np.cumsum(counts) - counts, counts, phys_limit, budgets)
-
-
 def _plain_runs(table: np.ndarray, firsts: np.ndarray, counts: np.ndarray, phys_limit: int, budgets: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``_plain_many`` of the queues' entries ``table[firsts[i]:firsts[i] +
-    counts[i]]`` (runs in order, not overlapping; rows between them are not
-    read)."""
+    """``_plain`` of every queue's entries at once, queue i's being
+    ``table[firsts[i]:firsts[i] + counts[i]]`` (runs in order, not
+    overlapping; rows between them are not read): a dozen numpy calls a
+    queue cost more than its few entries at 1,000 queues. For each, how
+    many leading entries the pass takes, whether the one after them passes
+    the budget, and the bytes of those taken."""
     n = len(counts)
     if not counts.sum():
         zeros = np.zeros(n, np.int64)
@@ -506,14 +496,13 @@ class _Columns:
     queues). The records a window takes are kept as arrays too and handed to
     each builder once, at the end of the walk (``flush``)."""
 
-    def __init__(self, queues: list[_Queue], every: np.ndarray | None = None) -> None:
-        """``every``: the queues' entries one after the other, when the caller
-        has them so (``_gather``), else they are joined here."""
+    def __init__(self, queues: list[_Queue], every: np.ndarray) -> None:
+        """``every``: the queues' entries one after the other (``_gather``)."""
         n = len(queues)
         self.queues = queues
         counts = np.fromiter((len(q.entries) for q in queues), np.int64, n)
         self.first = np.cumsum(counts) - counts  # of each queue's entries in ``every``
-        self.every = _joined([q.entries for q in queues]) if every is None else every
+        self.every = every
         self.limit = np.fromiter((q.limit for q in queues), np.int64, n)
         self.taken = np.zeros(n, np.int64)
         self.filled = np.fromiter((q.builder.nbytes for q in queues), np.int64, n)  # bytes in its buffer
@@ -570,8 +559,7 @@ class _Columns:
             q.limit, q.taken = limit, taken
 
 
-def _walk(local: LocalStore, queues: list[_Queue], every: np.ndarray | None = None
-          ) -> tuple[int, int, int, float]:
+def _walk(local: LocalStore, queues: list[_Queue], every: np.ndarray) -> tuple[int, int, int, float]:
     """Every queue's plain entries read in physical order, window by window
     (``every``: see ``_Columns``). Returns (records, bytes, windows) read and
     the CPU seconds of the threads the windows started."""

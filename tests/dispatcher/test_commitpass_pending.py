@@ -87,7 +87,7 @@ def test_a_file_written_to_its_end_is_read_to_its_end():
 @given(st.lists(st.tuples(st.lists(_SIZES, max_size=40), st.integers(0, 3), st.sampled_from([1000, 5000, 1 << 40])),
                 max_size=12),
        st.sampled_from([1 << 62, 20_000, 60_000]))
-def test_plain_many_answers_as_plain_queue_by_queue(queues, phys_limit):
+def test_plain_runs_answer_as_plain_queue_by_queue(queues, phys_limit):
     # queues interleaved in one physical space, some stepping back; empty ones among them
     parts, budgets, phys = [], [], 0
     for sizes, back, budget in queues:
@@ -99,7 +99,12 @@ def test_plain_many_answers_as_plain_queue_by_queue(queues, phys_limit):
             phys += abs(size) if size != CQ_FILLER_SIZE else 100
         parts.append(np.array(rows, CQ_DTYPE) if rows else np.zeros(0, CQ_DTYPE))
         budgets.append(budget)
-    k, full, nbytes = commitpass._plain_many(parts, phys_limit, np.array(budgets, np.int64))
+    # the runs in one table with a row of garbage before each, which must not be read
+    junk = np.array([(0, CQ_FILLER_SIZE, 0)], CQ_DTYPE)
+    table = np.concatenate([np.concatenate([junk, p]) for p in parts] or [junk])
+    counts = np.array([len(p) for p in parts], np.int64)
+    firsts = np.cumsum(counts + 1) - counts
+    k, full, nbytes = commitpass._plain_runs(table, firsts, counts, phys_limit, np.array(budgets, np.int64))
     for i, (entries, budget) in enumerate(zip(parts, budgets)):
         want_k, want_full = _reference_plain(entries, phys_limit, budget)
         assert (int(k[i]), bool(full[i])) == (want_k, want_full), i
