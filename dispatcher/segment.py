@@ -267,6 +267,11 @@ class SegmentBuilder:
         for it."""
         if end - self._n != int(sizes.sum()):
             raise ValueError(f"records of {int(sizes.sum())} bytes extend {self._n} to {end}")
+        self._extended(end, sizes, tags, store_ms, born_ms, key_offsets, key_hashes, crc)
+
+    def _extended(self, end: int, sizes: np.ndarray, tags: np.ndarray, store_ms: np.ndarray, born_ms: np.ndarray,
+                  key_offsets: np.ndarray | None, key_hashes: np.ndarray | None, crc: int | None) -> None:
+        """What ``extend`` and ``extend_many`` keep of records they checked."""
         if key_offsets is not None and key_hashes is not None and len(key_offsets):
             self._key_offsets.append(key_offsets)
             self._key_hashes.append(key_hashes)
@@ -316,17 +321,8 @@ class SegmentBuilder:
         crc_of = crcs.tolist() if crcs is not None else [None] * n
         for b, end, lo, hi, k_lo, k_hi, crc in zip(builders, ends.tolist(), los.tolist(), his.tolist(),
                                                    key_bounds[:-1].tolist(), key_bounds[1:].tolist(), crc_of):
-            if k_hi > k_lo:
-                b._key_offsets.append(key_offsets[k_lo:k_hi])
-                b._key_hashes.append(key_hashes[k_lo:k_hi])
-            b._n = end
-            if crc is not None:
-                b._crc, b._crc_end = crc, end
-            b._sizes.append(sizes[lo:hi])
-            b._tags.append(tags[lo:hi])
-            b._store.append(store_ms[lo:hi])
-            b._born.append(born_ms[lo:hi])
-            b.count += hi - lo
+            b._extended(end, sizes[lo:hi], tags[lo:hi], store_ms[lo:hi], born_ms[lo:hi], key_offsets[k_lo:k_hi],
+                        key_hashes[k_lo:k_hi], crc)
 
     def reserve(self, nbytes: int, records: int = 0) -> None:
         """Room for ``nbytes`` more record bytes of ``records`` records,
