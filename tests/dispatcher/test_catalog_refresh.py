@@ -148,7 +148,7 @@ def test_a_queue_committed_before_a_crash_is_listed_by_the_restarted_writer(
                         max_delay_ms=0, catalog_refresh_s=REFRESH_S)
     d3.start()
     assert round_(d3, local, clock, REFRESH_S).ok and writes.count == 2
-    # a writer whose cache is lost does not know what the bucket's catalog says: it writes it once
+    # a writer whose cache is lost reads the bucket's catalog as it loads: it knows, and writes nothing
     d4 = new_dispatcher(store, LocalStore(tmp_path / "store"), tmp_path / "state-lost", clock, upload_bytes=1,
                         max_delay_ms=0, catalog_refresh_s=REFRESH_S)
     d4.start()

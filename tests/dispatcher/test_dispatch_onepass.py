@@ -289,8 +289,6 @@ def test_windows_go_on_the_cores_available_at_most_max_threads(tmp_path, clock, 
     """The pass hands each window to as many threads as the cores this
     process may run on (its affinity, not the machine's), at most
     MAX_THREADS, or THREADS when set."""
-    import os
-
     seen: list[int] = []
     real = commitpass.check_copy_runs
 

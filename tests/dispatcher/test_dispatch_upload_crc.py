@@ -56,6 +56,8 @@ def test_dispatch_sends_each_segment_crc_as_its_objects_checksum(moto_endpoint, 
         if compression == "none":
             assert len(body) not in computed, key  # continued from the segment's, not computed
             checked += 1
+        else:
+            assert len(body) in computed, key  # and the spy sees a CRC computed over an object
     assert checked == (len(segments) if compression == "none" else 0)
 
 
@@ -82,6 +84,7 @@ def test_a_segment_changed_after_its_build_is_refused_and_archived_next_round(se
     monkeypatch.setattr(segmeta, "pack_v2", pack_then_spoil)
     first = d.run_round()
     assert spoiled and not first.ok
+    assert "BadDigest" in str(first.errors), first.errors  # refused for its checksum, nothing else
     manifest = read_manifest(store, *Q)
     assert manifest is None or not manifest.segments  # the queue's first segment: nothing after it either
     second = d.run_round()

@@ -98,7 +98,7 @@ def test_alignment_survives_reserve_buffer_extend_build_and_pack_v2(record: int,
     assert at % ALIGN == 0
     packed = _pack(builder)
     assert isinstance(packed, bytearray) and _address(packed) == at  # the tail appended in place
-    assert len(packed) >= (DIRECT_MIN if record > 20_000 else 0)
+    assert (len(packed) >= DIRECT_MIN) == (record > 20_000)
     # unaligned buffers, grown by grow's Python path: the very same object
     monkeypatch.setattr(segment, "_realign", None)
     SEGMENT_BUFFERS.clear()

@@ -9,14 +9,18 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from cleaner.orphans import collect_orphans
 from cleaner.report import CleanReport
 from dispatchkit import BROKER, CLUSTER
 from tiered.archive import layout, segmeta
 from tiered.archive.chunks import CHUNK_DIR
-from tiered.archive.manifest import CATALOG, MANIFEST
+from tiered.archive import manifest as manifest_mod
+from tiered.archive.manifest import CATALOG, MANIFEST, Manifest
 from tiered.archive.coldtier import ColdTier
 from tiered.archive.storage import ObjectStore
+from tiered.errors import CorruptRecordError, FormatVersionError
 from tiered.recorder import NullRecorder
 
 GRACE_MS = 3_600_000
@@ -98,3 +102,13 @@ class Recording:
 
     def catalog_writes(self) -> int:
         return sum(1 for k in self.writes if k.endswith("/" + CATALOG))
+
+
+def assert_older_readers_refuse(head: bytes, key: str, monkeypatch: pytest.MonkeyPatch, *, major: int) -> None:
+    """The manifest head ``head`` (format ``major``.0) is refused loudly: read
+    without its chunks, and by a tiered knowing formats up to ``major`` - 1."""
+    with pytest.raises(CorruptRecordError, match="without its chunks"):
+        Manifest.from_bytes(head, key)
+    monkeypatch.setattr(manifest_mod, "FORMAT_MAJOR", major - 1)  # what an older tiered knows
+    with pytest.raises(FormatVersionError, match=rf"format version {major}\.0.*upgrade tiered"):
+        Manifest.from_bytes(head, key)
