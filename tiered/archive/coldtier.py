@@ -700,6 +700,11 @@ class ColdTier:
         same bytes, so a retried upload rewrites the object as it was."""
         if base is None or seg.layout != 2:
             return Carried()
+        if len(base.segments) - sum(r.live for r in base.chunks) < chunks.CHUNK_SEGMENTS:
+            # the inline tail cannot seal a chunk yet (the newest segment stays
+            # inline): no plan, which costs as much as the history, for 15
+            # commits in 16; the commit's own plan writes anything else
+            return Carried()
         obj = seg.keys()[0]
         at = segmeta.carried_at(seg, compression)
         offset = at
