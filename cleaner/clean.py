@@ -123,10 +123,12 @@ class Cleaner:
     # --- the pass ----------------------------------------------------------------
 
     def run_pass(self, *, dry_run: bool = False, orphans: bool | None = None, merge: bool | None = None,
-                 topics: Callable[[str], bool] | None = None) -> CleanReport:
+                 topics: Callable[[str], bool] | None = None, last: bool = False) -> CleanReport:
         """One pass. ``orphans``: None = when due, True/False = force. ``merge``:
         None = as configured. ``topics``: only the topics it accepts (an
         operator's ``clean --topic``; orphans, of no topic, are then left).
+        ``last``: no pass follows in this process (``tiered clean --once``),
+        so the catalog is written now if the pass changed its ranges.
         Never raises for data or storage problems: they are logged, counted
         and returned in the report."""
         started = time.perf_counter()
@@ -174,8 +176,8 @@ class Cleaner:
                 try:
                     # as the dispatcher does (tiered/archive/catalog.py): expiry and
                     # merges only raise what it says, so its ranges are refreshed
-                    # at most every dispatch.catalog_refresh
-                    self.cold.refresh_catalog()
+                    # at most every dispatch.catalog_refresh (or now, by the last pass)
+                    self.cold.refresh_catalog(last=last)
                 except FencedError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - the catalog is a hint; the next pass writes it again

@@ -66,6 +66,10 @@ def test_dry_run_then_clean(tmp_path: Path, cold_url: str, env: dict[str, str], 
     assert not any("/Old/0/segment/" in k for k in after)
     assert "C/b/Old/0/manifest.json" in after  # progress kept
     assert any("/Kept/0/segment/" in k for k in after) and any("/New/0/segment/" in k for k in after)
+    # a one-shot run is the last pass of its process: the catalog says what it expired at once
+    listed = {(e["topic"], e["queue_id"]): e for e in json.loads(objects.get("C/b/_catalog.json"))["queues"]}
+    assert (listed[("Old", 0)]["first_offset"], listed[("Old", 0)]["segments"]) == (3, 0)
+    assert listed[("Kept", 0)]["segments"] == 1
 
     code, out = invoke(env, "clean", "--cold", cold_url, "--store", str(store), "--once")
     assert code == 0 and "expire 0 segments" in out

@@ -101,10 +101,13 @@ class CatalogKeeper:
             self._changed.update(keys)
 
     def due(self, cached: Callable[[QueueKey], Manifest | None], any_queue: Callable[[], bool],
-            retention: dict[str, tuple[float, str]] | None, now_ms: int) -> str | None:
+            retention: dict[str, tuple[float, str]] | None, now_ms: int, *, last: bool = False) -> str | None:
         """Why the catalog must be written now, None when it need not.
         ``cached`` is a queue's manifest as the writer knows it; nothing here
-        walks every queue (a round calls this whatever it committed)."""
+        walks every queue (a round calls this whatever it committed).
+        ``last``: no later call will come (a one-shot ``tiered clean``), so
+        ranges that changed are written now, not when due: what changed is
+        known to this process only."""
         with self._lock:
             if self._retry:
                 return "the last catalog write failed"
@@ -123,6 +126,8 @@ class CatalogKeeper:
                     return f"queue {key[0]}/{key[1]}'s first offset went down"
                 if m.min_store_ms is not None and said.min_store_ms is not None and m.min_store_ms < said.min_store_ms:
                     return f"queue {key[0]}/{key[1]}'s oldest store time went down"
+            if self._changed and last:
+                return "its ranges changed, and no later pass will refresh them"
             if self._changed and now_ms - self._said_ms >= self.refresh_s * 1000:
                 return "its ranges are due for a refresh"
             return None

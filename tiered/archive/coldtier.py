@@ -733,20 +733,16 @@ class ColdTier:
         (the dispatcher, which reads the broker's topics.json, calls this)."""
         self.retention = {**(self.retention or {}), **table}
 
-    def write_catalog(self) -> None:
-        """Write the catalog now, whatever it says."""
-        with self._catalog_lock:
-            self._write_catalog(self._catalog.taking())
-
-    def refresh_catalog(self) -> str | None:
+    def refresh_catalog(self, *, last: bool = False) -> str | None:
         """Write the catalog when it is due (tiered/archive/catalog.py: when it
         would be wrong, or its ranges are older than the refresh interval and
         a commit changed them); no request otherwise. Returns why it was
         written, None when it was not. A failed write raises, and the next
-        call writes it again."""
+        call writes it again. ``last``: this process makes no later call (a
+        one-shot pass), so changed ranges are written now."""
         with self._catalog_lock:
             why = self._catalog.due(lambda k: self.cached(*k), lambda: bool(self.manifests()), self.retention,
-                                    self.clock.now_ms())
+                                    self.clock.now_ms(), last=last)
             if why is not None:
                 self._write_catalog(self._catalog.taking())
                 log.debug("catalog written: %s", why)

@@ -126,7 +126,7 @@ def clean(
     lease_manager = None if dry_run else lease(settings, objects)
     cleaner = make_cleaner(settings, ct, local, lease_manager=lease_manager)
     try:
-        report = cleaner.run_pass(dry_run=dry_run, orphans=True, topics=topic_matcher(topic))
+        report = cleaner.run_pass(dry_run=dry_run, orphans=True, topics=topic_matcher(topic), last=True)
     finally:
         if lease_manager is not None and lease_manager.lease is not None:
             try:
