@@ -59,6 +59,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tiered.archive import layout
 from tiered.archive.manifest import (FORMAT_VERSION_CARRIED, FORMAT_VERSION_CHUNKED, ChunkRef, Manifest, Segment,
                                      check_version, segment_doc, segment_of)
 from tiered.errors import CorruptRecordError
@@ -213,7 +214,7 @@ class _Planner:
         key = f"{ref.name}@{ref.at}"
         hit = self._touches.get(key)
         if hit is None:
-            hit = ref.at is not None and ref.at.partition("#")[0] in self.gone
+            hit = ref.at is not None and layout.object_of(ref.at) in self.gone
             if not hit and ref.level > 0:
                 hit = any(self.touches_gone(k) for k in self.load(ref).refs)
             self._touches[key] = hit
@@ -326,7 +327,7 @@ class Carried:
 
 def stored_in(queue_prefix: str, ref: ChunkRef) -> str:
     """The stored object holding the chunk ``ref`` names."""
-    return ref.at.partition("#")[0] if ref.at is not None else chunk_key(queue_prefix, ref.name)
+    return layout.object_of(ref.at) if ref.at is not None else chunk_key(queue_prefix, ref.name)
 
 
 def going(base: Manifest | None, new: Manifest) -> frozenset[str]:
