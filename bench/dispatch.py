@@ -62,8 +62,9 @@ bucket identity at most once a minute, ``dispatch.identity_check``), and
 read+build over 1,000 queues <= 1.25 x its cost over 16 for the same bytes:
 in CPU, in the round, and in time with nothing beside it. Its time inside
 the round is printed for reference: there it also waits for the GIL while
-the upload threads write 62x the objects (the whole round's ratio is
-printed too). The core count is printed first: figures from a shared or
+the upload threads write one object and one commit per queue, 62x the
+objects at 256 MiB and 12x at 1 GiB (the whole round's ratio is printed
+too, as a reference: see the README). The core count is printed first: figures from a shared or
 small machine are indicative.
 """
 
@@ -106,6 +107,25 @@ def reread(path: Path) -> None:
     finally:
         os.close(fd)
     subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)
+
+
+def set_aside(path: Path) -> None:
+    """``path`` moved out of the way beside it, into ``aside/``, its files
+    emptied but not deleted (``main`` deletes them all at the end). On ext4
+    without a journal (this machine's), each file created within a minute or
+    so of many deletions makes the kernel step over the recently deleted
+    inodes one by one (``recently_deleted`` in ``find_inode_bit``): a
+    1,000-queue round started right after the previous one's output was
+    deleted took 3.6-4.2 s instead of 2.7-3.0, measuring the bench's own
+    deletions rather than dispatching."""
+    if not path.exists():
+        return
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            os.truncate(os.path.join(root, name), 0)  # the space back, the inode kept
+    aside = path.parent / "aside"
+    aside.mkdir(exist_ok=True)
+    path.rename(aside / f"{path.name}-{len(os.listdir(aside))}")
 
 
 def commitlog_bytes(store: Path) -> int:
@@ -370,9 +390,9 @@ def measure_dispatch(args: argparse.Namespace, cold: Path, **extra: object) -> d
     the best counting; then one sampled round for the memory figures."""
     runs = []
     for sample in [0] * args.repeat + [1]:
-        shutil.rmtree(cold, ignore_errors=True)
+        set_aside(cold)
         runs.append(run_phase("dispatch", args, url=f"file://{cold}", sample=sample, **extra))
-    shutil.rmtree(cold, ignore_errors=True)
+    set_aside(cold)
     best = best_of(runs[:-1])
     best.update({k: runs[-1][k] for k in MEMORY_KEYS})
     return best
@@ -383,9 +403,9 @@ def measure_pass_alone(args: argparse.Namespace, cold: Path, **extra: object) ->
     ``--pass-alone``), ``args.repeat`` times: the best wall and CPU."""
     runs = []
     for _ in range(args.repeat):
-        shutil.rmtree(cold, ignore_errors=True)
+        set_aside(cold)
         runs.append(run_phase("dispatch", args, url=f"file://{cold}", sample=0, pass_alone=1, **extra))
-    shutil.rmtree(cold, ignore_errors=True)
+    set_aside(cold)
     return best_of(runs)
 
 
@@ -485,7 +505,7 @@ def report(args: argparse.Namespace, nbytes: int, cp: dict[str, float], fd: dict
              f"{len(s3['written'])} objects the dispatcher wrote, as big, no other work"),
         ]
         s3_checks += [(f"{server} vs raw boto3", s_mbps / raw_mbps, ">=", 0.8),
-                      (f"{server} vs same objects", s_mbps / same_mbps, ">=", 0.0)]
+                      (f"{server} vs same objects (ref.)", s_mbps / same_mbps, None, None)]
     rows += [
         (f"read+build alone, {args.queues} q.", f"{mbps(alone['fd']['pass_bytes'], alone['fd']['pass_seconds']):8.1f} MB/s",
          f"{alone['fd']['pass_seconds']:.2f} s, CPU {alone['fd']['pass_cpu_seconds']:.2f} s in {alone['fd']['passes']} "
@@ -502,30 +522,30 @@ def report(args: argparse.Namespace, nbytes: int, cp: dict[str, float], fd: dict
         print(f"{name:26s} {rate}   {note}")
     checks = [
         ("file:// vs cp+sync", f_mbps / cp_sync_mbps, ">=", 0.5 if (os.cpu_count() or 1) <= 2 else 0.8),
-        ("file:// vs cp (ref.)", f_mbps / cp_mbps, ">=", 0.0),
-        ("file:// vs O_DIRECT (ref.)", f_mbps / cp["direct_mbps"], ">=", 0.0),
+        ("file:// vs cp (ref.)", f_mbps / cp_mbps, None, None),
+        ("file:// vs O_DIRECT (ref.)", f_mbps / cp["direct_mbps"], None, None),
         ("CPU s per GB (file://)", fd["cpu_seconds"] / gb, "<=", 1.5),
         # the pass's own CPU (its threads'), in the round: what read+build costs
         (f"{args.many_queues} vs {args.queues} q. read+build CPU", (fm["pass_cpu_seconds"] / fm["bytes"]) / (
             fd["pass_cpu_seconds"] / nbytes) if fd["pass_cpu_seconds"] else float("nan"), "<=", 1.25),
         # its time with nothing else running; in the round its wall time also counts
-        # waiting for the GIL while the upload threads write 62x the objects
+        # waiting for the GIL while the upload threads write one object and one commit per queue
         (f"{args.many_queues} vs {args.queues} q. read+build alone", ratio(alone["fm"], alone["fd"], "pass_seconds"),
          "<=", 1.25),
         (f"{args.many_queues} vs {args.queues} q. same, CPU alone", ratio(alone["fm"], alone["fd"], "pass_cpu_seconds"),
          "<=", 1.25),
         (f"{args.many_queues} vs {args.queues} q. r+b in round (ref.)", (fm["pass_seconds"] / fm["bytes"]) / (
-            fd["pass_seconds"] / nbytes) if fd["pass_seconds"] else float("nan"), ">=", 0.0),
+            fd["pass_seconds"] / nbytes) if fd["pass_seconds"] else float("nan"), None, None),
         (f"{args.many_queues} vs {args.queues} q. whole (ref.)", (fm["seconds"] / fm["bytes"]) / (
-            fd["seconds"] / nbytes), ">=", 0.0),
+            fd["seconds"] / nbytes), None, None),
         *s3_checks,
         # the goal is the steady state's: a first round also creates each queue's head and the catalog
-        ("write req./seg. first (ref.)", writes / max(1, sd["segments"]), ">=", 0),
+        ("write req./seg. first (ref.)", writes / max(1, sd["segments"]), None, None),
         ("write req./seg. steady state", steady["writes"] / max(1, steady["segments"]), "<=", 2),
         ("peak PSS MiB (all processes)", pss, "<=", 300),
         (f"peak PSS MiB, {args.many_queues} q.", pss_many, "<=", 300),
-        ("peak RSS MiB (ref.)", rss, ">=", 0),
-        (f"peak RSS MiB, {args.many_queues} q. (ref.)", rss_many, ">=", 0),
+        ("peak RSS MiB (ref.)", rss, None, None),
+        (f"peak RSS MiB, {args.many_queues} q. (ref.)", rss_many, None, None),
         ("idle round CPU s", idle["cpu_seconds"], "<=", 0.5),
         ("idle round requests", idle["requests"], "<=", 0),
     ]
@@ -541,6 +561,9 @@ def report(args: argparse.Namespace, nbytes: int, cp: dict[str, float], fd: dict
     print(f"peak anonymous memory (sampled, dispatcher process): "
           f"{max(fd['anon_peak_mib'], *(s3['sd']['anon_peak_mib'] for s3 in s3s.values())):.0f} MiB\n")
     for name, value, op, goal in checks:
+        if op is None:  # a reference: no goal, so no verdict
+            print(f"{name:30s} {value:8.3f}")
+            continue
         ok = value >= goal if op == ">=" else value <= goal
         print(f"{name:30s} {value:8.3f}  goal {op} {goal}  {'OK' if ok else 'MISSED'}")
 
@@ -650,6 +673,7 @@ def main() -> None:
 
         report(args, nbytes, cp, fd, fm, fd_noix, s3s, idle, steady, alone)
     finally:
+        shutil.rmtree(work / "aside", ignore_errors=True)  # what set_aside kept from the runs
         if tmp and not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
 
