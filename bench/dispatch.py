@@ -44,8 +44,9 @@ this disk; not the goal's floor). CPU seconds and peak RSS include the segment-b
 processes (read from /proc: they are the forkserver's children). The same
 bytes are also dispatched from a store of ``--many-queues`` queues.
 
-8. read+build alone: the same rounds' CommitLog passes over both stores
-   with nothing uploaded beside them (``--pass-alone``).
+8. read+build alone: each store's round again, its CommitLog passes
+   recorded, then run once more with the same jobs over the same bytes
+   once the round is over, nothing uploaded beside them (``--pass-alone``).
 
 Every store file is dropped from the page cache and read back before the
 phases, so each run starts from the cache a broker has for a CommitLog read
@@ -187,11 +188,7 @@ def phase_dispatch(args: argparse.Namespace) -> dict:
     rec = _counting_recorder()
     d = _dispatcher(args, args.url, args.endpoint, recorder=rec)
     d.start()
-    if getattr(args, "pass_alone", 0):
-        # The waves' passes as a round makes them, with no upload beside them
-        # (each queue one wave's turn): what read+build costs without the
-        # upload threads' system calls competing for the GIL.
-        d._submit = lambda pool, wave, deadline: []  # type: ignore[method-assign]
+    replayed = _record_passes() if getattr(args, "pass_alone", 0) else None
     if getattr(d.archiver, "builds", None) is not None:
         d.archiver.builds.warm()  # worker start-up is not part of the round
     workers_cpu0, _ = worker_usage(build_workers())
@@ -204,11 +201,11 @@ def phase_dispatch(args: argparse.Namespace) -> dict:
         seconds = time.perf_counter() - started
         cpu = time.process_time() - cpu
     cpu -= anon.cpu_seconds + pss.cpu_seconds  # reading /proc/PID/smaps_rollup is not dispatching
-    if not result.ok or (result.lag_messages and not getattr(args, "pass_alone", 0)):
+    if not result.ok or result.lag_messages:
         raise SystemExit(f"dispatch round incomplete: {result}")
     workers_cpu, workers_rss = worker_usage(build_workers())
     workers_cpu -= workers_cpu0  # not their start-up
-    passes = getattr(d.archiver, "passes", [])
+    passes = getattr(d.archiver, "passes", []) if replayed is None else _replay(d.local, replayed)
     return {"bytes": result.nbytes, "messages": result.messages, "segments": result.segments, "seconds": seconds,
             "cpu_seconds": cpu + workers_cpu, "workers_cpu_seconds": workers_cpu, "maxrss_mib": maxrss_mib(),
             "workers_rss_mib": workers_rss, "anon_peak_mib": anon.peak_kib / 1024, "requests": dict(rec.ops),
@@ -216,6 +213,41 @@ def phase_dispatch(args: argparse.Namespace) -> dict:
             "pss_peak_mib": pss.peak_kib / 1024, "pass_seconds": sum(p.seconds for p in passes),
             "pass_cpu_seconds": sum(p.cpu_seconds for p in passes), "pass_bytes": sum(p.nbytes for p in passes),
             "passes": len(passes)}
+
+
+def _record_passes() -> list[list]:
+    """The jobs of every CommitLog pass the round makes, as it makes them
+    (``_replay`` runs them again)."""
+    import dispatcher.archiver as archiver
+
+    jobs_of: list[list] = []
+    real = archiver.build_pass
+
+    def recording(local, jobs):  # noqa: ANN001, ANN202
+        jobs_of.append(list(jobs))
+        return real(local, jobs)
+
+    archiver.build_pass = recording
+    return jobs_of
+
+
+def _replay(local, jobs_of: list[list]) -> list:  # noqa: ANN001
+    """read+build alone: the round's passes once more, the same jobs over the
+    same bytes, once the round is over (nothing uploaded or committed beside
+    them, no upload thread asking for the GIL), each pass's buffers given
+    back to the pool as the round's uploads give them back."""
+    from dispatcher.commitpass import build_pass
+    from dispatcher.segment import SEGMENT_BUFFERS
+
+    stats = []
+    for jobs in jobs_of:
+        built, st = build_pass(local, jobs)
+        stats.append(st)
+        for _job, builder, _stop in built.values():
+            buf, builder._cl = builder._cl, bytearray()
+            SEGMENT_BUFFERS.give(buf, holders=1)
+        del built
+    return stats
 
 
 def phase_raw_boto3(args: argparse.Namespace) -> dict:
