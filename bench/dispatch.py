@@ -65,8 +65,8 @@ in CPU, in the round, and in time with nothing beside it. Its time inside
 the round is printed for reference: there it also waits for the GIL while
 the upload threads write one object and one commit per queue, 62x the
 objects at 256 MiB and 12x at 1 GiB (the whole round's ratio is printed
-too, as a reference: see the README). The core count is printed first: figures from a shared or
-small machine are indicative.
+too, as a reference: see the README). The core count is printed first:
+figures from a shared or small machine are indicative.
 """
 
 from __future__ import annotations
@@ -541,7 +541,7 @@ def report(args: argparse.Namespace, nbytes: int, cp: dict[str, float], fd: dict
     rows += [
         (f"read+build alone, {args.queues} q.", f"{mbps(alone['fd']['pass_bytes'], alone['fd']['pass_seconds']):8.1f} MB/s",
          f"{alone['fd']['pass_seconds']:.2f} s, CPU {alone['fd']['pass_cpu_seconds']:.2f} s in {alone['fd']['passes']} "
-         f"passes: the round's waves built with no upload beside them"),
+         f"passes: the round's passes run again once it is over, nothing beside them"),
         (f"read+build alone, {args.many_queues} q.",
          f"{mbps(alone['fm']['pass_bytes'], alone['fm']['pass_seconds']):8.1f} MB/s",
          f"{alone['fm']['pass_seconds']:.2f} s, CPU {alone['fm']['pass_cpu_seconds']:.2f} s in {alone['fm']['passes']} "
