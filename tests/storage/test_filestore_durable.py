@@ -186,10 +186,8 @@ def test_a_failed_write_still_syncs_the_directories_it_made(tmp_path: Path, sync
 
 def test_directories_made_for_a_file_that_could_not_be_opened_are_synced(tmp_path: Path, synced,  # noqa: ANN001
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import builtins
     import errno
 
-    from tiered.archive import filewrite
     from tiered.archive.storage import RetryPolicy
     from tiered.errors import StorageError
 
@@ -197,14 +195,16 @@ def test_directories_made_for_a_file_that_could_not_be_opened_are_synced(tmp_pat
     (root / "T").mkdir(parents=True)
     store = open_store(f"file://{root}", retry=RetryPolicy(attempts=1))
     opened: list[str] = []
+    real_open = os.open
 
-    def open_(file, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
-        opened.append(str(file))
-        if len(opened) == 1:  # made before the first open: this process never synced them
-            raise OSError(errno.EMFILE, "Too many open files")
-        return builtins.open(file, *a, **kw)
+    def open_(path, flags, *a):  # noqa: ANN001, ANN002, ANN202
+        if str(path).endswith(".tmp"):  # the object's file, not a directory opened for its fsync
+            opened.append(str(path))
+            if len(opened) == 1:  # made before the first open: this process never synced them
+                raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, flags, *a)
 
-    monkeypatch.setattr(filewrite, "open", open_, raising=False)
+    monkeypatch.setattr(os, "open", open_)
     with pytest.raises(StorageError):
         store.put("T/0/segment/obj", b"x")
     dirs = _dirs(synced)

@@ -39,6 +39,7 @@ from tiered.format.jsonfile import read_json, write_json
 from tiered.archive import chunks, layout, segmeta
 from tiered.archive.catalog import DEFAULT_REFRESH_S, CatalogKeeper
 from tiered.archive.chunks import Carried, ManifestChunkError, chunk_key
+from tiered.archive.filewrite import write_whole
 from tiered.archive.manifest import (CATALOG, IDENTITY, MANIFEST, Catalog, CatalogEntry, ChunkRef, Gap, Manifest, Segment,
                                      broker_prefix, history_id, queue_prefix, topic_of_dir)
 from tiered.archive.rebuild import RebuildPlan, RepairReport, UnaccountedObjectsError, plan_rebuild, queues_in, scan_queue
@@ -320,12 +321,10 @@ class ColdTier:
         path = self.cache_dir / _cache_name(topic, queue_id)
         tmp = path.with_name(path.name + ".tmp")
         try:
-            fh = open(tmp, "wb")
+            write_whole(tmp, doc, sync=False)
         except FileNotFoundError:
             path.parent.mkdir(parents=True, exist_ok=True)  # once, not at every commit
-            fh = open(tmp, "wb")
-        with fh:
-            fh.write(doc)
+            write_whole(tmp, doc, sync=False)
         os.replace(tmp, path)
 
     def _local_chunks(self, topic: str, queue_id: int) -> Path | None:

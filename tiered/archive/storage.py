@@ -391,10 +391,11 @@ class FileStore(ObjectStore):
                 fd = os.open(path, os.O_RDONLY)  # FileNotFoundError: no such object
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX)
+                    held = os.fstat(fd)
                     # the file may have been replaced while we waited for the lock
-                    if os.fstat(fd).st_ino != os.stat(path).st_ino:
+                    if held.st_ino != os.stat(path).st_ino:
                         continue
-                    current = _md5(os.pread(fd, os.fstat(fd).st_size, 0))
+                    current = _md5(os.pread(fd, held.st_size, 0))
                     if current != etag:
                         raise PreconditionFailedError("put_if_match", key)
                     os.replace(tmp, path)
@@ -403,7 +404,8 @@ class FileStore(ObjectStore):
                 finally:
                     os.close(fd)
         finally:
-            if tmp.exists():
+            # linked (its name stays), refused, or already renamed into place
+            with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
 
     def _raw_head(self, key: str) -> ObjectInfo:
