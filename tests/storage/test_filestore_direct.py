@@ -180,9 +180,12 @@ def test_a_refusal_at_the_first_direct_write_writes_the_whole_object_buffered(
     assert _files(tmp_path) == ["T/0/obj", "T/1/obj"]
 
 
-@pytest.mark.parametrize("fail_at", ["direct", "tail", "fsync"])
+@pytest.mark.parametrize(("fail_at", "direct_buffer"),
+                         [("direct", True), ("tail", True), ("fsync", True), ("tail", False), ("fsync", False)])
 def test_a_write_failing_midway_leaves_no_object_and_no_temp_file(tmp_path: Path, aligned, fail_at: str,  # noqa: ANN001
+                                                                  direct_buffer: bool,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # direct_buffer False: plain bytes, the whole object through the cache ("tail": its one write)
     real_write, real_fsync = os.write, os.fsync
     failures = [1]  # the first attempt fails, the retry goes through
 
@@ -204,15 +207,16 @@ def test_a_write_failing_midway_leaves_no_object_and_no_temp_file(tmp_path: Path
     monkeypatch.setattr(os, "write", write)
     monkeypatch.setattr(os, "fsync", fsync)
     data = _payload(2 * DIRECT_MIN + 3)
+    put = aligned(data) if direct_buffer else data
     once = open_store(f"file://{tmp_path}", retry=RetryPolicy(attempts=1))
     with pytest.raises(StorageError):
-        once.put("T/0/segment/obj", aligned(data))
+        once.put("T/0/segment/obj", put)
     assert once.head("T/0/segment/obj") is None and once.list_keys() == [] and once.leftovers() == []
     assert _files(tmp_path) == []  # not even a temp file: a failed write removes its own
     assert once.direct  # an I/O error is no refusal of O_DIRECT
     failures.append(1)
     retried = open_store(f"file://{tmp_path}", retry=RetryPolicy(attempts=2, base_delay=0, max_delay=0))
-    retried.put("T/0/segment/obj", aligned(data))
+    retried.put("T/0/segment/obj", put)
     assert not failures and retried.get("T/0/segment/obj") == data
     assert _files(tmp_path) == ["T/0/segment/obj"]
 
