@@ -51,9 +51,7 @@ def write_whole(path: Path, data: bytes | bytearray | memoryview, *, sync: bool)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
     try:
         with memoryview(data) as view, view.cast("B") as flat:
-            done = 0
-            while done < len(flat):
-                done += _wrote(os.write(fd, flat[done:]))
+            _write_rest(fd, flat, 0)
         if sync:
             os.fsync(fd)
     finally:
@@ -64,6 +62,12 @@ def _wrote(n: int) -> int:
     if n <= 0:  # a write that never ends would loop here forever
         raise OSError(errno.EIO, "write wrote nothing")
     return n
+
+
+def _write_rest(fd: int, view: memoryview, done: int) -> None:
+    """``view[done:]`` written to ``fd``, however many writes it takes."""
+    while done < len(view):
+        done += _wrote(os.write(fd, view[done:]))
 
 
 class FileWriter:
@@ -122,8 +126,7 @@ class FileWriter:
                         raise
                     self._refuse(exc)
                     return False
-                while done < len(view):
-                    done += _wrote(os.write(fd, view[done:]))
+                _write_rest(fd, view, done)
             os.fsync(fd)
         finally:
             os.close(fd)
