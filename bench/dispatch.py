@@ -241,12 +241,13 @@ def _replay(local, jobs_of: list[list]) -> list:  # noqa: ANN001
 
     stats = []
     for jobs in jobs_of:
-        built, st = build_pass(local, jobs)
+        passed, st = build_pass(local, jobs)
         stats.append(st)
-        for _job, builder, _stop in built.values():
-            buf, builder._cl = builder._cl, bytearray()
-            SEGMENT_BUFFERS.give(buf, holders=1)
-        del built
+        for _job, builder, _stop in passed.values():
+            if builder.count:  # built (untimed) and its buffer given back as an upload gives it back
+                cl = builder.build(0).commitlog
+                SEGMENT_BUFFERS.give(cl, holders=1)  # kept while the pool has room
+        del passed
     return stats
 
 
