@@ -72,6 +72,7 @@ figures from a shared or small machine are indicative.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -168,7 +169,9 @@ def _dispatcher(args: argparse.Namespace, url: str, endpoint: str | None, record
     from tiered.archive.storage import S3Options, open_store
 
     store = open_store(url, s3=S3Options(endpoint_url=endpoint), recorder=recorder)
-    state = Path(args.workdir) / f"state-{abs(hash(url))}"
+    # named by the URL alone, the same in every phase's process (``hash()`` of
+    # a str is salted a process: each run left a new directory behind)
+    state = Path(args.workdir) / "state" / hashlib.sha256(url.encode()).hexdigest()[:16]
     shutil.rmtree(state, ignore_errors=True)
     cold = ColdTier(store, CLUSTER, BROKER, state_dir=state, writer="bench")
     # the layout the configuration writes by default (dispatch.layout: 2): one
@@ -178,7 +181,8 @@ def _dispatcher(args: argparse.Namespace, url: str, endpoint: str | None, record
                                              key_index=not getattr(args, "no_key_index", 0),
                                              layout=getattr(args, "layout", 2)),
                               parallelism=args.parallelism, round_budget_s=float("inf"),
-                              single_pass=not getattr(args, "per_queue", 0))
+                              single_pass=not getattr(args, "per_queue", 0),
+                              pass_bytes=args.pass_mb * MiB if args.pass_mb else None)
     local = LocalStore(Path(args.workdir) / args.store_name)
     return Dispatcher(local, cold, lease=LeaseManager(store, f"{CLUSTER}/{BROKER}", "bench"), options=options,
                       recorder=recorder)
@@ -397,6 +401,8 @@ def run_phase(name: str, args: argparse.Namespace, **extra: object) -> dict:
            "--commitlog-mb", str(args.commitlog_mb), "--idle-queues", str(args.idle_queues),
            "--queues", str(args.queues), "--many-queues", str(args.many_queues), "--layout", str(args.layout),
            "--per-queue", str(args.per_queue), "--repeat", str(args.repeat)]
+    if args.pass_mb:
+        cmd += ["--pass-mb", str(args.pass_mb)]
     for k, v in extra.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -623,6 +629,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--sizes", help=argparse.SUPPRESS)
     ap.add_argument("--no-key-index", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--layout", type=int, default=2, help="segment layout written (default 2, as configured)")
+    ap.add_argument("--pass-mb", type=int, default=None,
+                    help="dispatch.pass_bytes, MiB (default: parallelism x segment size, as configured)")
     ap.add_argument("--per-queue", type=int, default=0,
                     help="1: each queue reads the CommitLog on its own (no single pass), for comparison")
     ap.add_argument("--store-name", default="store", help=argparse.SUPPRESS)
@@ -668,7 +676,8 @@ def main() -> None:
             marker.write_text(json.dumps(meta))
         nbytes = meta["bytes"]
         print(f"{os.cpu_count()} cores; store: {meta['messages']} messages, {nbytes / MiB:.0f} MiB of records, "
-              f"{args.queues} queues; parallelism {args.parallelism}, segments {args.segment_mb} MiB", flush=True)
+              f"{args.queues} queues; parallelism {args.parallelism}, segments {args.segment_mb} MiB, "
+              f"pass_bytes {f'{args.pass_mb} MiB' if args.pass_mb else 'default'}", flush=True)
         # The page cache once for everybody, as a broker's holds a CommitLog it
         # read back from disk: each file dropped from the cache, then read
         # (readahead). How the pages got there matters: the pass maps the
@@ -707,6 +716,7 @@ def main() -> None:
         report(args, nbytes, cp, fd, fm, fd_noix, s3s, idle, steady, alone)
     finally:
         shutil.rmtree(work / "aside", ignore_errors=True)  # what set_aside kept from the runs
+        shutil.rmtree(work / "state", ignore_errors=True)  # the runs' manifest caches
         if tmp and not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
 

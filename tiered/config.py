@@ -177,6 +177,11 @@ class DispatchSettings(_Section):
     # one CommitLog pass builds the next segment of every due queue; false:
     # each queue reads the CommitLog on its own
     single_pass: bool = True
+    # Record bytes the passes hold at a time: two waves of half of it (one
+    # uploading, the next built). null: parallelism x segment_bytes. A wave
+    # walks the CommitLog span of its records, so with many queues of small
+    # segments a larger value means fewer walks, for more memory.
+    pass_bytes: Size | None = Field(default=None, gt=0)
     # Segment layout written: 2 (one object per segment) or 1 (three objects,
     # readable by tiered before 2.0). Both are always read.
     layout: int = Field(default=2, ge=1, le=2)

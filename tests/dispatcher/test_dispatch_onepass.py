@@ -17,7 +17,7 @@ import pytest
 from zlib_ng.zlib_ng import crc32
 
 import dispatcher.commitpass as commitpass
-from dispatchkit import assert_exact, new_dispatcher, new_writer, produce, read_manifest
+from dispatchkit import BROKER, CLUSTER, assert_exact, new_dispatcher, new_writer, produce, read_manifest
 from tiered.archive import segmeta
 from tiered.archive.storage import open_store
 from tiered.store.localstore import LocalStore
@@ -650,3 +650,35 @@ def test_files_kept_open_by_a_pass_are_closed_when_it_fails(tmp_path, clock, mon
         except FileNotFoundError:
             continue
         assert "consumequeue" not in target, target
+
+
+@pytest.mark.parametrize("source", ["yaml", "env", "default"])
+def test_dispatch_pass_bytes_from_the_configuration_sets_the_waves(tmp_path, clock, monkeypatch, source):
+    """``dispatch.pass_bytes`` (config file or TIERED_DISPATCH__PASS_BYTES)
+    reaches the round through the service's wiring: a budget of 2.5 queues
+    cuts the five queues into waves of whole turns of the pool, the default
+    (parallelism x segment_bytes, 2 MiB here) takes them in one pass. The
+    archive is exact either way."""
+    from tiered.cli.wiring import make_dispatcher
+    from tiered.config import load_settings
+
+    queues, local, biggest = _five_queues(tmp_path, clock)
+    lines = [f"store: {tmp_path / 'store'}", f"cold_url: file://{tmp_path / 'cold'}",
+             f"state_dir: {tmp_path / 'state'}", f"cluster: {CLUSTER}", f"broker: {BROKER}",
+             "dispatch: {upload_bytes: 1, segment_bytes: 1MiB, parallelism: 2"
+             + (f", pass_bytes: {5 * biggest}" if source == "yaml" else "") + "}"]
+    if source == "env":
+        monkeypatch.setenv("TIERED_DISPATCH__PASS_BYTES", f"{5 * biggest}")
+    (tmp_path / "tiered.yaml").write_text("\n".join(lines) + "\n")
+    settings = load_settings(tmp_path / "tiered.yaml")
+    assert settings.dispatch.pass_bytes == (None if source == "default" else 5 * biggest)
+    d = make_dispatcher(settings, local, clock=clock)
+    d.start()
+    r = d.run_round()
+    assert r.ok and r.segments == 5, r.errors
+    waves = [p.queues for p in d.archiver.passes]
+    if source == "default":
+        assert waves == [5], waves
+    else:
+        assert len(waves) >= 2 and sum(waves) == 5 and all(n % 2 == 0 for n in waves[:-1]), waves
+    assert_exact(d.cold.store, local, queues)
