@@ -337,8 +337,12 @@ class FileStore(ObjectStore):
         data = self._path(key).read_bytes()
         return data, _md5(data)
 
+    @staticmethod
+    def _tmp_name(path: Path) -> Path:
+        return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+
     def _write_tmp(self, path: Path, data: bytes) -> Path:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp = self._tmp_name(path)
         # a directory this process has not made durable yet (another
         # process made it, maybe dying before syncing it) is walked once
         made: list[Path] = [] if self._dirs.known(path.parent) else self._dirs.prepare(path.parent)
@@ -374,6 +378,14 @@ class FileStore(ObjectStore):
 
     def _raw_put(self, key: str, data: bytes, crc: int | None = None) -> None:
         path = self._path(key)
+        if self._dirs.known(path.parent):
+            # the whole write in one call where it is compiled: the file
+            # written and synced, renamed, its directory synced
+            try:
+                if self._writer.put(self._tmp_name(path), data, path):
+                    return
+            except FileNotFoundError:
+                pass  # its directory was removed since: made again below
         os.replace(self._write_tmp(path, data), path)
         # the object is durable once its name is: a manifest committed after
         # this call may name it, so the rename must survive a power loss
