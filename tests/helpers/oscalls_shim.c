@@ -132,16 +132,8 @@ int open(const char *path, int flags, ...) {
     return watched_open(path, flags, mode);
 }
 
-int open64(const char *path, int flags, ...) {
-    mode_t mode = 0;
-    if (flags & (O_CREAT | O_TMPFILE)) {
-        va_list ap;
-        va_start(ap, flags);
-        mode = va_arg(ap, mode_t);
-        va_end(ap);
-    }
-    return watched_open(path, flags, mode);
-}
+/* (open64: the same function, where headers with 64-bit offsets call it) */
+int open64(const char *path, int flags, ...) __attribute__((alias("open")));
 
 ssize_t write(int fd, const void *buf, size_t n) {
     const char *r = name_of(fd);
@@ -172,7 +164,11 @@ int close(int fd) {
     return r_close(fd);
 }
 
-static int watched_fcntl(int fd, int cmd, long arg) {
+int fcntl(int fd, int cmd, ...) {
+    va_list ap;
+    va_start(ap, cmd);
+    long arg = va_arg(ap, long);
+    va_end(ap);
     const char *r = name_of(fd);
     if (r != NULL && cmd == F_SETFL) {
         if (fails("setfl", r)) return -1;
@@ -181,22 +177,8 @@ static int watched_fcntl(int fd, int cmd, long arg) {
     return r_fcntl(fd, cmd, arg);
 }
 
-/* (fcntl64: what glibc's headers call for fcntl with 64-bit offsets) */
-int fcntl(int fd, int cmd, ...) {
-    va_list ap;
-    va_start(ap, cmd);
-    long arg = va_arg(ap, long);
-    va_end(ap);
-    return watched_fcntl(fd, cmd, arg);
-}
-
-int fcntl64(int fd, int cmd, ...) {
-    va_list ap;
-    va_start(ap, cmd);
-    long arg = va_arg(ap, long);
-    va_end(ap);
-    return watched_fcntl(fd, cmd, arg);
-}
+/* (fcntl64: the same function, what glibc's headers call for fcntl with 64-bit offsets) */
+int fcntl64(int fd, int cmd, ...) __attribute__((alias("fcntl")));
 
 int rename(const char *from, const char *to) {
     const char *r = rel(from), *t = rel(to);

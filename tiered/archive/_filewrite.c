@@ -9,17 +9,15 @@
  * file's open, its writes, the O_DIRECT switch for the tail, its fsync and
  * close, the rename, the directory's open, fsync and close). From Python
  * each gives the GIL up, and each return takes it back from whichever
- * thread holds it: at 1,000 queues the upload threads took it from the
- * CommitLog pass hundreds of thousands of times a round (measured: the
- * pass's CPU inside a round a third above its CPU alone). Here the GIL is
- * given up once an object.
+ * thread holds it, most often the CommitLog pass. Here the GIL is given up
+ * once an object (measured on a 1 GiB round over 16 queues, 2 cores: 1.48
+ * s of CPU against 1.58, the pass's own 1.16 against 1.23).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <unistd.h>
 
 #ifndef O_CLOEXEC

@@ -31,7 +31,6 @@ import fcntl
 import logging
 import os
 from pathlib import Path
-
 from types import ModuleType
 
 import numpy as np
