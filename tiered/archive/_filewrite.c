@@ -66,9 +66,17 @@ static int fsync_retry(int fd) {
     return r;
 }
 
+/* (as Python's os.open: a signal during the open of a file on NFS or FUSE is no failure) */
+static int open_retry(const char *path, int flags, int mode) {
+    int fd;
+    do fd = open(path, flags, mode);
+    while (fd < 0 && errno == EINTR);
+    return fd;
+}
+
 /* The directory's entries made durable. */
 static int sync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int fd = open_retry(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
     if (fd < 0) return -1;
     int r = fsync_retry(fd);
     int saved = errno;
@@ -83,7 +91,7 @@ static int sync_dir(const char *dir) {
 static int write_tmp(job_t *job) {
     int direct = job->head > 0 && O_DIRECT != 0;
     int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
-    int fd = open(job->tmp, flags | (direct ? O_DIRECT : 0), 0666);
+    int fd = open_retry(job->tmp, flags | (direct ? O_DIRECT : 0), 0666);
     if (fd < 0) {
         if (direct && errno == EINVAL) return REFUSED;
         job->err = errno;
