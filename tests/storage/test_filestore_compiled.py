@@ -35,6 +35,11 @@ from tiered.errors import StorageError
 assert filewrite._native is not None
 store = FileStore(sys.argv[1], direct=sys.argv[2] == "direct", retry=RetryPolicy(attempts=1))
 store.put("T/0/segment/first", b"x")
+def put_failing(key, data):
+    try:
+        store.put(key, data)
+    except StorageError as exc:
+        print("raised", type(exc.__cause__).__name__, exc.__cause__.errno, exc.__cause__.filename)
 """
 
 
@@ -125,16 +130,13 @@ def test_a_compiled_write_failing_midway_leaves_no_object_and_no_temp_file(shim:
     done = _run(shim, tmp_path, f"""
 data = payload({size}, 2)
 arm("{fail}")
-try:
-    store.put("T/0/segment/obj", aligned(data))
-except StorageError as exc:
-    print("raised", type(exc.__cause__).__name__, exc.__cause__.errno, exc.__cause__.filename)
+put_failing("T/0/segment/obj", aligned(data))
 print("left", sorted(os.listdir(sys.argv[1] + "/T/0/segment")), "direct", store.direct)
 mark("retry")
 store.put("T/0/segment/obj", aligned(data))
 """)
     assert done.returncode == 0, done.stderr
-    op, _n, code = fail.split(":")
+    code = fail.split(":")[2]
     raised = next(line for line in done.stdout.splitlines() if line.startswith("raised")).split()
     assert raised[1:3] == [type(OSError(int(code), "")).__name__, code]
     assert raised[3].startswith(str(tmp_path / "cold/T/0/segment/.obj."))  # the file the failed call was on
@@ -149,16 +151,13 @@ def test_a_failed_directory_sync_fails_the_put_and_the_retry_syncs_it(shim: Path
     done = _run(shim, tmp_path, f"""
 data = payload({DIRECT_MIN}, 4)
 arm("fsync_dir:1:5")
-try:
-    store.put("T/0/segment/obj", aligned(data))
-except StorageError as exc:
-    print("raised", exc.__cause__.errno, exc.__cause__.filename)
+put_failing("T/0/segment/obj", aligned(data))
 mark("retry")
 store.put("T/0/segment/obj", aligned(data))
 """)
     assert done.returncode == 0, done.stderr
     # named but maybe not durable: the put does not return as if it were; the caller's retry syncs it
-    assert f"raised 5 {tmp_path / 'cold/T/0/segment'}" in done.stdout
+    assert f"raised OSError 5 {tmp_path / 'cold/T/0/segment'}" in done.stdout
     assert done.after("retry")[-4:] == ["rename T/0/segment/.obj.tmp T/0/segment/obj", "opendir T/0/segment",
                                         "fsync_dir T/0/segment", "close T/0/segment"]
     assert (tmp_path / "cold/T/0/segment/obj").read_bytes() == _payload(DIRECT_MIN, 4)
