@@ -9,6 +9,7 @@ from __future__ import annotations
 import mmap
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 HUGE_PAGE = 2 << 20  # x86-64's PMD-sized page
@@ -44,9 +45,18 @@ def reread_small(path: Path) -> None:
 
 def huge_share(paths: list[Path]) -> float:
     """The share of the files' bytes the kernel maps in 2 MiB pages (their
-    page cache in PMD-sized folios): each mapped here, a byte touched every
-    2 MiB, and counted in /proc/self/smaps. What the pass's mapping costs
-    depends on it (4 KiB pages: 16 page faults a MiB instead of one per 2)."""
+    page cache in PMD-sized folios). What the pass's mapping costs depends
+    on it (4 KiB pages: 16 page faults a MiB instead of one per 2). Measured
+    in a process of its own: mapped here, the files would raise this
+    process's peak RSS, and every phase started after it would report that
+    peak as its own (a forked child's ``ru_maxrss`` starts from its parent's)."""
+    out = subprocess.run([sys.executable, __file__, *map(str, paths)], capture_output=True, text=True, check=True)
+    return float(out.stdout)
+
+
+def _huge_share_here(paths: list[Path]) -> float:
+    """``huge_share`` in this process: each file mapped, a byte touched every
+    2 MiB, and counted in /proc/self/smaps."""
     huge = total = 0
     for path in paths:
         size = path.stat().st_size
@@ -70,3 +80,7 @@ def _smaps_field(path: str, field: str) -> int:
             elif inside and line.startswith(field):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+if __name__ == "__main__":
+    print(_huge_share_here([Path(p) for p in sys.argv[1:]]))
