@@ -75,9 +75,9 @@ from dispatcher.buildpool import BuildJob
 from dispatcher.segment import SegmentBuilder
 from dispatcher.segment import ragged as _ragged
 from tiered.errors import CorruptRecordError, ExpiredLocallyError
-from tiered.format.batch import COPY_FIELDS, CQ_DTYPE, RecordBatch, check_copy_runs, run_tails
+from tiered.format.batch import COPY_FIELDS, CQ_DTYPE, check_copy_runs, copies_in_stretches, run_tails
 from tiered.format.keyindex import BadProperties, record_key_hashes
-from tiered.format.codec import CQ_ENTRY_SIZE, CQ_FILLER_SIZE
+from tiered.format.codec import CQ_ENTRY_SIZE, CQ_FILLER_SIZE, crc32
 from tiered.store.localstore import LocalStore, _QueueFiles
 from tiered.store.preads import close_kept, read_files, read_kept
 from tiered.store.queuecursor import NO_LIMIT
@@ -90,6 +90,11 @@ from tiered.store.queuecursor import NO_LIMIT
 WINDOW = 32 << 20
 MAX_WINDOW = 128 << 20
 QUEUES_PER_WINDOW_STEP = 256
+# A sparse pass (records filling less than 1/_DENSE of their span: a wave of
+# a few of many small queues) takes MAX_WINDOW windows, which the compiled
+# copy goes through in stretches of WINDOW, giving each stretch's pages back
+# behind it: the window's array work a quarter as often, and still about a
+# stretch of the CommitLog mapped at a time.
 
 
 def window_bytes(queues: int) -> int:
@@ -494,7 +499,9 @@ class _Columns:
     a window updates it with array operations over all its queues (a Python
     step a queue a window cost more than the queue's records at 1,000
     queues). The records a window takes are kept as arrays too and handed to
-    each builder once, at the end of the walk (``flush``)."""
+    each builder once, at the end of the walk (``flush``), with their keys,
+    read from the builders' buffers then (a window's pages may be given back
+    before its Python work is done)."""
 
     def __init__(self, queues: list[_Queue], every: np.ndarray) -> None:
         """``every``: the queues' entries one after the other (``_gather``)."""
@@ -507,7 +514,7 @@ class _Columns:
         self.taken = np.zeros(n, np.int64)
         self.filled = np.fromiter((q.builder.nbytes for q in queues), np.int64, n)  # bytes in its buffer
         self.crc = np.fromiter((q.builder.crc() for q in queues), np.int64, n)  # CRC-32 of those bytes
-        self.stopped = np.zeros(n, bool)  # stopped by the fallback's own key search
+        self.flushed = self.filled.copy()  # bytes in its buffer at the last flush
         # each builder's buffer (``SegmentBuilder.buffer``) and its length, asked once
         self.buffers = [q.builder.buffer(q.builder.nbytes) for q in queues]
         self.room = np.fromiter(map(len, self.buffers), np.int64, n)
@@ -523,34 +530,51 @@ class _Columns:
         # queue's records stay in order with no sort; handed to its builder from ``given``
         self.out = np.empty((6, len(self.every)), np.int64)
         self.given = np.zeros(n, np.int64)
-        # keys taken and not handed yet, window by window: (their record's row of ``every``, hash)
-        self.keys: list[tuple[np.ndarray, np.ndarray]] = []
 
     def flush(self) -> None:
-        """Every builder given the records taken for it since the last flush.
-        (The order of a queue's keys is free: ``index_of_hashes`` sorts them.)"""
+        """Every builder given the records taken for it since the last flush,
+        and their keys (``_keys``)."""
         due = np.flatnonzero(self.taken > self.given)
         if not len(due):
             return
-        # keys by their record's row of ``every``, which orders them by queue and
-        # offset: one sort of a few runs already in order (a window's are)
-        rows = np.concatenate([r for r, _h in self.keys]) if self.keys else np.zeros(0, np.int64)
-        hashes = np.concatenate([h for _r, h in self.keys]) if self.keys else np.zeros(0, np.uint64)
-        several, self.keys = len(self.keys) > 1, []
-        if several or np.any(rows[1:] < rows[:-1]):
-            order = np.argsort(rows, kind="stable")
-            rows, hashes = rows.take(order), hashes.take(order)
+        keys = [self._keys(qi) for qi in due.tolist()]  # may cut a queue short: first
         first = self.first[due]
         lo, hi = first + self.given[due], first + self.taken[due]
-        k_lo, k_hi = np.searchsorted(rows, lo), np.searchsorted(rows, hi)
-        # every key is of a record taken and not handed yet: the due queues' key
-        # runs follow one another; each key's entry index in its queue, at once
-        offsets = rows - np.repeat(first, k_hi - k_lo)
+        offsets = np.concatenate([at for at, _h in keys]) if keys else np.zeros(0, np.int64)
+        hashes = np.concatenate([h for _at, h in keys]) if keys else np.zeros(0, np.uint64)
+        bounds = np.concatenate(([0], np.cumsum([len(at) for at, _h in keys]))).astype(np.int64)
         queues = self.queues
         SegmentBuilder.extend_many([queues[qi].builder for qi in due.tolist()], self.filled[due], self.out[1],
-                                   self.out[2], self.out[3], self.out[4], lo, hi, offsets, hashes,
-                                   np.append(k_lo, k_hi[-1]), self.crc[due])
+                                   self.out[2], self.out[3], self.out[4], lo, hi, offsets, hashes, bounds,
+                                   self.crc[due])
         self.given[due] = self.taken[due]
+        self.flushed[due] = self.filled[due]
+
+    def _keys(self, qi: int) -> tuple[np.ndarray, np.ndarray]:
+        """The keys of queue ``qi``'s records taken since the last flush, found
+        in its buffer as ``SegmentBuilder.add`` would find them: (each key's
+        entry index in the queue, its hash). A record whose properties are
+        not UTF-8 ends what the pass takes of the queue there (its records
+        before it kept, their CRC counted again): the per-queue read takes
+        the queue on from it and stops it with the builder's own error."""
+        lo, hi = int(self.first[qi] + self.given[qi]), int(self.first[qi] + self.taken[qi])
+        if not self.keyed[qi]:
+            return np.zeros(0, np.int64), np.zeros(0, np.uint64)
+        sizes = self.out[1, lo:hi]
+        at = int(self.flushed[qi]) + np.concatenate(([0], np.cumsum(sizes[:-1])))  # in the buffer
+        starts, ends = at + (self.out[5, lo:hi] - self.out[0, lo:hi]), at + sizes
+        buf = self.buffers[qi]
+        try:
+            rows, hashes = record_key_hashes(buf, starts, ends)
+        except BadProperties as bad:
+            k = bad.record
+            rows, hashes = record_key_hashes(buf, starts[:k], ends[:k])
+            self.taken[qi] = self.given[qi] + k
+            self.limit[qi] = min(int(self.limit[qi]), int(self.taken[qi]))
+            self.filled[qi] = int(at[k])
+            with memoryview(buf) as view:
+                self.crc[qi] = crc32(view[:int(self.filled[qi])])
+        return rows + int(self.given[qi]), hashes
 
     def settle(self) -> None:
         """The arrays' word written back to each queue, after the walk."""
@@ -579,8 +603,11 @@ def _walk(local: LocalStore, queues: list[_Queue], every: np.ndarray) -> tuple[i
     commitlog = local.commitlog
     starts = np.asarray(commitlog.starts, np.int64)
     file_at = np.searchsorted(starts, phys, side="right") - 1
-    # windows: one CommitLog file each, cut every window_bytes of it
-    width = window_bytes(sum(1 for n in counts if n))
+    # windows: one CommitLog file each, cut every window_bytes of it (or, for a
+    # sparse pass the compiled copy takes in stretches, every MAX_WINDOW)
+    width, stretch = window_bytes(sum(1 for n in counts if n)), 0
+    if _in_stretches(phys, size):
+        width, stretch = MAX_WINDOW, WINDOW
     key = file_at * (1 << 40) + np.where(file_at >= 0, phys - starts[np.maximum(file_at, 0)], 0) // width
     cuts = np.flatnonzero(key[1:] != key[:-1]) + 1
     records = nbytes = windows = 0
@@ -601,11 +628,11 @@ def _walk(local: LocalStore, queues: list[_Queue], every: np.ndarray) -> tuple[i
         if not inside.all():  # the file ends before them: a tail, which the per-queue read decides
             np.minimum.at(cols.limit, w_owner[~inside], w_index[~inside])
         r_lo, r_hi = int(w_phys[0]) - base, int((w_phys + w_size).max()) - base
-        if int(w_size.sum()) * _DENSE >= r_hi - r_lo:
+        if not stretch and int(w_size.sum()) * _DENSE >= r_hi - r_lo:
             commitlog.populate(base, r_lo, r_hi)
         source = str(commitlog.path(base))
         try:
-            n, b, cpu = _window(cols, view, base, source, w_owner, w_index, before, threads)
+            n, b, cpu = _window(cols, view, base, source, w_owner, w_index, before, threads, stretch)
         finally:
             commitlog.release(base, r_lo, r_hi)  # the builders copied what they keep
         records += n
@@ -614,6 +641,13 @@ def _walk(local: LocalStore, queues: list[_Queue], every: np.ndarray) -> tuple[i
         helpers_cpu += cpu
     cols.settle()
     return records, nbytes, windows, helpers_cpu
+
+
+def _in_stretches(phys: np.ndarray, size: np.ndarray) -> bool:
+    """Whether a pass over these records takes MAX_WINDOW windows, copied in
+    stretches of WINDOW: a sparse pass, with the compiled copy."""
+    return bool(len(phys)) and copies_in_stretches() and int(size.sum()) * _DENSE < int((phys + size).max()
+                                                                                        - phys.min())
 
 
 _RAW = np.dtype(f"V{CQ_DTYPE.itemsize}")
@@ -628,13 +662,13 @@ def _joined(parts: list[np.ndarray]) -> np.ndarray:
 
 
 def _window(cols: _Columns, view: memoryview, base: int, source: str, owners: np.ndarray, indices: np.ndarray,
-            before: np.ndarray, threads: int) -> tuple[int, int, float]:
+            before: np.ndarray, threads: int, stretch: int = 0) -> tuple[int, int, float]:
     """Each queue's entries of one window checked as ``check_run`` checks
     them and copied into their builders' buffers, each segment's CRC-32
     continued over the records kept: every queue's run in one compiled call
     (a queue's entries in a window are consecutive), cut by bytes over
-    ``threads`` threads; their keys then found at once for the whole window.
-    ``before``: the bytes of ``cols.every``'s entries before each row (and
+    ``threads`` threads (in stretches of ``stretch`` bytes, each given back
+    behind it, when > 0). ``before``: the bytes of ``cols.every``'s entries before each row (and
     after the last). Returns (records, bytes, CPU seconds of the threads
     started)."""
     by_queue = np.argsort(owners, kind="stable")
@@ -643,7 +677,7 @@ def _window(cols: _Columns, view: memoryview, base: int, source: str, owners: np
     firsts, lasts = np.concatenate(([0], cuts)), np.concatenate((cuts, [len(owners)])) - 1
     qs, i0 = owners[firsts], indices[firsts]
     i1 = np.minimum(indices[lasts] + 1, cols.limit[qs])
-    go = ~cols.stopped[qs] & (i0 == cols.taken[qs]) & (i1 > i0)  # else stopped earlier: the per-queue read's
+    go = (i0 == cols.taken[qs]) & (i1 > i0)  # else stopped earlier: the per-queue read's
     qs, i0, counts = qs[go], i0[go], (i1 - i0)[go]
     if not len(qs):
         return 0, 0, 0.0
@@ -661,7 +695,7 @@ def _window(cols: _Columns, view: memoryview, base: int, source: str, owners: np
     buffers = cols.buffers
     # every queue's run in one call (a call a queue cost more than its records at 1,000 queues)
     _out, helpers_cpu = check_copy_runs(view, base, cols.every, table, cols.blob, [buffers[qi] for qi in qs.tolist()],
-                                        source=source, out=cols.out, threads=threads)
+                                        source=source, out=cols.out, threads=threads, release_bytes=stretch)
     k = table[:, 7]
     short = k < counts
     cols.limit[qs[short]] = i0[short] + k[short]  # the per-queue read decides the next
@@ -669,37 +703,10 @@ def _window(cols: _Columns, view: memoryview, base: int, source: str, owners: np
     qs, i0, k, rows, kept, crcs = qs[some], i0[some], k[some], rows[some], table[some, 10], table[some, 9]
     if not len(qs):
         return 0, 0, helpers_cpu
-    taken = _ragged(rows, k)  # the records taken, run after run: their rows of ``out``
-    pos = cols.out[0].take(taken)
-    ends = pos + cols.out[1].take(taken)
-    run_of = np.repeat(np.arange(len(qs)), k)
-    try:
-        keys = _window_keys(view, pos, ends, cols.out[5].take(taken), run_of, cols.keyed[qs])
-    except BadProperties:
-        # the copies made are not counted: the builders add these records again, one queue at a time
-        return (*_window_one_by_one(cols, view, source, cols.out[:, taken], qs, i0, k), helpers_cpu)
     cols.filled[qs] = at[some] + kept
     cols.crc[qs] = crcs
     cols.taken[qs] += k
-    if keys is not None:
-        got, hashes = keys
-        cols.keys.append((taken.take(got), hashes))
     return int(k.sum()), int(kept.sum()), helpers_cpu
-
-
-def _window_keys(view: memoryview, pos: np.ndarray, ends: np.ndarray, props: np.ndarray, run_of: np.ndarray,
-                 keyed: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """The keys of the window's records (run after run) of queues with a key
-    index, found in one go, as ``SegmentBuilder.add`` would find them batch
-    by batch: (the record's index, key hash). Raises BadProperties when a
-    record's properties are not UTF-8."""
-    rows = np.flatnonzero(keyed[run_of]) if not keyed.all() else None
-    if rows is None:
-        return record_key_hashes(view, props, ends)
-    if not len(rows):
-        return None
-    at, hashes = record_key_hashes(view, props.take(rows), ends.take(rows))
-    return rows.take(at), hashes
 
 
 def _room(cols: _Columns, qs: np.ndarray, need: np.ndarray) -> None:
@@ -710,34 +717,6 @@ def _room(cols: _Columns, qs: np.ndarray, need: np.ndarray) -> None:
     for qi, end in zip(qs[short].tolist(), need[short].tolist()):
         cols.buffers[qi] = cols.queues[qi].builder.buffer(end)
         cols.room[qi] = len(cols.buffers[qi])
-
-
-def _window_one_by_one(cols: _Columns, view: memoryview, source: str, out: np.ndarray, qs: np.ndarray,
-                       i0: np.ndarray, k: np.ndarray) -> tuple[int, int]:
-    """A window with a record whose properties are not UTF-8: each queue's
-    records added by its builder, which finds its own keys and stops its
-    queue at that record (the records before it kept)."""
-    cols.flush()  # the builders up to date before they add
-    bounds = np.concatenate(([0], np.cumsum(k))).tolist()
-    records = nbytes = 0
-    for r, (qi, first) in enumerate(zip(qs.tolist(), i0.tolist())):
-        q = cols.queues[qi]
-        lo, hi = bounds[r], bounds[r + 1]
-        batch = RecordBatch(q.job.start + first, view, source, *(out[f, lo:hi] for f in range(6)))
-        before, had = q.builder.count, q.builder.nbytes
-        try:
-            q.builder.add(batch)
-        except CorruptRecordError as exc:
-            q.stop = exc
-            cols.stopped[qi] = True
-        records += q.builder.count - before
-        nbytes += q.builder.nbytes - had
-        cols.taken[qi] = cols.given[qi] = q.builder.count  # the builder holds them already
-        cols.filled[qi] = q.builder.nbytes
-        cols.crc[qi] = q.builder.crc()  # continued over the bytes ``add`` copied
-        cols.buffers[qi] = q.builder.buffer(q.builder.nbytes)  # ``add`` may have grown it
-        cols.room[qi] = len(cols.buffers[qi])
-    return records, nbytes
 
 
 def _finish(local: LocalStore, q: _Queue) -> int:

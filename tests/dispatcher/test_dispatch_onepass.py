@@ -212,11 +212,19 @@ def test_one_pass_builds_the_per_queue_segments(tmp_path, clock, recorder, monke
         assert len(watched[False]["entered"]) >= 4 * (files - 1)
 
 
-def test_pass_and_per_queue_build_agree_on_every_start(tmp_path, clock):
+@pytest.mark.parametrize("stretches", [False, True], ids=["windows", "stretches"])
+def test_pass_and_per_queue_build_agree_on_every_start(tmp_path, clock, monkeypatch, stretches):
     """The pass's segment from any offset (mid-store, mid-file, at the
     corrupt record, at properties that are not UTF-8) equals
-    ``build_segment``'s, record and stop alike."""
+    ``build_segment``'s, record and stop alike; also with every pass taken
+    as sparse, in 16 KiB windows copied in 4 KiB stretches whose pages are
+    given back behind them."""
     from dispatcher.buildpool import BuildJob
+
+    if stretches:
+        monkeypatch.setattr(commitpass, "WINDOW", 4096)
+        monkeypatch.setattr(commitpass, "MAX_WINDOW", 16384)
+        monkeypatch.setattr(commitpass, "_in_stretches", lambda phys, size: True)
 
     sd = tmp_path / "store"
     _make_store(sd, clock)

@@ -11,7 +11,9 @@ would not.
 
 from __future__ import annotations
 
+import mmap
 import struct
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -75,16 +77,27 @@ def _fields(b: RecordBatch | None) -> tuple[object, ...] | None:
 
 
 # how check_copy_runs runs: compiled on one thread, compiled on 4 threads with runs
-# cut into pieces of about this many bytes (records are 100-1,000 bytes here), numpy
+# cut into pieces of about this many bytes (records are 100-1,000 bytes here), numpy;
+# and a fourth item, when given: the view a file mapping, copied in stretches of
+# that many bytes, each stretch's pages given back behind it
 COMPILED, NUMPY = ("compiled", 1, 0), ("numpy", 1, 0)
 
 
-def _pieces(piece: int) -> tuple[str, int, int]:
-    return ("compiled", 4, piece)
+def _pieces(piece: int, release: int = 0) -> tuple[str, int, int] | tuple[str, int, int, int]:
+    return ("compiled", 4, piece, release) if release else ("compiled", 4, piece)
+
+
+def _mapped(data: bytes) -> mmap.mmap:
+    """``data`` as the CommitLog pass sees a file: a read-only shared
+    mapping (pages given back are read again from the page cache)."""
+    with tempfile.TemporaryFile() as fh:
+        fh.write(data)
+        fh.flush()
+        return mmap.mmap(fh.fileno(), len(data), access=mmap.ACCESS_READ)
 
 
 def _copied(view: memoryview, entries: np.ndarray, runs: list[tuple[int, bytes, int, int]],
-            how: tuple[str, int, int], *, verify_crc: bool = True) -> list[tuple[object, ...] | None]:
+            how: tuple, *, verify_crc: bool = True) -> list[tuple[object, ...] | None]:
     """``check_copy_runs`` over runs given as (entry count, topic, queue id,
     first queue offset), one after the other in ``entries``, each into its
     own destination behind a few bytes already there: each run's answer as
@@ -105,12 +118,14 @@ def _copied(view: memoryview, entries: np.ndarray, runs: list[tuple[int, bytes, 
     table[:, 9] = [crc32(h) for h in heads]
     room = [int(entries["size"][at:at + n].astype(np.int64).clip(0).sum()) for at, n in table[:, :2].tolist()]
     dsts = [bytearray(h + b"\xee" * (n + 3)) for h, n in zip(heads, room)]
-    kind, threads, piece = how
+    kind, threads, piece, *stretch = how
+    mapped = _mapped(bytes(view)) if stretch else None
+    view = memoryview(mapped) if mapped is not None else view
     native = batch._native
     batch._native = native if kind == "compiled" else None
     try:
         out, _cpu = batch.check_copy_runs(view, 0, entries, table, blob, dsts, source="cl", verify_crc=verify_crc,
-                                          threads=threads, piece_bytes=piece)
+                                          threads=threads, piece_bytes=piece, release_bytes=stretch[0] if stretch else 0)
     finally:
         batch._native = native
     answers = []
@@ -122,6 +137,10 @@ def _copied(view: memoryview, entries: np.ndarray, runs: list[tuple[int, bytes, 
         assert kept == len(records) and bytes(dst[:at + kept]) == head + records
         assert crc == crc32(bytes(dst[:at + kept])), how
         answers.append(_fields(got))
+    if mapped is not None:
+        got = None  # its arrays hold the view
+        view.release()
+        mapped.close()
     return answers
 
 
@@ -196,16 +215,17 @@ _KEYS = [(t, q) for t in TOPICS for q in (0, 1)]
                           st.sampled_from([0, 0, 0, 1, -1])), max_size=8),
        st.lists(st.tuples(st.integers(0, 1 << 20), st.sampled_from([">B", ">I"]), st.integers(0, 0xFFFFFFFF)),
                 max_size=3),
-       st.booleans(), st.integers(1, 4000))
+       st.booleans(), st.integers(1, 4000), st.integers(1, 40000))
 def test_many_runs_in_one_call_answer_as_one_call_a_run(runs: dict, spec: list, changes: list,
-                                                        verify_crc: bool, piece: int) -> None:
+                                                        verify_crc: bool, piece: int, release: int) -> None:
     # a window of the CommitLog pass: runs of several queues (parts of them,
     # with wrong queue ids or first offsets at times) over one view, bytes
     # changed anywhere in it; one compiled call on one thread, one on four
     # threads with the runs cut into pieces (a bad record in any piece: the
     # run stops there, the pieces after it count for nothing), run by run
     # with numpy, and one check_run a run all give the same batches, the
-    # same bytes kept and their CRC (``_copied``)
+    # same bytes kept and their CRC (``_copied``); and so do both compiled
+    # ways over a file mapping copied in stretches, their pages given back
     data = bytearray(next(iter(runs.values()))[0])
     # the records fill the first ~64 KiB of the 1 MiB file: changes land among them
     written = max(int((e["phys"] + e["size"]).max()) for _, e in runs.values())
@@ -225,18 +245,23 @@ def test_many_runs_in_one_call_answer_as_one_call_a_run(runs: dict, spec: list, 
     native = _copied(view, entries, table, COMPILED, verify_crc=verify_crc)
     pieces = _copied(view, entries, table, _pieces(piece), verify_crc=verify_crc)
     numpy = _copied(view, entries, table, NUMPY, verify_crc=verify_crc)
+    stretched = _copied(view, entries, table, ("compiled", 1, 0, release), verify_crc=verify_crc)
+    stretched_pieces = _copied(view, entries, table, _pieces(piece, release), verify_crc=verify_crc)
     one_by_one = [batch.check_run(view, 0, part, topic=topic, queue_id=q, first_offset=first, source="cl",
                                   verify_crc=verify_crc) for part, (_n, topic, q, first) in zip(parts, table)]
-    assert native == pieces == numpy == [_fields(b) for b in one_by_one]
+    assert native == pieces == numpy == stretched == stretched_pieces == [_fields(b) for b in one_by_one]
 
 
-@pytest.mark.parametrize("how", [COMPILED, _pieces(1500), NUMPY], ids=["compiled", "pieces", "numpy"])
+@pytest.mark.parametrize("how", [COMPILED, _pieces(1500), NUMPY, ("compiled", 1, 0, 3000), _pieces(1500, 5000)],
+                         ids=["compiled", "pieces", "numpy", "stretches", "pieces-in-stretches"])
 @pytest.mark.parametrize("bad", [0, 7, 19, 39])
 def test_a_bad_record_in_any_piece_ends_its_run_there(runs: dict, how: tuple[str, int, int], bad: int) -> None:
     """A run of 40 records cut into pieces of about two records, its body CRC
     broken at record ``bad`` (the first piece, one in the middle, the last):
     the records before it are kept, exactly their bytes and CRC, whatever
-    the pieces after it copied; the other run of the window is whole."""
+    the pieces after it copied; the other run of the window is whole. In
+    stretches, the runs' records interleave across them: the one ended in
+    an early stretch takes nothing in the later ones."""
     data, t0 = runs[("T", 0)]
     t1 = runs[(TOPICS[1], 1)][1]
     spoiled = bytearray(data)
@@ -248,6 +273,75 @@ def test_a_bad_record_in_any_piece_ends_its_run_there(runs: dict, how: tuple[str
             for e, t, q in ((t0, b"T", 0), (t1, TOPICS[1].encode(), 1))]
     assert got == [_fields(b) for b in want]
     assert (want[0].count if want[0] is not None else 0) == bad and want[1].count == len(t1)
+
+
+def _resident(path: Path) -> int:
+    """Bytes of this process's mapping of ``path`` in memory (/proc/self/smaps ``Rss``)."""
+    inside = False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            if not line[0].isupper():  # a mapping's header line, its path last
+                inside = line.rstrip("\n").endswith(" " + str(path))
+            elif inside and line.startswith("Rss:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_window_copied_in_stretches_holds_one_stretch_mapped(tmp_path: Path, threads: int) -> None:
+    """A queue's records over 5 MiB of a mapped CommitLog, copied in stretches
+    of 256 KiB: the same records, bytes and CRC as in one go, and the pages
+    behind each stretch given back (what a wide window of the CommitLog pass
+    relies on to keep its resident set at a stretch, not the window)."""
+    with StoreWriter(tmp_path, commitlog_file_size=8 << 20, cq_entries_per_file=1000) as w:
+        for i in range(320):
+            w.put("T", i % 2, bytes([i % 251]) * 16_000, keys=[f"k{i}"], store_timestamp=1_700_000_000_000 + i)
+    path = tmp_path / "commitlog" / f"{0:020d}"
+    raw = (tmp_path / "consumequeue" / "T" / "0" / f"{0:020d}").read_bytes()
+    entries = np.frombuffer(raw, CQ_DTYPE)
+    entries = entries[entries["size"] != 0].copy()
+    tails, blob = batch.run_tails([b"T"])
+    answers = []
+    for release in (0, 256 << 10):
+        table = np.zeros((1, batch.COPY_FIELDS), np.int64)
+        table[0, 1:4] = len(entries), 0, 0
+        table[0, 4:7] = tails[0]
+        dst = bytearray(int(entries["size"].astype(np.int64).sum()))
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            mm.madvise(mmap.MADV_DONTNEED)  # nothing of it mapped before
+            view = memoryview(mm)
+            out, _cpu = batch.check_copy_runs(view, 0, entries, table, blob, [dst], source="cl", threads=threads,
+                                              piece_bytes=64 << 10 if threads > 1 else 0, release_bytes=release)
+            resident = _resident(path)
+            view.release()
+        answers.append((table[0, [7, 9, 10]].tolist(), out[:, :len(entries)].tolist(), bytes(dst)))
+        if release:
+            assert resident < 1 << 20, resident  # a stretch and the pages around its end
+        else:
+            assert resident > 2 << 20, resident  # every page read
+    assert answers[0] == answers[1] and answers[0][0][0] == len(entries) == 160
+    assert answers[0][0][1] == crc32(answers[0][2])
+
+
+def test_stretches_are_refused_over_anything_but_a_read_only_mapped_file(runs: dict) -> None:
+    """Pages given back behind a copy are read again from the file; given
+    back from this process's memory or a private copy, they would be lost
+    (zeroed, or the file's bytes again): refused before anything is copied."""
+    data, entries = runs[("T", 0)]
+    tails, blob = batch.run_tails([b"T"])
+    table = np.zeros((1, batch.COPY_FIELDS), np.int64)
+    table[0, 1] = len(entries)
+    table[0, 4:7] = tails[0]
+    dst = bytearray(int(entries["size"].astype(np.int64).sum()))
+    private = mmap.mmap(-1, len(data), access=mmap.ACCESS_COPY)
+    writable = mmap.mmap(-1, len(data))
+    for view in (memoryview(data), memoryview(bytearray(data)), memoryview(private), memoryview(writable)):
+        with pytest.raises(ValueError, match="read-only mapped file"):
+            batch.check_copy_runs(view, 0, entries, table, blob, [dst], source="cl", release_bytes=4096)
+        view.release()
+    private.close()
+    writable.close()
+    assert not any(dst)
 
 
 @pytest.mark.parametrize("compiled", [True, False])

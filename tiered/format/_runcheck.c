@@ -26,7 +26,9 @@
 #include <stdint.h>
 #include <string.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef uint32_t (*crc32_fn)(uint32_t crc, const uint8_t *buf, uint32_t len);
 
@@ -237,7 +239,10 @@ typedef struct {
     run_t run;
     uint8_t *dst;             /* where its first record goes */
     int64_t planned;          /* leading entries inside the view: no record past them can be kept */
-    uint32_t crc;             /* of the destination's bytes before ``dst`` */
+    uint32_t crc;             /* of the destination's bytes before its next record */
+    int64_t done, done_bytes; /* entries kept so far (the stretches before), and their bytes */
+    int64_t limit;            /* entries up to this one are taken in the current stretch */
+    int ended;                /* a record it could not keep ended it */
     int64_t first_piece, pieces;
     int64_t stopped;          /* the first of its pieces that stopped short (atomic), or INT64_MAX */
 } copy_run_t;
@@ -315,10 +320,11 @@ static void *copy_worker(void *arg) {
     return NULL;
 }
 
-/* Each run's answer from its pieces, in order, up to the first that stopped short. */
-static void combine_pieces(const copy_job_t *job, int64_t *table, Py_ssize_t nruns) {
+/* Each run's stretch from its pieces, in order, up to the first that
+ * stopped short (which ends the run), added to what the run kept before. */
+static void combine_pieces(const copy_job_t *job, Py_ssize_t nruns) {
     for (Py_ssize_t r = 0; r < nruns; r++) {
-        const copy_run_t *cr = &job->runs[r];
+        copy_run_t *cr = &job->runs[r];
         int64_t kept = 0, bytes = 0;
         uint32_t crc = cr->crc;
         for (int64_t n = cr->first_piece; n < cr->first_piece + cr->pieces; n++) {
@@ -326,25 +332,28 @@ static void combine_pieces(const copy_job_t *job, int64_t *table, Py_ssize_t nru
             crc = p->index == 0 ? p->crc : crc32_combine_impl(crc, p->crc, p->bytes);
             kept += p->kept;
             bytes += p->bytes;
-            if (p->kept < p->hi - p->lo) break;
+            if (p->kept < p->hi - p->lo) {
+                cr->ended = 1;
+                break;
+            }
         }
-        int64_t *row = table + r * COPY_FIELDS;
-        row[7] = kept;
-        row[9] = (int64_t)crc;
-        row[10] = bytes;
+        cr->crc = crc;
+        cr->done += kept;
+        cr->done_bytes += bytes;
     }
 }
 
-/* The runs cut into pieces of about ``target`` bytes; returns the count. */
+/* The runs' entries of the current stretch (``done`` to ``limit``) cut into
+ * pieces of about ``target`` bytes; returns the count. */
 static int64_t cut_pieces(copy_run_t *runs, Py_ssize_t nruns, int64_t target, piece_t *pieces) {
     int64_t n = 0;
     for (Py_ssize_t r = 0; r < nruns; r++) {
         copy_run_t *cr = &runs[r];
         cr->first_piece = n;
-        int64_t lo = 0, at = 0, acc = 0;
-        for (int64_t i = 0; i < cr->planned; i++) {
+        int64_t lo = cr->done, at = cr->done_bytes, acc = 0;
+        for (int64_t i = cr->done; i < cr->limit; i++) {
             acc += (int32_t)load32(cr->run.entries + i * CQ_ENTRY + 8);
-            if (acc >= target || i + 1 == cr->planned) {
+            if (acc >= target || i + 1 == cr->limit) {
                 pieces[n] = (piece_t){.run = r, .lo = lo, .hi = i + 1, .at = at, .index = n - cr->first_piece};
                 n++;
                 lo = i + 1;
@@ -434,6 +443,80 @@ static int piece_plan(int64_t total, int threads, int64_t piece, int64_t *target
     return threads;
 }
 
+/* The leading entries of the run's remaining ones whose records end by
+ * ``end`` (bytes of the view; INT64_MAX: all of them planned). */
+static int64_t stretch_limit(const copy_run_t *cr, int64_t end) {
+    int64_t i = cr->done;
+    if (end == INT64_MAX) return cr->planned;
+    for (; i < cr->planned; i++) {
+        const uint8_t *entry = cr->run.entries + i * CQ_ENTRY;
+        if ((int64_t)load64(entry) - cr->run.base + (int32_t)load32(entry + 8) > end) break;
+    }
+    return i;
+}
+
+/* One stretch: each run's entries up to its limit, cut over the threads. */
+static int64_t copy_stretch(copy_job_t *job, Py_ssize_t nruns, int threads, int64_t piece) {
+    int64_t total = 0, target, helpers_ns = 0;
+    for (Py_ssize_t r = 0; r < nruns; r++) {
+        const copy_run_t *cr = &job->runs[r];
+        for (int64_t i = cr->done; i < cr->limit; i++)
+            total += (int32_t)load32(cr->run.entries + i * CQ_ENTRY + 8);
+    }
+    threads = piece_plan(total, threads, piece, &target);
+    job->count = cut_pieces(job->runs, nruns, target, job->pieces);
+    job->next = 0;
+    if (threads > job->count) threads = job->count > 0 ? (int)job->count : 1;
+    if (threads > 1)
+        helpers_ns = run_pieces(job, threads);
+    else
+        copy_worker(job);
+    combine_pieces(job, nruns);
+    return helpers_ns;
+}
+
+/* The window in stretches of ``release`` bytes of the view, in order, each
+ * stretch's pages given back behind it (MADV_DONTNEED: the view must be a
+ * read-only shared mapping of a file, whose pages stay in the page cache);
+ * ``release`` <= 0: the window in one stretch, nothing given back. A run's
+ * records are in the stretch where they end; what it kept carries over. */
+static int64_t copy_stretches(copy_job_t *job, Py_ssize_t nruns, const Py_buffer *view, int threads, int64_t piece,
+                              int64_t release) {
+    int64_t helpers_ns = 0, start = INT64_MAX;
+    for (Py_ssize_t r = 0; r < nruns; r++) {
+        copy_run_t *cr = &job->runs[r];
+        cr->done = cr->done_bytes = 0;
+        cr->ended = 0;
+        if (cr->planned) {
+            const int64_t pos = (int64_t)load64(cr->run.entries) - cr->run.base;
+            if (pos < start) start = pos;
+        }
+    }
+    if (release <= 0 || start == INT64_MAX) {
+        for (Py_ssize_t r = 0; r < nruns; r++) job->runs[r].limit = job->runs[r].planned;
+        return copy_stretch(job, nruns, threads, piece);
+    }
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), at = (uintptr_t)view->buf;
+    for (int64_t lo = start, left = 1; left; lo += release) {
+        const int64_t hi = lo > view->len - release ? view->len : lo + release;
+        left = 0;
+        for (Py_ssize_t r = 0; r < nruns; r++) {
+            copy_run_t *cr = &job->runs[r];
+            cr->limit = cr->ended ? cr->done : stretch_limit(cr, hi);
+        }
+        helpers_ns += copy_stretch(job, nruns, threads, piece);
+        for (Py_ssize_t r = 0; r < nruns; r++) left |= !job->runs[r].ended && job->runs[r].done < job->runs[r].planned;
+        /* whole pages inside the view, from the one the last stretch kept to
+         * the one holding ``hi`` (kept: the next stretch reads it) */
+        uintptr_t from = (at + (uintptr_t)lo) & ~(page - 1);
+        const uintptr_t to = (at + (uintptr_t)hi) & ~(page - 1);
+        if (from < at) from = (at + page - 1) & ~(page - 1);
+        if (to > from) madvise((void *)from, to - from, MADV_DONTNEED);  /* advisory: a failure changes nothing read */
+        if (hi == view->len) break;
+    }
+    return helpers_ns;
+}
+
 /* check_copy_runs(view, base, entries, runs, tails, verify_crc, out, dsts, threads, piece) -> int
  * Many queues' runs of one window in one call (at 1,000 queues a call per
  * queue cost more than its records). ``entries``: the runs' ConsumeQueue
@@ -457,10 +540,10 @@ static int piece_plan(int64_t total, int threads, int64_t piece, int64_t *target
  * the CPU nanoseconds of the threads it started. */
 static PyObject *py_check_copy_runs(PyObject *self, PyObject *args) {
     PyObject *view_obj, *entries_obj, *runs_obj, *tails_obj, *out_obj, *dsts_obj;
-    long long base, piece;
+    long long base, piece, release = 0;
     int verify_crc, threads;
-    if (!PyArg_ParseTuple(args, "OLOOOpOO!iL", &view_obj, &base, &entries_obj, &runs_obj, &tails_obj, &verify_crc,
-                          &out_obj, &PyList_Type, &dsts_obj, &threads, &piece))
+    if (!PyArg_ParseTuple(args, "OLOOOpOO!iL|L", &view_obj, &base, &entries_obj, &runs_obj, &tails_obj, &verify_crc,
+                          &out_obj, &PyList_Type, &dsts_obj, &threads, &piece, &release))
         return NULL;
     if (crc32_impl == NULL || crc32_combine_impl == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "set_crc32 and set_crc32_combine were not called");
@@ -512,10 +595,8 @@ static PyObject *py_check_copy_runs(PyObject *self, PyObject *args) {
         runs[r].dst = (uint8_t *)dsts[r].buf + row[8];
         total += need;
     }
-    int64_t target;
-    threads = piece_plan(total, threads, piece, &target);
-    int64_t most = total / target + 1;  /* a cut inside a run comes after at least ``target`` bytes */
-    for (Py_ssize_t r = 0; r < nruns; r++) most += runs[r].planned ? 1 : 0;
+    /* a cut inside a run comes after at least a piece's bytes, in any stretch */
+    int64_t most = total / (piece > 0 ? piece : MIN_PIECE) + 1 + nruns;
     pieces = PyMem_Calloc((size_t)most, sizeof(piece_t));
     if (pieces == NULL) {
         PyErr_NoMemory();
@@ -523,14 +604,14 @@ static PyObject *py_check_copy_runs(PyObject *self, PyObject *args) {
     }
     copy_job_t job = {.runs = runs, .pieces = pieces, .count = 0, .next = 0};
     Py_BEGIN_ALLOW_THREADS
-    job.count = cut_pieces(runs, nruns, target, pieces);
-    if (threads > job.count) threads = job.count > 0 ? (int)job.count : 1;
-    if (threads > 1)
-        helpers_ns = run_pieces(&job, threads);
-    else
-        copy_worker(&job);
-    combine_pieces(&job, table, nruns);
+    helpers_ns = copy_stretches(&job, nruns, &views[0], threads, piece, release);
     Py_END_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < nruns; r++) {
+        int64_t *row = table + r * COPY_FIELDS;
+        row[7] = runs[r].done;
+        row[9] = (int64_t)runs[r].crc;
+        row[10] = runs[r].done_bytes;
+    }
 done:
     for (Py_ssize_t r = 0; r < dsts_held; r++) PyBuffer_Release(&dsts[r]);
     PyMem_Free(dsts);

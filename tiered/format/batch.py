@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -259,6 +260,13 @@ def run_tails(topics: list[bytes]) -> tuple[np.ndarray, bytes]:
     return rows, bytes(blob)
 
 
+def copies_in_stretches() -> bool:
+    """Whether ``check_copy_runs`` gives a mapped view's pages back behind its
+    copy (``release_bytes``): the compiled call does; the numpy path copies
+    the window whole."""
+    return getattr(_native, "check_copy_runs", None) is not None
+
+
 def check_copy_runs(
     view: memoryview,
     base: int,
@@ -272,6 +280,7 @@ def check_copy_runs(
     out: np.ndarray | None = None,
     threads: int = 1,
     piece_bytes: int = 0,
+    release_bytes: int = 0,
 ) -> tuple[np.ndarray, float]:
     """Many runs of ``check_run`` over one ``view`` at once, each run's
     records kept copied into ``dsts[r]`` from byte ``table[r, 8]`` one
@@ -298,8 +307,14 @@ def check_copy_runs(
     threads without the GIL (a run cut into pieces, their CRCs combined;
     ``piece_bytes``: their size, 0 for a share of the window fit for
     ``threads``, which then start only for a window of a few MiB).
-    Else each run checked by ``check_run_numpy``, then its records copied
-    and their CRC computed over the copy: the same answers."""
+    ``release_bytes`` > 0: ``view`` is a read-only shared mapping of a
+    file (never anonymous memory, whose pages would be lost), copied in
+    stretches of that many of its bytes, in order, each stretch's whole
+    pages given back behind it (``MADV_DONTNEED``): a wide window holds a
+    stretch at a time in the resident set, not the window.
+    Without the compiled module each run is checked by ``check_run_numpy``,
+    then its records copied and their CRC computed over the copy: the same
+    answers (nothing given back)."""
     if out is None:
         out = np.empty((6, len(entries)), np.int64)
     elif out.shape != (6, len(entries)) or out.dtype != np.int64 or not out.flags.c_contiguous:
@@ -308,13 +323,17 @@ def check_copy_runs(
         raise ValueError(f"the table must be a contiguous n x {COPY_FIELDS} int64 array")
     if len(dsts) != len(table):
         raise ValueError("entries, runs, out or dsts of the wrong size")
+    if release_bytes > 0 and not (isinstance(view.obj, mmap.mmap) and view.readonly):
+        # giving back the pages of anything else (memory of this process, a
+        # private copy) would lose bytes, not only unmap them
+        raise ValueError("release_bytes needs a view of a read-only mapped file")
     table[:, 7] = 0
     table[:, 10] = 0
     native = getattr(_native, "check_copy_runs", None)
     if native is not None:
         # CQ_DTYPE as the loop reads it (big-endian), as for check_runs
         helpers_ns = native(view, base, np.ascontiguousarray(entries, CQ_DTYPE), table, blob, verify_crc, out, dsts,
-                            threads, piece_bytes)
+                            threads, piece_bytes, release_bytes)
         return out, helpers_ns / 1e9
     planned = _planned(view, base, entries, table, blob, dsts)
     for r, (row, _count, queue_id, first, magic, at, length) in enumerate(table[:, :7].tolist()):
