@@ -517,7 +517,7 @@ static int64_t copy_stretches(copy_job_t *job, Py_ssize_t nruns, const Py_buffer
     return helpers_ns;
 }
 
-/* check_copy_runs(view, base, entries, runs, tails, verify_crc, out, dsts, threads, piece) -> int
+/* check_copy_runs(view, base, entries, runs, tails, verify_crc, out, dsts, threads, piece[, release]) -> int
  * Many queues' runs of one window in one call (at 1,000 queues a call per
  * queue cost more than its records). ``entries``: the runs' ConsumeQueue
  * entries; ``runs``: an int64 buffer of COPY_FIELDS items a run: first
@@ -536,8 +536,10 @@ static int64_t copy_stretches(copy_job_t *job, Py_ssize_t nruns, const Py_buffer
  * run that names a record inside the view. ``threads``: at most this many
  * (the calling one included), fewer for a small window; ``piece``: the
  * bytes a piece, 0 for a share of the window fit for ``threads`` (given,
- * the threads are not cut for a small window: the tests' cuts). Returns
- * the CPU nanoseconds of the threads it started. */
+ * the threads are not cut for a small window: the tests' cuts);
+ * ``release``: see copy_stretches (the caller vouches that the view is a
+ * read-only mapped file). Returns the CPU nanoseconds of the threads it
+ * started. */
 static PyObject *py_check_copy_runs(PyObject *self, PyObject *args) {
     PyObject *view_obj, *entries_obj, *runs_obj, *tails_obj, *out_obj, *dsts_obj;
     long long base, piece, release = 0;
