@@ -444,10 +444,9 @@ static int piece_plan(int64_t total, int threads, int64_t piece, int64_t *target
 }
 
 /* The leading entries of the run's remaining ones whose records end by
- * ``end`` (bytes of the view; INT64_MAX: all of them planned). */
+ * ``end`` (bytes of the view). */
 static int64_t stretch_limit(const copy_run_t *cr, int64_t end) {
     int64_t i = cr->done;
-    if (end == INT64_MAX) return cr->planned;
     for (; i < cr->planned; i++) {
         const uint8_t *entry = cr->run.entries + i * CQ_ENTRY;
         if ((int64_t)load64(entry) - cr->run.base + (int32_t)load32(entry + 8) > end) break;
