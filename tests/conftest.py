@@ -247,3 +247,30 @@ def _restore_logging() -> Iterator[None]:
     root.handlers[:] = handlers
     root.setLevel(level)
     werkzeug.setLevel(wlevel)
+
+
+@pytest.fixture(scope="session")
+def rmq5_unpacked(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The RocketMQ 5.3.3 fixture unpacked once a session (read it, never
+    write it: take ``rmq5_store`` for a copy of your own)."""
+    import rmq5
+
+    if not rmq5.TARBALL.is_file():
+        pytest.skip(rmq5.SKIP_REASON)
+    return rmq5.unpack(tmp_path_factory.mktemp("rmq5"))
+
+
+@pytest.fixture
+def rmq5_store(rmq5_unpacked: Path, tmp_path: Path) -> Path:
+    """A writable copy of the store RocketMQ 5.3.3 wrote (``store/``)."""
+    import rmq5
+
+    return rmq5.copy_store(rmq5_unpacked, tmp_path)
+
+
+@pytest.fixture(scope="session")
+def rmq5_expected(rmq5_unpacked: Path) -> list[dict]:
+    """RocketMQ's own read-back of every ConsumeQueue entry of the fixture."""
+    import rmq5
+
+    return rmq5.read_expected(rmq5_unpacked)
