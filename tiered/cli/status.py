@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Annotated
 
 import typer
@@ -52,7 +51,7 @@ def status(
     if as_json:
         json_lines(row.to_dict() for row in rows)
         json_lines(n.to_dict() for n in notes)
-        json_lines({"kind": "finding", **asdict(f)} for f in findings)
+        json_lines(f.to_dict() for f in findings)
     else:
         table(COLUMNS, ((r.topic, r.queue_id, _r(r.local_min_offset, r.local_max_offset),
                          _r(r.archived_first_offset, r.archived_next_offset), r.lag_messages,

@@ -52,6 +52,10 @@ class Finding:
     def line(self) -> str:
         return f"UNKNOWN {self.kind} {self.path}: {self.detail}"
 
+    def to_dict(self) -> dict[str, str]:
+        """A row of ``status --json`` (whose ``kind`` says what the row is)."""
+        return {"kind": "finding", "unknown": self.kind, "path": self.path, "detail": self.detail}
+
 
 @dataclass(frozen=True, kw_only=True)
 class StoreSurvey:
