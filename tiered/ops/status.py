@@ -113,9 +113,12 @@ class TopicNote:
         return f"{'ARCHIVED' if self.archived else 'EXCLUDED'} {self.topic}: {self.reason}"
 
 
-class _Verdict(Protocol):
-    archived: bool
-    reason: str | None
+class _Verdict(Protocol):  # dispatcher.filters.TopicVerdict
+    @property
+    def archived(self) -> bool: ...
+
+    @property
+    def reason(self) -> str | None: ...
 
 
 def topic_notes(topics: Iterable[str], verdict: Callable[[str], _Verdict]) -> list[TopicNote]:
