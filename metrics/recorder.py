@@ -349,14 +349,12 @@ class PrometheusRecorder:
         )
         for job in JOBS:
             self._skipped_busy.labels(job)
-        self._unknown_layout = Gauge(
-            "tiered_store_unknown_layout",
-            "Entries of the broker store tiered does not understand, by kind (directory | file | magic | "
-            "queue_type), from the last survey; `tiered status` names each.",
-            ["kind"], registry=r,
-        )
+        # what the last survey of the broker store did not understand: 0 per kind until one says otherwise
+        layout_help = ("Entries of the broker store tiered does not understand, by kind (directory | file | "
+                       "magic | queue_type), from the last survey; `tiered status` names each.")
+        self._unknown_layout = Gauge("tiered_store_unknown_layout", layout_help, ["kind"], registry=r)
         for kind in LAYOUT_KINDS:
-            self._unknown_layout.labels(kind)
+            self._unknown_layout.labels(kind).set(0)
 
     def _declare_jobs(self, r: CollectorRegistry, started: float) -> None:
         """Per task (dispatch, clean): rounds, their duration and last success."""
