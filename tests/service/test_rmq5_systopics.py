@@ -9,6 +9,7 @@ import json
 import struct
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from prometheus_client import generate_latest
 from typer.testing import CliRunner
 
@@ -109,6 +110,19 @@ def test_cat_shows_timer_and_transaction_properties(rmq5_store: Path, rmq5_expec
                 assert rec["properties"] == special[(qid, rec["queue_offset"])], (qid, rec["queue_offset"])
                 seen += 1
     assert seen >= 20  # the few past the stale confirm offset wait for another change (issue 30, item 1)
+
+    # the columns Spark reads (the same decoder writes export's Parquet): the same maps, real_topic too
+    code, out = invoke(env, "export", "--to", f"file://{tmp_path / 'export'}", "--topic", "Shipment",
+                       "--parallelism", "1", "--cold", cold)
+    assert code == 0, out
+    table = pq.read_table(tmp_path / "export" / "topic=Shipment", columns=["queue_id", "queue_offset", "properties",
+                                                                           "real_topic", "sys_flag"])
+    rows = {(r["queue_id"], r["queue_offset"]): r for r in table.to_pylist()}
+    assert len([k for k in special if k in rows]) == seen
+    for key in special.keys() & rows.keys():
+        assert dict(rows[key]["properties"]) == special[key], key
+        assert rows[key]["real_topic"] == "Shipment"
+    assert rows[(0, 384)]["sys_flag"] == 8 and dict(rows[(0, 388)]["properties"])["TIMER_DELIVER_MS"] == "1796170344937"
 
 
 def set_queue_type(store: Path, topic: str, queue_type: str) -> None:
