@@ -105,7 +105,7 @@ class FencedError(TieredError):
     """Another sidecar holds the write lease for this broker prefix."""
 
 
-class NoArchiveError(TieredError):
+class NothingUnderUrlError(TieredError):
     """Nothing at all under a cold-tier URL a reading command was given: a
     mistyped bucket or prefix, which must not pass for an empty archive.
     ``url`` is the URL as shown (without credentials)."""

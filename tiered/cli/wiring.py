@@ -69,18 +69,19 @@ def shown_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "", parts.fragment))
 
 
-def archive_store(settings: Settings, recorder: Recorder | None = None) -> ObjectStore:
+def archive_store(settings: Settings) -> ObjectStore:
     """The cold tier's store for a command that reads an archive (status, ls,
-    verify, cat, find, sql, export): NoArchiveError (exit 1) when nothing at
-    all is under the URL, so a mistyped bucket or prefix does not read as an
+    verify, cat, find, sql, export): NothingUnderUrlError (exit 1) when nothing
+    at all is under the URL, so a mistyped bucket or prefix does not read as an
     empty, healthy archive. Every archive key starts ``<cluster>/``: one
-    delimiter listing of the root decides. A URL holding archives of other
-    clusters or brokers passes; the commands name what is there."""
-    from tiered.errors import NoArchiveError
+    delimiter listing of the root decides. A URL holding only other clusters'
+    or brokers' archives passes: a wrong --cluster/--broker is the command's
+    to report (verify lists the prefixes there)."""
+    from tiered.errors import NothingUnderUrlError
 
-    store = object_store(settings, recorder)
+    store = object_store(settings)
     if not store.list_dirs():
-        raise NoArchiveError(shown_url(settings.cold_url))
+        raise NothingUnderUrlError(shown_url(settings.cold_url))
     return store
 
 
