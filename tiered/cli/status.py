@@ -11,7 +11,7 @@ from tiered.cli.common import (BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreO
                                topic_matcher)
 from tiered.cli.consumers import show_positions
 from tiered.cli.output import json_lines, out, table
-from tiered.cli.wiring import cold_tier, object_store, topic_filter
+from tiered.cli.wiring import archive_store, cold_tier, topic_filter
 from tiered.store.localstore import LocalStore
 from tiered.ops.status import queue_status, topic_notes
 from tiered.store.survey import survey_store
@@ -39,7 +39,7 @@ def status(
     settings = settings_from(config, store=store, cold_url=cold, cluster=cluster, broker=broker)
     local = LocalStore(settings.store) if settings.store else None
     only = topic_matcher(topic)
-    archive = cold_tier(settings, object_store(settings), writer=False)
+    archive = cold_tier(settings, archive_store(settings), writer=False)
     survey = survey_store(local.root) if local is not None else None
     topics = topic_filter(settings)
     unreadable = survey.unreadable_topics if survey is not None else frozenset()
