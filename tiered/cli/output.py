@@ -3,12 +3,13 @@
 Every command prints through these functions so that all of them behave
 alike:
 
-- **Tables** (:func:`table`) follow the terminal's width, and 80 columns
-  when stdout is not a terminal; a cell never loses characters. A table
-  that does not fit prints one record per line instead
-  (``topic=Orders  queue=0  ...``, values with spaces quoted), so nothing is
-  cut or wrapped mid-word. With ``--json`` the same rows are printed as JSON
-  lines (one object per row).
+- **Tables** (:func:`table`): one renderer for every command, as ``kubectl``
+  and ``docker ps`` print: upper-case headers, columns two spaces apart,
+  cells never cut. On a terminal the table fits its width (free text wraps
+  within its column; a name too long for its column gets a line of its
+  own); off a terminal the same table, each row on one line. Wide-only
+  columns (``--wide``) and human units (:func:`human_bytes`,
+  :func:`human_duration`) for people; ``--json`` keeps exact values.
 - **JSON** (:func:`print_json` for one report, :func:`json_lines` for a
   stream of rows or records): compact, one JSON value per line, UTF-8,
   bytes as base64, times as given (the callers pass ISO 8601 UTC strings or
@@ -41,12 +42,13 @@ import shutil
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, ProgressColumn, Task,
                            TaskProgressColumn, TextColumn, TimeRemainingColumn, TransferSpeedColumn)
-from rich.table import Table
+from rich.cells import cell_len
 from rich.text import Text
 
 NOT_A_TTY_WIDTH = 80
@@ -114,36 +116,199 @@ def json_lines(rows: Iterable[Mapping[str, Any]]) -> None:
         out(dumps(row))
 
 
-def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, as_json: bool = False,
-          right: Iterable[str] = ()) -> None:
-    """Rows as a table fitted to the terminal, or as JSON lines keyed by column
-    name (``as_json``). Cells are printed whole: long ones wrap."""
+@dataclass(frozen=True, kw_only=True)
+class Col:
+    """A table column. ``wrap``: free text (a problem, a value) that wraps
+    between words, and folds a word longer than the column, when the table
+    must shrink; the other columns wrap only between words, and the first
+    one (what names the row: a topic, a key) never. ``wide``: only in the
+    wide table (``--wide``)."""
+
+    name: str
+    right: bool = False
+    wrap: bool = False
+    wide: bool = False
+
+
+def table_width(stream: TextIO | None = None) -> int | None:
+    """The width a table must fit: the terminal's; None (no limit) off a
+    terminal, so that piped rows stay one line each, whole and greppable."""
+    stream = stream or sys.stdout
+    try:
+        if stream.isatty():
+            return shutil.get_terminal_size((NOT_A_TTY_WIDTH, 24)).columns
+    except (AttributeError, ValueError):
+        pass
+    return None
+
+
+def table(columns: Sequence[str | Col], rows: Iterable[Sequence[Any]], *, as_json: bool = False,
+          right: Iterable[str] = (), wide: bool = False, header: bool = True) -> None:
+    """Rows as a table that fits the terminal (:func:`render_table`), or as
+    JSON lines keyed by column name (``as_json``, every column)."""
+    cols = [c if isinstance(c, Col) else Col(name=c) for c in columns]
     if as_json:
-        json_lines({c.replace(" ", "_"): v for c, v in zip(columns, row, strict=True)} for row in rows)
+        json_lines({c.name.replace(" ", "_"): v for c, v in zip(cols, row, strict=True)} for row in rows)
         return
     aligned = set(right)
-    cells = [["-" if v is None else str(v) for v in row] for row in rows]
-    natural = sum(max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)) + 2 * (len(columns) - 1)
-    if natural > width():
-        # wrapping would cut times and names mid-word: one record per line instead
-        for row in cells:
-            out("  ".join(f"{c.replace(' ', '_')}={_quoted(v)}" for c, v in zip(columns, row, strict=True)))
-        return
-    # the first column names the row (a topic, a key): it keeps its whole
-    # width up to half the screen, and the other columns wrap first
-    first = max([len(columns[0])] + [len(r[0]) for r in cells]) if columns else 0
-    t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
-    for i, c in enumerate(columns):
-        t.add_column(c, overflow="fold", justify="right" if c in aligned else "left",
-                     min_width=min(first, width() // 2) if i == 0 else None)
+    cols = [replace(c, right=True) if c.name in aligned else c for c in cols]
+    for line in render_table(cols, rows, width=table_width(), wide=wide, header=header):
+        out(line)
+
+
+_GAP = 2  # spaces between columns
+
+
+def render_table(columns: Sequence[Col], rows: Iterable[Sequence[Any]], *, width: int | None,
+                 wide: bool = False, header: bool = True) -> list[str]:
+    """The lines of a table: upper-case headers, columns two spaces apart,
+    every cell whole. ``width`` None: each row on one line at its natural
+    width. Otherwise the table shrinks to ``width`` (:func:`_widths`): free
+    text wraps first, then a name longer than its column moves onto a line
+    of its own (the row's other cells on the next), then the other columns
+    wrap between words."""
+    keep = [i for i, c in enumerate(columns) if wide or not c.wide]
+    cols = [columns[i] for i in keep]
+    cells = [[_cell_text(row[i]) for i in keep] for row in rows]
+    heads = [c.name.upper() if header else "" for c in cols]
+    widths = _widths(cols, heads, cells, width)
+    lines = _render_row(cols, heads, widths) if header else []
     for row in cells:
-        t.add_row(*row)
-    _console(sys.stdout).print(t)
+        lines += _render_row(cols, row, widths)
+    return lines
 
 
-def _quoted(value: str) -> str:
-    return json.dumps(value, ensure_ascii=False) if (not value or any(ch.isspace() or ch in "\"=" for ch in value)) \
-        else value
+def _cell_text(value: Any) -> str:
+    return "-" if value is None or value == "" else " ".join(str(value).split("\n"))
+
+
+def _words(text: str) -> list[str]:
+    return text.split() or [""]
+
+
+def _widths(cols: Sequence[Col], heads: Sequence[str], cells: Sequence[Sequence[str]],
+            width: int | None) -> list[int]:
+    """Column widths: the natural ones when they fit ``width`` (or it is
+    None); else the columns give way in this order, each step only as far as
+    needed: the name column to its longest name up to 2/5 of the width
+    (longer names hang), free text down to 12, the name column down to 16,
+    the other columns to their longest word (rightmost first), free text to
+    its header's longest word, the name column to its header."""
+    natural = [max([cell_len(h)] + [cell_len(r[i]) for r in cells]) for i, h in enumerate(heads)]
+    if width is None or not cols:
+        return natural
+    widths = list(natural)
+    room = width - _GAP * (len(cols) - 1)
+
+    def shrink(i: int, floor: int) -> None:
+        excess = sum(widths) - room
+        if excess > 0 and widths[i] > floor:
+            widths[i] = max(floor, widths[i] - excess)
+
+    def longest_word(i: int, texts: Iterable[str]) -> int:
+        return max([1] + [cell_len(w) for text in texts for w in _words(text)])
+
+    head = cell_len(heads[0])
+    cap = max(16, width * 2 // 5)
+    shrink(0, max([head] + [n for r in cells if (n := cell_len(r[0])) <= cap]))
+    free = [i for i in reversed(range(1, len(cols))) if cols[i].wrap]
+    others = [i for i in reversed(range(1, len(cols))) if not cols[i].wrap]
+    for i in free:
+        shrink(i, min(natural[i], max(12, longest_word(i, [heads[i]]))))
+    shrink(0, max(head, min(natural[0], 16)))
+    for i in others:
+        shrink(i, longest_word(i, [heads[i], *(r[i] for r in cells)]))
+    for i in free:
+        shrink(i, longest_word(i, [heads[i]]))
+    shrink(0, head)
+    return widths
+
+
+def _wrap(text: str, width: int, *, fold: bool) -> list[str]:
+    """``text`` in lines of at most ``width`` cells, broken between words;
+    a longer word is cut into pieces only when ``fold``."""
+    lines: list[str] = []
+    line = ""
+    for word in _words(text):
+        while fold and cell_len(word) > width:
+            if line:
+                lines.append(line)
+                line = ""
+            cut = width
+            while cell_len(word[:cut]) > width:
+                cut -= 1
+            lines.append(word[:max(1, cut)])
+            word = word[max(1, cut):]
+        if line and cell_len(line) + 1 + cell_len(word) <= width:
+            line += " " + word
+        else:
+            if line:
+                lines.append(line)
+            line = word
+    lines.append(line)
+    return lines
+
+
+def _render_row(cols: Sequence[Col], cells: Sequence[str], widths: Sequence[int]) -> list[str]:
+    name = cells[0] if cells else ""
+    hang = cell_len(name) > widths[0]  # a name is never cut: alone on its line, the rest below
+    parts = [[""] if hang and i == 0 else _wrap(text, widths[i], fold=i > 0)
+             for i, text in enumerate(cells)]
+    lines = [name] if hang else []
+    for k in range(max(map(len, parts))):
+        row = []
+        for i, c in enumerate(cols):
+            text = parts[i][k] if k < len(parts[i]) else ""
+            pad = " " * max(0, widths[i] - cell_len(text))
+            row.append(pad + text if c.right else text + pad)
+        lines.append((" " * _GAP).join(row).rstrip())
+    return lines
+
+
+_BYTE_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def human_bytes(n: int | None) -> str:
+    """``512 B``, ``1.2 MiB``: binary units, one decimal; ``-`` for unknown."""
+    if n is None:
+        return "-"
+    if abs(n) < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in _BYTE_UNITS:
+        value /= 1024
+        if abs(round(value, 1)) < 1024 or unit == _BYTE_UNITS[-1]:
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def human_duration(ms: int | None) -> str:
+    """A duration the way people read it: ``850ms``, ``42s``, ``3m12s``,
+    ``5h02m``, ``3d04h``, ``412d``; truncated, never rounded up (a lag of
+    59.9 s is ``59s``); negative (a clock ahead of ours) with a minus sign;
+    ``-`` for unknown."""
+    if ms is None:
+        return "-"
+    if ms < 0:
+        return "-" + human_duration(-ms)
+    if ms < 1000:
+        return f"{ms}ms"
+    s = ms // 1000
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h" if d < 100 else f"{d}d"
+
+
+def age(now_ms: int, then_ms: int | None) -> str:
+    """How long ago ``then_ms`` was, in :func:`human_duration` units."""
+    return "-" if then_ms is None else human_duration(now_ms - then_ms)
 
 
 def error(message: str) -> None:

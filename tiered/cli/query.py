@@ -15,7 +15,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import date, datetime
 from typing import Annotated, Any, Optional
@@ -25,7 +25,7 @@ import typer
 from tiered.cli.app import app, fail
 from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, settings_from
 from tiered.cli.failures import fail_with
-from tiered.cli.lookup import find_msg_id, follow, window
+from tiered.cli.lookup import find_msg_id, follow, follow_topic, topic_records, window
 from tiered.cli.output import dumps, note, out, print_json, progress, progress_enabled, table
 from tiered.config import parse_duration
 from tiered.cli.wiring import object_store, s3_options
@@ -126,8 +126,8 @@ def _time_flag(name: str, value: str | None) -> int | None:
 @app.command()
 def cat(
     topic: Annotated[str, typer.Option("--topic", help="Topic.")],
-    queue: Annotated[Optional[int], typer.Option("--queue", help="Queue id (required without --group).")] = None,
-    offset: Annotated[Optional[int], typer.Option("--offset", min=0, help="First queue offset (default: the first archived).")] = None,
+    queue: Annotated[Optional[int], typer.Option("--queue", help="Only this queue id (default: every archived queue of the topic, merged by store time).")] = None,
+    offset: Annotated[Optional[int], typer.Option("--offset", min=0, help="With --queue: first queue offset (default: the first archived).")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", "--count", min=0, help="At most this many records (default: to the end).")] = None,
     since: Annotated[Optional[str], typer.Option("--since", help="From the first record stored at or after this time (ISO 8601 or epoch ms).")] = None,
     until: Annotated[Optional[str], typer.Option("--until", help="Up to the last record stored before this time.")] = None,
@@ -142,7 +142,8 @@ def cat(
     group: Annotated[Optional[str], typer.Option("--group", help="From this consumer group's committed offsets (needs the store): archive first, then local.")] = None,
     store: StoreOpt = None,
 ) -> None:
-    """Print archived records of one queue: from an offset, a store time (--since/--until), the --last N; --follow.
+    """Print archived records of a topic (every queue, merged by store time) or of one --queue: from a store
+    time (--since/--until), the --last N, an --offset (with --queue); --follow.
     With --group: that group's records of the topic from its committed offsets, archive first, then local."""
     if group is not None:
         from tiered.cli.consumers import cat_group_command
@@ -153,8 +154,8 @@ def cat(
                               _record_json(rec, body, raw_body) if as_json
                               else _record_line(ref, rec, body, show_broker=False, raw=raw_body)))
         return
-    if queue is None:
-        fail("--queue is required (or --group)", 2)
+    if offset is not None and queue is None:
+        fail("--offset needs --queue (offsets are per queue)", 2)
     if sum(x is not None for x in (offset, since, last)) > 1:
         fail("give at most one of --offset, --since, --last", 2)
     if follow_ and (until is not None or limit is not None):
@@ -166,22 +167,65 @@ def cat(
         fail(f"--interval: {exc}", 2)
     settings = _settings(config, cold, cluster, broker)
     reader = _reader(settings, skip_corrupt=skip_corrupt)
+
+    def show(ref: QueueRef, rec: Record) -> None:
+        out(_record_json(rec, body, raw_body) if as_json
+            else _record_line(ref, rec, body, show_broker=len(reader.archive.brokers) > 1, raw=raw_body))
+
     try:
-        ref = reader.queue(topic, queue)
-        if ref is None:
-            fail(f"{topic}/{queue}: not in the archive at {settings.cold_url}", 1)
-        win = window(reader, ref, offset=offset, since_ms=since_ms, until_ms=until_ms, last=last, limit=limit)
-        m = reader.archive.manifest(ref)
-        if m is not None and offset is not None and offset < m.first_offset and not as_json:
-            note(f"offsets below {m.first_offset} are no longer archived; starting there")
-        records = (follow(reader, ref, win.start, sleep=lambda: time.sleep(poll_s)) if follow_ else
-                   reader.iter_queue(ref, win.start, None if win.end is None else win.end - win.start))
-        for rec in records:
-            out(_record_json(rec, body, raw_body) if as_json
-                else _record_line(ref, rec, body, show_broker=False, raw=raw_body))
+        if queue is None:
+            _cat_topic(reader, topic, settings.cold_url, since_ms=since_ms, until_ms=until_ms, last=last,
+                       limit=limit, follow_s=poll_s if follow_ else None, show=show)
+        else:
+            _cat_queue(reader, topic, queue, settings.cold_url, offset=offset, since_ms=since_ms,
+                       until_ms=until_ms, last=last, limit=limit, follow_s=poll_s if follow_ else None,
+                       show=show, quiet=as_json)
     except TieredError as exc:
         fail_with(exc, 1)
     _report_skipped(reader)
+
+
+def _cat_queue(reader: ColdReader, topic: str, queue: int, url: str, *, offset: int | None, since_ms: int | None,
+               until_ms: int | None, last: int | None, limit: int | None, follow_s: float | None,
+               show: Callable[[QueueRef, Record], None], quiet: bool) -> None:
+    ref = reader.queue(topic, queue)
+    if ref is None:
+        fail(f"{topic}/{queue}: not in the archive at {url}", 1)
+    win = window(reader, ref, offset=offset, since_ms=since_ms, until_ms=until_ms, last=last, limit=limit)
+    m = reader.archive.manifest(ref)
+    if m is not None and offset is not None and offset < m.first_offset and not quiet:
+        note(f"offsets below {m.first_offset} are no longer archived; starting there")
+    records = (follow(reader, ref, win.start, sleep=lambda: time.sleep(follow_s)) if follow_s is not None else
+               reader.iter_queue(ref, win.start, None if win.end is None else win.end - win.start))
+    for rec in records:
+        show(ref, rec)
+
+
+def _cat_topic(reader: ColdReader, topic: str, url: str, *, since_ms: int | None, until_ms: int | None,
+               last: int | None, limit: int | None, follow_s: float | None,
+               show: Callable[[QueueRef, Record], None]) -> None:
+    """Every archived queue of ``topic``, merged by store time (then queue, offset)."""
+
+    def refs() -> list[QueueRef]:
+        return reader.archive.queues(lambda t: t == topic)
+
+    found = refs()
+    if not found and follow_s is None:
+        fail(f"{topic}: no archived queue at {url}", 1)
+    if follow_s is None:
+        for ref, rec in topic_records(reader, found, since_ms=since_ms, until_ms=until_ms, last=last, limit=limit):
+            show(ref, rec)
+        return
+    starts = {ref: window(reader, ref, offset=None, since_ms=since_ms, until_ms=None, last=None, limit=None).start
+              for ref in found}
+    if last is not None:  # from the topic's last N: where each queue's share of them starts, else its end
+        tail = list(topic_records(reader, found, since_ms=None, until_ms=None, last=last, limit=None))
+        for ref in found:
+            m = reader.archive.manifest(ref)
+            starts[ref] = min((rec.queue_offset for r, rec in tail if r == ref),
+                              default=m.next_offset if m is not None else 0)
+    for ref, rec in follow_topic(reader, refs, starts, sleep=lambda: time.sleep(follow_s)):
+        show(ref, rec)
 
 
 @app.command()
