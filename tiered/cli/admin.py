@@ -61,7 +61,7 @@ def ls(
             print_json(row)
         return
     many = len({(r["cluster"], r["broker"]) for r in rows}) > 1
-    cols = [*([Col(name="broker")] if many else []), Col(name="topic"), Col(name="queue", right=True),
+    cols = [*([Col(name="broker")] if many else []), Col(name="topic", keep=True), Col(name="queue", right=True),
             Col(name="offsets"), Col(name="first stored", wide=True), Col(name="last stored"),
             Col(name="segments", right=True, wide=True), Col(name="bytes", right=True),
             Col(name="gaps", right=True, wide=True)]
@@ -86,7 +86,7 @@ def config_show(
         for r in rows:
             print_json({"key": r.key, "value": r.value, "source": r.source})
         return
-    table((Col(name="key"), Col(name="value", wrap=True), Col(name="source", wrap=True)),
+    table((Col(name="key"), Col(name="value", wrap=True), Col(name="source")),
           ((r.key, "null" if r.value is None else r.value, r.source) for r in rows))
 
 

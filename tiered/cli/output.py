@@ -120,13 +120,15 @@ def json_lines(rows: Iterable[Mapping[str, Any]]) -> None:
 class Col:
     """A table column. ``wrap``: free text (a problem, a value) that wraps
     between words, and folds a word longer than the column, when the table
-    must shrink; the other columns wrap only between words, and the first
-    one (what names the row: a topic, a key) never. ``wide``: only in the
-    wide table (``--wide``)."""
+    must shrink. ``keep``: a name (a topic, a group), never wrapped nor cut:
+    a cell longer than the column gets a line of its own; the first column
+    is always kept so. The others wrap only between words. ``wide``: only
+    in the wide table (``--wide``)."""
 
     name: str
     right: bool = False
     wrap: bool = False
+    keep: bool = False
     wide: bool = False
 
 
@@ -171,11 +173,15 @@ def render_table(columns: Sequence[Col], rows: Iterable[Sequence[Any]], *, width
     cols = [columns[i] for i in keep]
     cells = [[_cell_text(row[i]) for i in keep] for row in rows]
     heads = [c.name.upper() if header else "" for c in cols]
-    widths = _widths(cols, heads, cells, width)
-    lines = _render_row(cols, heads, widths) if header else []
-    for row in cells:
-        lines += _render_row(cols, row, widths)
-    return lines
+
+    def lay_out(widths: list[int]) -> list[str]:
+        lines = _render_row(cols, heads, widths) if header else []
+        for row in cells:
+            lines += _render_row(cols, row, widths)
+        return lines
+
+    # hanging the longer names or wrapping the other columns: whichever takes fewer lines
+    return min((lay_out(_widths(cols, heads, cells, width, names_first=first)) for first in (True, False)), key=len)
 
 
 def _cell_text(value: Any) -> str:
@@ -187,40 +193,55 @@ def _words(text: str) -> list[str]:
 
 
 def _widths(cols: Sequence[Col], heads: Sequence[str], cells: Sequence[Sequence[str]],
-            width: int | None) -> list[int]:
+            width: int | None, *, names_first: bool = True) -> list[int]:
     """Column widths: the natural ones when they fit ``width`` (or it is
-    None); else the columns give way in this order, each step only as far as
-    needed: the name column to its longest name up to 2/5 of the width
-    (longer names hang), free text down to 12, the name column down to 16,
-    the other columns to their longest word (rightmost first), free text to
-    its header's longest word, the name column to its header."""
+    None); else the columns give way in this order, each only while the
+    table is too wide: the name columns to their longest name up to 2/5 of
+    the width (longer ones hang), free text down to 12, the name columns
+    down to 16 and the other columns to their longest word (rightmost
+    first; right-aligned cells, numbers, stay whole), in this order or the
+    other (``names_first``), free text to its header's longest word, the
+    name columns to their headers. What is left over then goes back to the
+    names, then to free text."""
     natural = [max([cell_len(h)] + [cell_len(r[i]) for r in cells]) for i, h in enumerate(heads)]
     if width is None or not cols:
         return natural
     widths = list(natural)
     room = width - _GAP * (len(cols) - 1)
+    names = [i for i in reversed(range(len(cols))) if i == 0 or cols[i].keep]
+    free = [i for i in reversed(range(len(cols))) if cols[i].wrap and i not in names]
+    others = [i for i in reversed(range(len(cols))) if i not in names and i not in free]
 
     def shrink(i: int, floor: int) -> None:
         excess = sum(widths) - room
         if excess > 0 and widths[i] > floor:
             widths[i] = max(floor, widths[i] - excess)
 
-    def longest_word(i: int, texts: Iterable[str]) -> int:
-        return max([1] + [cell_len(w) for text in texts for w in _words(text)])
+    def longest(texts: Iterable[str], *, words: bool = True, at_most: int | None = None) -> int:
+        sizes = [cell_len(w) for t in texts for w in (_words(t) if words else [t])]
+        return max([1] + [n for n in sizes if at_most is None or n <= at_most])
 
-    head = cell_len(heads[0])
     cap = max(16, width * 2 // 5)
-    shrink(0, max([head] + [n for r in cells if (n := cell_len(r[0])) <= cap]))
-    free = [i for i in reversed(range(1, len(cols))) if cols[i].wrap]
-    others = [i for i in reversed(range(1, len(cols))) if not cols[i].wrap]
+    for i in names:  # a partly narrowed name column fits no more names: straight to the floor
+        if sum(widths) > room:
+            widths[i] = min(widths[i], max(cell_len(heads[i]), longest((r[i] for r in cells), words=False,
+                                                                        at_most=cap)))
     for i in free:
-        shrink(i, min(natural[i], max(12, longest_word(i, [heads[i]]))))
-    shrink(0, max(head, min(natural[0], 16)))
-    for i in others:
-        shrink(i, longest_word(i, [heads[i], *(r[i] for r in cells)]))
+        shrink(i, min(natural[i], max(12, longest([heads[i]]))))
+    steps = [(i, max(cell_len(heads[i]), min(natural[i], 16))) for i in names]
+    steps += [(i, max([longest([heads[i]])] + [cell_len(r[i]) for r in cells]) if cols[i].right
+               else longest([heads[i], *(r[i] for r in cells)])) for i in others]
+    for i, floor in steps if names_first else steps[len(names):] + steps[:len(names)]:
+        shrink(i, floor)
     for i in free:
-        shrink(i, longest_word(i, [heads[i]]))
-    shrink(0, head)
+        shrink(i, longest([heads[i]]))
+    for i in names:
+        shrink(i, cell_len(heads[i]))
+    for i in reversed(names):
+        spare = room - sum(widths)
+        widths[i] = max(widths[i], longest((r[i] for r in cells), words=False, at_most=widths[i] + spare))
+    for i in reversed(free):
+        widths[i] = min(natural[i], widths[i] + max(0, room - sum(widths)))
     return widths
 
 
@@ -250,11 +271,19 @@ def _wrap(text: str, width: int, *, fold: bool) -> list[str]:
 
 
 def _render_row(cols: Sequence[Col], cells: Sequence[str], widths: Sequence[int]) -> list[str]:
-    name = cells[0] if cells else ""
-    hang = cell_len(name) > widths[0]  # a name is never cut: alone on its line, the rest below
-    parts = [[""] if hang and i == 0 else _wrap(text, widths[i], fold=i > 0)
-             for i, text in enumerate(cells)]
-    lines = [name] if hang else []
+    """One row's lines: a name longer than its column first, alone on a
+    line (at its column, or at the left edge when it does not fit there),
+    then the other cells, wrapped within their columns."""
+    total = sum(widths) + _GAP * (len(widths) - 1)
+    lines = []
+    parts = []
+    for i, (c, text) in enumerate(zip(cols, cells, strict=True)):
+        if (i == 0 or c.keep) and cell_len(text) > widths[i]:
+            at = sum(widths[:i]) + _GAP * i
+            lines.append((" " * at if at + cell_len(text) <= total else "") + text)
+            parts.append([""])
+        else:
+            parts.append(_wrap(text, widths[i], fold=not (i == 0 or c.keep)))
     for k in range(max(map(len, parts))):
         row = []
         for i, c in enumerate(cols):

@@ -23,10 +23,10 @@ from typing import Annotated, Any, Optional
 import typer
 
 from tiered.cli.app import app, fail
-from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, settings_from
+from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, WideOpt, settings_from
 from tiered.cli.failures import fail_with
 from tiered.cli.lookup import find_msg_id, follow, follow_topic, topic_records, window
-from tiered.cli.output import dumps, note, out, print_json, progress, progress_enabled, table
+from tiered.cli.output import Col, dumps, human_bytes, note, out, print_json, progress, progress_enabled, table
 from tiered.config import parse_duration
 from tiered.cli.wiring import object_store, s3_options
 from tiered.format.codec import Record
@@ -239,8 +239,10 @@ def find(
     raw_body: RawOpt = False,
     skip_corrupt: SkipOpt = False,
     config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
+    wide: WideOpt = False,
 ) -> None:
-    """Find archived records by key, by message id, or the first record at or after a time (exit 1 when none)."""
+    """Find archived records by key, by message id, or the first record at or after a time (exit 1 when none):
+    a table (--wide adds the UNIQ_KEY and message ids), or with --body or --json one record per line."""
     if sum(x is not None for x in (key, msg_id, time_)) != 1:
         fail("give exactly one of --key, --msg-id or --time", 2)
     if time_ is not None and topic is None:
@@ -254,13 +256,18 @@ def find(
         if time_ is None:
             hits = (reader.find_key(key, topics=only) if key is not None else
                     find_msg_id(reader, msg_id or "", topics=only))
+        else:
+            hits = _find_time(reader, topic or "", _time_flag("--time", time_) or 0, quiet=as_json)
+        if as_json or body:  # records as they are found; a body is data, not a table cell
             for ref, rec in hits:
                 found += 1
                 out(_record_json(rec, body, raw_body) if as_json
                     else _record_line(ref, rec, body, show_broker=many, raw=raw_body))
         else:
-            found = _find_time(reader, topic or "", _time_flag("--time", time_) or 0, as_json=as_json, body=body, raw_body=raw_body,
-                               many=many)
+            rows = list(hits)
+            found = len(rows)
+            if rows:
+                _hits_table(rows, many=many, wide=wide)
     except TieredError as exc:
         fail_with(exc, 1)
     _report_skipped(reader)
@@ -268,23 +275,28 @@ def find(
         raise typer.Exit(1)
 
 
-def _find_time(reader: ColdReader, topic: str, ts: int, *, as_json: bool, body: bool, raw_body: bool,
-               many: bool) -> int:
-    found = 0
+def _hits_table(rows: list[tuple[QueueRef, Record]], *, many: bool, wide: bool) -> None:
+    cols = [*([Col(name="broker")] if many else []), Col(name="topic", keep=True), Col(name="queue", right=True),
+            Col(name="offset", right=True), Col(name="stored"), Col(name="tags", wrap=True),
+            Col(name="keys", wrap=True), Col(name="body", right=True), Col(name="uniq key", wide=True),
+            Col(name="msg id", wide=True)]
+    table(cols, ([*([f"{ref.cluster}/{ref.broker}"] if many else []), ref.topic, ref.queue_id, rec.queue_offset,
+                  format_time_ms(rec.store_timestamp), rec.tags, " ".join(rec.keys), human_bytes(rec.body_length),
+                  rec.unique_key, rec.msg_id] for ref, rec in rows), wide=wide)
+
+
+def _find_time(reader: ColdReader, topic: str, ts: int, *, quiet: bool) -> Iterator[tuple[QueueRef, Record]]:
+    """Per queue of ``topic``, the first record stored at or after ``ts``."""
     for ref in reader.archive.queues(lambda t: t == topic):
         off = reader.offset_for_time(ref, ts)
         if off is None:
             continue
         res = reader.read(ref, off, max_count=1)
         if res.status is not ReadStatus.FOUND or not res.records:
-            if not as_json:
+            if not quiet:
                 note(f"{ref}: nothing stored at or after {format_time_ms(ts)} (archive ends at offset {res.next_offset})")
             continue
-        found += 1
-        rec = res.records[0]
-        out(_record_json(rec, body, raw_body) if as_json
-            else _record_line(ref, rec, body, show_broker=many, raw=raw_body))
-    return found
+        yield ref, res.records[0]
 
 
 # --- Spark ------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import fields
 from typing import Annotated, Any
 
@@ -11,7 +12,7 @@ from tiered.cli.app import app
 from tiered.cli.common import (BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, OutputOpt, StoreOpt, TopicsOpt,
                                output_mode, settings_from, topic_matcher)
 from tiered.cli.consumers import show_positions
-from tiered.cli.output import Col, age, human_bytes, json_lines, table
+from tiered.cli.output import Col, age, human_bytes, json_lines, out, table
 from tiered.cli.wiring import cold_tier, object_store, topic_filter
 from tiered.clock import Clock, SystemClock
 from tiered.store.localstore import LocalStore
@@ -84,8 +85,12 @@ def status(
         raise typer.Exit(1)
 
 
-def show(rows: list[QueueStatus], *, as_json: bool, wide: bool, clock: Clock) -> None:
+def show(rows: list[QueueStatus], *, as_json: bool, wide: bool, clock: Clock, findings: Sequence[str] = ()) -> None:
+    """The rows as a table (or JSON lines); ``findings``, what concerns no
+    single row (a store layout not understood...), one line each after it."""
     if as_json:
         json_lines(row.to_dict() for row in rows)
     else:
         table(COLUMNS, status_rows(rows, clock.now_ms()), wide=wide)
+        for line in findings:
+            out(line)
