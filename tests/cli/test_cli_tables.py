@@ -150,3 +150,30 @@ def test_status_shows_compression_of_compressed_objects_only(tmp_path: Path) -> 
     assert q0.segments > 1
     cell = status_rows(rows, clock.now_ms())[0][8]
     assert cell == f"zstd {q0.compressed_ratio:.2f}x"
+
+
+def test_a_second_name_column_hangs_too_and_numbers_stay_whole() -> None:
+    cols = [Col(name="group"), Col(name="topic", keep=True), Col(name="queue", right=True),
+            Col(name="bytes", right=True), Col(name="state", wrap=True)]
+    rows = [("settlement-reconciliation-consumer-group", "%RETRY%settlement-reconciliation-consumer-group", 0,
+             "15.3 KiB", "local"), ("g1", "Orders", 1, "1.0 MiB", "archive_only (3 behind local)")]
+    assert render_table(cols, rows, width=60) == [
+        "GROUP  TOPIC   QUEUE     BYTES  STATE",
+        "settlement-reconciliation-consumer-group",
+        "       %RETRY%settlement-reconciliation-consumer-group",
+        "                   0  15.3 KiB  local",
+        "g1     Orders      1   1.0 MiB  archive_only (3 behind",
+        "                                local)"]
+
+
+def test_wrapping_headers_wins_over_hanging_every_name() -> None:
+    # the demo's progress table at 80 columns: wrapping a header takes one line, hanging the names three
+    cols = [Col(name="topic"), *(Col(name=n, right=True) for n in ("queues", "local messages", "archived up to",
+                                                                    "lag", "segments", "bytes"))]
+    rows = [(t, 1, 25, 25, 0, 2, "7.8 KiB") for t in ("%DLQ%demo-consumers", "%RETRY%demo-consumers",
+                                                      "SCHEDULE_TOPIC_XXXX")]
+    lines = render_table(cols, rows, width=80)
+    assert lines[:3] == ["TOPIC                  QUEUES  LOCAL MESSAGES   ARCHIVED  LAG  SEGMENTS    BYTES",
+                         "                                                   UP TO",
+                         "%DLQ%demo-consumers         1              25         25    0         2  7.8 KiB"]
+    assert len(lines) == 5

@@ -470,7 +470,9 @@ def sql(
                 else:
                     rows = (result.limit(limit) if limit else result).collect()
             if not as_json:
-                table(result.columns, ([_cell(v) for v in row] for row in rows))
+                # any column may hold long text (a body, properties): it wraps; topics stay whole
+                table([Col(name=c, keep=c.lower() == "topic", wrap=c.lower() != "topic") for c in result.columns],
+                      ([_cell(v) for v in row] for row in rows))
         except typer.Exit:
             raise
         except Exception as exc:  # noqa: BLE001 - the CLI's edge: one line, not a JVM stack
