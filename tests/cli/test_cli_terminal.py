@@ -49,15 +49,17 @@ class Terminal:
         return subprocess.run(["tmux", "-S", str(self.socket), "-f", "/dev/null", *args], check=True,
                               capture_output=True, text=True).stdout
 
-    def run(self, width: int, args: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> \
-            tuple[int, list[str]]:
-        """(exit code, screen lines with wrapped lines joined) of ``tiered ARGS`` at ``width`` columns."""
+    def run(self, width: int, args: list[str], env: dict[str, str] | None = None, timeout: float = 120,
+            stderr: Path | None = None) -> tuple[int, list[str]]:
+        """(exit code, screen lines with wrapped lines joined) of ``tiered ARGS`` at ``width`` columns;
+        ``stderr``: a file for the log lines, off the screen."""
         self.n += 1
         name = f"t{self.n}"
         environ = {"PYTHONPATH": str(ROOT), "TIERED_LOG__LEVEL": "WARNING", **(env or {})}
         # COLUMNS from the test runner's environment would override the terminal's width
         command = (f"env -u COLUMNS -u LINES {' '.join(f'{k}={shlex.quote(v)}' for k, v in environ.items())} "
-                   f"{shlex.quote(sys.executable)} -m tiered.cli {shlex.join(args)}; echo __END__ $?; sleep 600")
+                   f"{shlex.quote(sys.executable)} -m tiered.cli {shlex.join(args)}"
+                   f"{'' if stderr is None else ' 2>' + shlex.quote(str(stderr))}; echo __END__ $?; sleep 600")
         self.tmux("new-session", "-d", "-x", str(width), "-y", "50", "-s", name, command)
         try:
             deadline = time.monotonic() + timeout
@@ -160,5 +162,34 @@ def test_demo_and_status_on_its_archive_at_80_columns(terminal: Terminal, tmp_pa
                                     "--broker", "demo-broker"],
                                {"TIERED_TOPICS__INCLUDE": json.dumps(["*", SYSTEM])})
     _check(80, code, lines, topics)
+    if os.environ.get("SHOW_SCREENS"):
+        print("\n".join(lines))
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_a_long_problem_wraps_in_its_column(terminal: Terminal, tmp_path: Path, width: int) -> None:
+    root, url = tmp_path / "store", f"file://{tmp_path / 'cold'}"
+    topic = "billing.invoices.v2.eu-central-1.settlement-events"
+    clock = ManualClock(int(time.time() * 1000) - 60_000)
+    with new_writer(root) as w:
+        for i in range(20):
+            w.put(topic if i % 2 else "Orders", 0, b"x" * 100, store_timestamp=clock.now_ms())
+    store = open_store(url)
+    with LocalStore(root) as local:
+        archive_all(new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0,
+                                   lease=False), local, [("Orders", 0), (topic, 0)])
+    store.put(f"{CLUSTER}/{BROKER}/{topic}/0/manifest.json", b"\x00not a manifest")
+    log = tmp_path / "stderr"  # the log line of the bad manifest: not the table's business
+    code, lines = terminal.run(width, ["status", "--store", str(root), "--cold", url, "--cluster", CLUSTER,
+                                       "--broker", BROKER, "--json"], stderr=log)
+    [problem] = [json.loads(ln)["problem"] for ln in lines if json.loads(ln)["topic"] == topic]
+    assert code == 1 and problem.startswith("manifest unreadable: ") and "manifest.json" in problem
+    code, lines = terminal.run(width, ["status", "--store", str(root), "--cold", url, "--cluster", CLUSTER,
+                                       "--broker", BROKER], stderr=log)
+    _check(width, code, lines, {topic, "Orders"}, want_code=1)
+    at = lines[0].index("PROBLEM")
+    # the problem in its column, every word of it (a word longer than the column folded), in order
+    shown = "".join(ln[at:] for ln in lines[1:] if ln.strip() != topic and ln[at:].strip() not in ("", "-"))
+    assert shown.replace(" ", "") == problem.replace(" ", "")
     if os.environ.get("SHOW_SCREENS"):
         print("\n".join(lines))

@@ -50,8 +50,9 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None,
     row; one archived before it was excluded keeps its archived columns,
     with no lag and no problem.
 
-    Reads the manifests through ``cold`` (fetched if not cached) and the
-    local ConsumeQueues; never the CommitLog or archived data.
+    Reads the manifests through ``cold`` (fetched if not cached), the
+    local ConsumeQueues and, of a queue with a lag, its first waiting record
+    (its store time is the lag's age); never archived data.
     """
     if not cold.manifests():
         cold.rebuild(use_catalog=False)
