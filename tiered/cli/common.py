@@ -25,6 +25,16 @@ ColdOpt = Annotated[Optional[str], typer.Option("--cold", help="Cold-tier URL: f
 ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", help="Cluster name (first key level).")]
 BrokerOpt = Annotated[Optional[str], typer.Option("--broker", help="Broker name (second key level).")]
 
+WideOpt = Annotated[bool, typer.Option("--wide", help="More columns.")]
+OutputOpt = Annotated[Optional[str], typer.Option("--output", "-o", help="wide (as --wide) or json (as --json).")]
+
+
+def output_mode(output: str | None, *, as_json: bool, wide: bool) -> tuple[bool, bool]:
+    """(as_json, wide) from ``-o``/``--output`` and the flags; exit 2 on an unknown format."""
+    if output is not None and output not in ("wide", "json", "table"):
+        fail(f"--output {output}: one of table, wide, json", 2)
+    return as_json or output == "json", wide or output == "wide"
+
 
 def settings_from(config: Path | None, **flags: Any) -> Settings:
     """Settings with flags > TIERED_* env > file > defaults; exit 2 with one line on error.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 
 from tiered.cli.app import err_console, fail
-from tiered.cli.output import json_lines, out, table
+from tiered.cli.output import Col, json_lines, out, table
 from tiered.format.codec import Record
 from tiered.config import Settings
 from tiered.store.consumeroffsets import ConsumerPosition, PositionState, archived_ranges, store_positions
@@ -29,7 +29,8 @@ def show_positions(local: LocalStore, manifests: Mapping[tuple[str, int], Manife
         return True
     if rows:
         out("consumer positions:")
-        table(("group", "topic", "queue", "committed", "local", "archived", "state"),
+        table((Col(name="group"), Col(name="topic", keep=True), "queue", "committed", "local", "archived",
+               Col(name="state", wrap=True)),
               ((p.group, p.topic, p.queue_id, p.committed_offset, _r(p.local_min_offset, p.local_max_offset),
                 _r(p.archived_first_offset, p.archived_next_offset), _state(p)) for p in rows),
               right=("queue", "committed"))
