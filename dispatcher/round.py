@@ -481,6 +481,7 @@ class Dispatcher:
             log.error("cannot list the local store's queues; lag not refreshed: %s", exc)
             return None
         now_ms = self.clock.now_ms()
+        self.recorder.confirm_offset(self.local.confirmed_offset())
         total = 0
         for key in keys:
             try:

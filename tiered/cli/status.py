@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from tiered.cli.app import app
-from tiered.cli.common import (BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, TopicsOpt, settings_from,
-                               topic_matcher)
+from tiered.cli.common import (BrokerModeOpt, BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, TopicsOpt,
+                               settings_from, topic_matcher)
 from tiered.cli.consumers import show_positions
 from tiered.cli.output import json_lines, out, table
 from tiered.cli.wiring import cold_tier, object_store, topic_filter
@@ -30,14 +30,17 @@ def status(
     config: ConfigOpt = None, store: StoreOpt = None, cold: ColdOpt = None,
     cluster: ClusterOpt = None, broker: BrokerOpt = None, topic: TopicsOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per queue.")] = False,
+    broker_mode: BrokerModeOpt = None,
 ) -> None:
     """Print per topic/queue: local and archived offset ranges, lag, archived times, segments, bytes.
 
     Below the table: why each broker topic (and each topic the config leaves
-    out) is archived or not, and what in the store tiered does not understand.
+    out) is archived or not, what in the store tiered does not understand, and
+    (controller mode) the confirm offset queues wait at.
     Exit 1 when a queue has a problem or the store holds something unknown."""
-    settings = settings_from(config, store=store, cold_url=cold, cluster=cluster, broker=broker)
-    local = LocalStore(settings.store) if settings.store else None
+    settings = settings_from(config, store=store, cold_url=cold, cluster=cluster, broker=broker,
+                             broker_mode=broker_mode)
+    local = LocalStore(settings.store, broker_mode=settings.broker_mode) if settings.store else None
     only = topic_matcher(topic)
     archive = cold_tier(settings, object_store(settings), writer=False)
     survey = survey_store(local.root) if local is not None else None
@@ -64,6 +67,12 @@ def status(
                 out(f"PROBLEM {r.topic}/{r.queue_id}: {r.problem}")
         for line in [n.line() for n in notes] + [f.line() for f in findings]:
             out(line)
+        if local is not None and (mode := local.broker_mode()).bound_applies:
+            out(f"broker mode {mode.describe()}: the cluster has confirmed CommitLog offset {mode.confirm_offset}")
+        for r in rows:
+            if r.waiting_confirm_offset is not None:
+                out(f"WAITING {r.topic}/{r.queue_id}: waiting for the cluster to confirm past CommitLog offset "
+                    f"{r.waiting_confirm_offset}")
     consumers_ok = local is None or show_positions(local, archive.manifests(), as_json=as_json, only=only)
     if any(r.problem for r in rows) or findings or not consumers_ok:
         raise typer.Exit(1)

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from tiered.archive.coldtier import ColdTier
 from tiered.errors import CorruptRecordError, StoreBehindError, TieredError
+from tiered.store.brokermode import BrokerMode
 from tiered.store.localstore import LocalStore
 
 
@@ -28,6 +29,8 @@ class QueueStatus:
     problem: str | None = None  # why the queue is not archiving (its manifest cannot be read...)
     # record bytes per stored byte (layout v2 segments; > 1 with zstd); None: not recorded
     compression_ratio: float | None = None
+    # the confirm offset (controller mode) the queue's next record ends past: it waits for the cluster
+    waiting_confirm_offset: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,6 +52,7 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None,
         cold.rebuild(use_catalog=False)
     manifests = cold.manifests()
     keys = set(manifests) | set(cold.broken)
+    mode = local.broker_mode() if local is not None else None
     if local is not None:
         keys.update(k for k in local.queues() if accepts is None or accepts(k[0]))
     rows = []
@@ -62,7 +66,7 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None,
                 lmin, lmax = rng.min_offset, rng.max_offset
             except (OSError, TieredError):
                 pass
-        lag = None
+        lag = waiting_at = None
         problem = f"manifest unreadable: {cold.broken[(topic, qid)]}" if (topic, qid) in cold.broken else None
         if lmax is not None and local is not None and watched:
             nxt = max(m.next_offset, lmin or 0) if m else (lmin or 0)
@@ -71,14 +75,28 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None,
                 problem = str(StoreBehindError(topic, qid, lmax, m.next_offset))
             elif problem is None and (lag or local.truncated(topic, qid)):
                 problem = _local_problem(local, topic, qid, nxt)
+            if lag and mode is not None and (waiting := waits_for_confirm(local, mode, topic, qid, nxt)) is not None:
+                waiting_at = waiting
+                if problem is None and mode.problem is not None:
+                    problem = f"waits for the cluster to confirm: {mode.problem}"
         rows.append(QueueStatus(
             topic, qid, lmin, lmax,
             m.first_offset if m else None, m.next_offset if m else None, lag,
             m.min_store_ms if m else None, m.max_store_ms if m else None,
             len(m.segments) if m else 0, m.nbytes if m else 0, len(m.gaps) if m else 0,
             problem=problem, compression_ratio=m.compression_ratio if m else None,
+            waiting_confirm_offset=waiting_at,
         ))
     return rows
+
+
+def waits_for_confirm(local: LocalStore, mode: BrokerMode, topic: str, qid: int, offset: int) -> int | None:
+    """The confirm offset when the record at queue ``offset`` ends past it
+    (controller mode): the queue waits for the cluster, not on its data."""
+    if mode.confirm_offset is None:
+        return None
+    entry = local.entry_at(topic, qid, offset)
+    return mode.confirm_offset if entry is not None and mode.holds(entry[0], entry[1]) else None
 
 
 def _local_problem(local: LocalStore, topic: str, qid: int, offset: int) -> str | None:
