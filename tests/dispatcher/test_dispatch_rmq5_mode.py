@@ -133,6 +133,8 @@ def test_cli_controller_mode_from_config_env_and_flag(rmq5_store, tmp_path, monk
                               "--all", *topic_args()], env=cli_env(tmp_path))
     assert res.exit_code == 0, res.output
     assert "still pending 304" in res.output
+    assert ("broker mode controller (broker_mode setting): records ending past the confirmed CommitLog offset "
+            "2860053 wait for the cluster") in res.output
     res = runner.invoke(app, ["status", "--store", str(rmq5_store), "--cold", cold, *topic_args()],
                         env=cli_env(tmp_path, TIERED_BROKER_MODE="controller"))
     assert res.exit_code == 0, res.output

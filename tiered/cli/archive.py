@@ -82,6 +82,10 @@ def dispatch(
     note(f"archived {result.messages} messages ({result.nbytes} bytes) in {result.segments} segments "
          f"over {result.queues} queues; gaps {result.gaps}; "
          + (f"still pending {result.lag_messages}" if result.lag_messages else "nothing pending"))
+    mode = local.broker_mode()
+    if result.lag_messages and mode.bound_applies:
+        note(f"broker mode {mode.describe()}: records ending past the confirmed CommitLog offset "
+             f"{mode.confirm_offset} wait for the cluster" + (f" ({mode.problem})" if mode.problem else ""))
     for where, error in result.errors.items():
         note(f"ERROR {where}: {error}")
     if result.fenced:
