@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -184,3 +186,41 @@ def test_every_command_that_reads_the_store_refuses_rocksdb_with_exit_2(tmp_path
     assert len(lines) == 1, lines
     assert "store type defaultRocksDB" in lines[0] and str(cq) in lines[0]
     assert not (tmp_path / "cold").exists() or not any((tmp_path / "cold").rglob("manifest*"))
+
+
+def test_verify_judges_the_oldest_unarchived_record_whatever_holds_it(tmp_path: Path) -> None:
+    from tiered.ops.verify import PendingCheck, VerifyReport, check_pending
+
+    appended = make_store(tmp_path)
+    end7 = appended[7].commitlog_offset + appended[7].size
+    write_checkpoint(tmp_path, end7)
+
+    archived_to = 8  # what the archive holds: 0..7, all confirmed
+
+    def pending(local: LocalStore, now_ms: int) -> VerifyReport:
+        report = VerifyReport()
+        manifests: Any = {("T", 0): SimpleNamespace(next_offset=archived_to)}
+        check_pending(manifests, local, PendingCheck(accepts=lambda t: True, max_delay_ms=60_000, now_ms=now_ms),
+                      report)
+        return report
+
+    stored = 1_700_000_000_000 + 8  # record 8's store time
+    with LocalStore(tmp_path, broker_mode="controller") as local:
+        young = pending(local, stored + 10_000)
+        assert (young.within_delay, young.waiting_confirm, young.pending) == ({"T/0"}, {"T/0": end7}, {})
+        old = pending(local, stored + 120_000)
+        assert old.pending == {"T/0": f"12 messages from offset 8 not archived, the oldest stored 120 s ago (max "
+                                      f"delay 60 s); waiting for the cluster to confirm: confirmed CommitLog "
+                                      f"offset {end7}, the first record ends at {end7 + appended[8].size}"}
+    with LocalStore(tmp_path) as local:
+        old = pending(local, stored + 120_000)
+        assert old.waiting_confirm == {} and old.pending["T/0"].endswith("archive ends at offset 8")
+    # the first unarchived record zeroed while later entries exist: lost, not late, so a problem
+    with open(tmp_path / "commitlog" / f"{0:020d}", "r+b") as fh:
+        fh.seek(appended[8].commitlog_offset)
+        fh.write(b"\0" * appended[8].size)
+    with LocalStore(tmp_path) as local:
+        report = pending(local, stored + 120_000)
+        assert report.pending == {} and len(report.problems) == 1
+        assert report.problems[0].startswith("T/0: its first unarchived record (offset 8) is missing while later "
+                                             "ConsumeQueue entries exist: ")

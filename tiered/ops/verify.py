@@ -177,8 +177,13 @@ def check_pending(manifests: dict[tuple[str, int], Manifest], local: LocalStore,
                 if entry is None:
                     continue  # its ConsumeQueue entry is not written yet
                 oldest = local.read_at(entry[0], verify_crc=False)
-            except NotWrittenYetError:
-                continue  # the record is still being written: no age to judge yet
+            except NotWrittenYetError as exc:
+                # still being written, unless a later entry exists: the broker writes records in
+                # order and each entry after its record, so then it is lost, not late
+                if local.entry_at(topic, qid, start + 1) is not None:
+                    report.problems.append(f"{where}: its first unarchived record (offset {start}) is missing "
+                                           f"while later ConsumeQueue entries exist: {exc}")
+                continue
             except (OSError, TieredError) as exc:
                 report.problems.append(f"{where}: local store unreadable at its first unarchived record: {exc}")
                 continue
