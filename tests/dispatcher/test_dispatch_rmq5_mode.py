@@ -173,3 +173,17 @@ def test_cli_status_names_a_zeroed_confirm_offset_as_a_problem(rmq5_store, tmp_p
     assert (f"PROBLEM Shipment/0: waits for the cluster to confirm: {rmq5_store / 'checkpoint'} @ 32: the confirm "
             f"offset is 0: the cluster has confirmed nothing, the archive waits") in res.output
     assert "WAITING Shipment/0: waiting for the cluster to confirm past CommitLog offset 0" in res.output
+
+
+def test_controller_mode_with_a_zeroed_confirm_offset_archives_nothing_and_says_so_once(rmq5_store, tmp_path,
+                                                                                       caplog):
+    (rmq5_store / "checkpoint").write_bytes((rmq5_store / "checkpoint").read_bytes()[:32] + b"\0" * 8)
+    recorder = PrometheusRecorder()
+    with caplog.at_level("INFO", logger="dispatcher.round"):
+        store, _local, _clock = dispatch(rmq5_store, tmp_path, "controller", recorder)
+    assert all(read_manifest(store, t, q) is None for t, q in QUEUES)
+    assert recorder.registry.get_sample_value("tiered_broker_confirm_offset_bytes") == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [f"the archive waits for the cluster to confirm: {rmq5_store / 'checkpoint'} @ 32: the "
+                        f"confirm offset is 0: the cluster has confirmed nothing, the archive waits"]
+    assert "broker mode controller (broker_mode setting)" in [r.getMessage() for r in caplog.records]
