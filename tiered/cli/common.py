@@ -24,6 +24,9 @@ StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="Broker store 
 ColdOpt = Annotated[Optional[str], typer.Option("--cold", help="Cold-tier URL: file:///path or s3://bucket/prefix.")]
 ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", help="Cluster name (first key level).")]
 BrokerOpt = Annotated[Optional[str], typer.Option("--broker", help="Broker name (second key level).")]
+BrokerModeOpt = Annotated[Optional[str], typer.Option(
+    "--broker-mode", help="auto, default, controller or dledger: only controller mode holds the archive at the "
+                          "checkpoint's confirm offset (auto: told from the store).")]
 
 WideOpt = Annotated[bool, typer.Option("--wide", help="More columns.")]
 OutputOpt = Annotated[Optional[str], typer.Option("--output", "-o", help="wide (as --wide) or json (as --json).")]

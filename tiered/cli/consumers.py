@@ -119,7 +119,7 @@ def cat_group_command(settings: Settings, make_reader: Callable[..., ColdReader]
     if settings.store is None:
         fail("--group reads the committed offsets from the broker store: give --store", 2)
     reader = make_reader(settings, skip_corrupt=skip_corrupt)
-    with LocalStore(settings.store) as local:
+    with LocalStore(settings.store, broker_mode=settings.broker_mode) as local:
         try:
             cat_group(reader, local, group=group, topic=topic, queue=queue, count=count, emit=emit,
                       default_ref=lambda q: QueueRef(settings.cluster, settings.broker, topic, q))

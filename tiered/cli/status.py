@@ -9,15 +9,15 @@ from typing import Annotated, Any
 import typer
 
 from tiered.cli.app import app
-from tiered.cli.common import (BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, OutputOpt, StoreOpt, TopicsOpt,
-                               output_mode, settings_from, topic_matcher)
+from tiered.cli.common import (BrokerModeOpt, BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, OutputOpt, StoreOpt,
+                               TopicsOpt, output_mode, settings_from, topic_matcher)
 from tiered.cli.consumers import show_positions
 from tiered.cli.output import Col, age, human_bytes, json_lines, out, table
 from tiered.cli.wiring import archive_store, cold_tier, topic_filter
 from tiered.clock import Clock, SystemClock
 from tiered.store.localstore import LocalStore
-from tiered.ops.status import QueueStatus, queue_status, topic_notes
-from tiered.store.survey import survey_store
+from tiered.ops.status import QueueStatus, TopicNote, queue_status, topic_notes
+from tiered.store.survey import Finding, survey_store
 
 COLUMNS = (Col(name="topic"), Col(name="queue", right=True), Col(name="lag"), Col(name="archived up to"),
            Col(name="local", wide=True), Col(name="segments", right=True, wide=True),
@@ -31,6 +31,9 @@ def problem_text(row: Any) -> str | None:
     first, then any other text field (a reason, a bound being waited for)."""
     texts = [getattr(row, "problem", None)] + [getattr(row, f.name) for f in fields(row)
                                                if f.name not in _NOT_PROBLEMS | {"problem"}]
+    waiting = getattr(row, "waiting_confirm_offset", None)
+    if waiting is not None:
+        texts.append(f"waiting for the cluster to confirm past CommitLog offset {waiting}")
     return "; ".join(t for t in texts if isinstance(t, str) and t) or None
 
 
@@ -68,16 +71,19 @@ def status(
     wide: Annotated[bool, typer.Option("--wide", help="More columns: local range, segments, bytes, gaps, "
                                                         "compression.")] = False,
     output: OutputOpt = None,
+    broker_mode: BrokerModeOpt = None,
 ) -> None:
     """Per topic/queue: the lag (messages, and the age of the oldest waiting), what is archived (up to which
     offset, how long ago), and the problem that stops a queue; --wide adds ranges and sizes.
 
     Below the table: why each broker topic (and each topic the config leaves
-    out) is archived or not, and what in the store tiered does not understand.
+    out) is archived or not, what in the store tiered does not understand, and
+    (controller mode) the confirm offset queues wait at.
     Exit 1 when a queue has a problem or the store holds something unknown."""
     as_json, wide = output_mode(output, as_json=as_json, wide=wide)
-    settings = settings_from(config, store=store, cold_url=cold, cluster=cluster, broker=broker)
-    local = LocalStore(settings.store) if settings.store else None
+    settings = settings_from(config, store=store, cold_url=cold, cluster=cluster, broker=broker,
+                             broker_mode=broker_mode)
+    local = LocalStore(settings.store, broker_mode=settings.broker_mode) if settings.store else None
     only = topic_matcher(topic)
     archive = cold_tier(settings, archive_store(settings), writer=False)
     survey = survey_store(local.root) if local is not None else None
@@ -88,23 +94,36 @@ def status(
     seen = {r.topic for r in rows} | set(local.topics() if local is not None else ())
     notes = topic_notes((t for t in seen if only is None or only(t)), topics.verdict)
     findings = survey.findings if survey is not None else ()
-    show(rows, as_json=as_json, wide=wide, clock=SystemClock(),
-         extra=[n.to_dict() for n in notes] + [f.to_dict() for f in findings],
-         findings=[n.line() for n in notes] + [f.line() for f in findings])
+    mode = local.broker_mode() if local is not None else None
+    bound = (f"broker mode {mode.describe()}: the cluster has confirmed CommitLog offset {mode.confirm_offset}"
+             if mode is not None and mode.bound_applies else None)
+    show(rows, as_json=as_json, wide=wide, clock=SystemClock(), notes=notes, findings=findings,
+         lines=[bound] if bound else [])
     consumers_ok = local is None or show_positions(local, archive.manifests(), as_json=as_json, only=only)
     if any(r.problem for r in rows) or findings or not consumers_ok:
         raise typer.Exit(1)
 
 
-def show(rows: list[QueueStatus], *, as_json: bool, wide: bool, clock: Clock, findings: Sequence[str] = (),
-         extra: Sequence[dict[str, Any]] = ()) -> None:
-    """The rows as a table (or JSON lines); ``findings``, what concerns no
-    single row (a store layout not understood, why a topic is left out...),
-    one line each after it, and ``extra``, the same as JSON objects."""
+NOTE_COLUMNS = (Col(name="topic"), Col(name="archived"), Col(name="why", wrap=True))
+FINDING_COLUMNS = (Col(name="unknown"), Col(name="path", wrap=True), Col(name="detail", wrap=True))
+
+
+def show(rows: list[QueueStatus], *, as_json: bool, wide: bool, clock: Clock, notes: Sequence[TopicNote] = (),
+         findings: Sequence[Finding] = (), lines: Sequence[str] = ()) -> None:
+    """The rows as a table (or JSON lines); then why each broker topic is
+    archived or not, what in the store is not understood (``findings``) and
+    report-level ``lines``, each fitting the terminal as the table does."""
     if as_json:
         json_lines(row.to_dict() for row in rows)
-        json_lines(extra)
-    else:
-        table(COLUMNS, status_rows(rows, clock.now_ms()), wide=wide)
-        for line in findings:
-            out(line)
+        json_lines(n.to_dict() for n in notes)
+        json_lines(f.to_dict() for f in findings)
+        return
+    table(COLUMNS, status_rows(rows, clock.now_ms()), wide=wide)
+    if notes:
+        out("")
+        table(NOTE_COLUMNS, [(n.topic, "yes" if n.archived else "no", n.reason) for n in notes])
+    if findings:
+        out("")
+        table(FINDING_COLUMNS, [(f.kind, f.path, f.detail) for f in findings])
+    for line in lines:
+        table((Col(name="", wrap=True),), [(line,)], header=False)

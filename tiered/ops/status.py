@@ -10,6 +10,7 @@ from tiered.archive.coldtier import ColdTier
 from tiered.archive.layout import compressed
 from tiered.archive.manifest import Manifest
 from tiered.errors import CorruptRecordError, StoreBehindError, TieredError
+from tiered.store.brokermode import BrokerMode
 from tiered.store.localstore import LocalStore
 
 
@@ -36,6 +37,8 @@ class QueueStatus:
     # per stored byte over those objects only; None: no object is compressed
     compression: str | None = None
     compressed_ratio: float | None = None
+    # the confirm offset (controller mode) the queue's next record ends past: it waits for the cluster
+    waiting_confirm_offset: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,6 +61,7 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None,
         cold.rebuild(use_catalog=False)
     manifests = cold.manifests()
     keys = set(manifests) | set(cold.broken)
+    mode = local.broker_mode() if local is not None else None
     if local is not None:
         keys.update(k for k in local.queues() if accepts is None or accepts(k[0]))
     rows = []
@@ -71,7 +75,7 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None,
                 lmin, lmax = rng.min_offset, rng.max_offset
             except (OSError, TieredError):
                 pass
-        lag = pending_since = None
+        lag = pending_since = waiting_at = None
         problem = f"manifest unreadable: {cold.broken[(topic, qid)]}" if (topic, qid) in cold.broken else None
         if lmax is not None and local is not None and watched:
             nxt = max(m.next_offset, lmin or 0) if m else (lmin or 0)
@@ -82,6 +86,10 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None,
                 problem = _local_problem(local, topic, qid, nxt)
             if lag:
                 pending_since = _store_ms(local, topic, qid, nxt)
+            if lag and mode is not None and (waiting := waits_for_confirm(local, mode, topic, qid, nxt)) is not None:
+                waiting_at = waiting
+                if problem is None and mode.problem is not None:
+                    problem = f"waits for the cluster to confirm: {mode.problem}"
         codec, ratio = _compression(m)
         rows.append(QueueStatus(
             topic, qid, lmin, lmax,
@@ -90,6 +98,7 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None,
             len(m.segments) if m else 0, m.nbytes if m else 0, len(m.gaps) if m else 0,
             problem=problem, compression_ratio=m.compression_ratio if m else None,
             pending_since_ms=pending_since, compression=codec, compressed_ratio=ratio,
+            waiting_confirm_offset=waiting_at,
         ))
     return rows
 
@@ -113,6 +122,15 @@ def _compression(m: Manifest | None) -> tuple[str | None, float | None]:
     if not packed:
         return None, None
     return "zstd", (sum(s.nbytes for s in packed if s.stored_bytes) / stored if stored else None)
+
+
+def waits_for_confirm(local: LocalStore, mode: BrokerMode, topic: str, qid: int, offset: int) -> int | None:
+    """The confirm offset when the record at queue ``offset`` ends past it
+    (controller mode): the queue waits for the cluster, not on its data."""
+    if mode.confirm_offset is None:
+        return None
+    entry = local.entry_at(topic, qid, offset)
+    return mode.confirm_offset if entry is not None and mode.holds(entry[0], entry[1]) else None
 
 
 def _local_problem(local: LocalStore, topic: str, qid: int, offset: int) -> str | None:
