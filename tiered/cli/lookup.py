@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from tiered.format.codec import Host, Record, parse_offset_msg_id
+from tiered.format.codec import Host, Record, entry_offset, parse_offset_msg_id
 from tiered.query.reader import ColdReader, QueueRef, ReadStatus
 
 
@@ -39,7 +39,7 @@ def _record_at(reader: ColdReader, ref: QueueRef, offset: int) -> tuple[Record |
     while True:
         res = reader.read(ref, offset, max_count=1)
         if res.status is ReadStatus.FOUND and res.records:
-            return res.records[0], res.records[0].queue_offset
+            return res.records[0], entry_offset(res.records[0], ref.topic)
         if res.status in (ReadStatus.OFFSET_IN_GAP, ReadStatus.OFFSET_TOO_SMALL) and res.next_offset > offset:
             offset = res.next_offset
             continue
@@ -75,11 +75,11 @@ def find_msg_id(reader: ColdReader, msg_id: str, *,
         for ref in reader.archive.queues(topics):
             rec = find_physical(reader, ref, parsed.physical_offset)
             if rec is not None and rec.store_host == parsed.store_host:
-                seen.add((ref, rec.queue_offset))
+                seen.add((ref, entry_offset(rec, ref.topic)))
                 yield ref, rec
     for ref, rec in reader.find_key(msg_id.strip(), topics=topics):
-        if rec.unique_key == msg_id.strip() and (ref, rec.queue_offset) not in seen:
-            seen.add((ref, rec.queue_offset))
+        if rec.unique_key == msg_id.strip() and (ref, entry_offset(rec, ref.topic)) not in seen:
+            seen.add((ref, entry_offset(rec, ref.topic)))
             yield ref, rec
 
 
@@ -121,7 +121,7 @@ def follow(reader: ColdReader, ref: QueueRef, start: int, *, sleep: Callable[[],
     while True:
         for rec in reader.iter_queue(ref, offset):
             yield rec
-            offset = rec.queue_offset + 1
+            offset = entry_offset(rec, ref.topic) + 1
         if stop():
             return
         sleep()

@@ -29,7 +29,7 @@ from tiered.cli.lookup import find_msg_id, follow, window
 from tiered.cli.output import dumps, note, out, print_json, progress, progress_enabled, table
 from tiered.config import parse_duration
 from tiered.cli.wiring import object_store, s3_options
-from tiered.format.codec import Record
+from tiered.format.codec import Record, entry_offset
 from tiered.format.compression import BodyDecompressError, codec_name, decompress
 from tiered.config import Settings
 from tiered.errors import TieredError
@@ -91,7 +91,7 @@ def _record_json(rec: Record, with_body: bool, raw: bool = False) -> str:
 def _record_line(ref: QueueRef, rec: Record, with_body: bool, *, show_broker: bool, raw: bool = False) -> str:
     d = rec.to_dict()
     where = f"{ref.cluster}/{ref.broker} " if show_broker else ""
-    line = (f"{where}{ref.topic}/{ref.queue_id}@{rec.queue_offset}  {format_time_ms(d['store_timestamp'])}  "
+    line = (f"{where}{ref.topic}/{ref.queue_id}@{entry_offset(rec, ref.topic)}  {format_time_ms(d['store_timestamp'])}  "
             f"tags={d['tags'] or '-'}  keys={','.join(d['keys']) or '-'}  uniq={d['unique_key'] or '-'}  "
             f"{d['body_length']} bytes")
     if with_body:
