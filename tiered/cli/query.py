@@ -30,6 +30,7 @@ from tiered.cli.output import dumps, note, out, print_json, progress, progress_e
 from tiered.config import parse_duration
 from tiered.cli.wiring import object_store, s3_options
 from tiered.format.codec import Record, entry_offset
+from tiered.format.lmq import is_lmq
 from tiered.format.compression import BodyDecompressError, codec_name, decompress
 from tiered.config import Settings
 from tiered.errors import TieredError
@@ -74,8 +75,11 @@ def _shown_body(rec: Record, raw: bool) -> tuple[bytes, dict[str, str]]:
         return stored, {"body_compression": codec, "body_error": str(exc)}
 
 
-def _record_json(rec: Record, with_body: bool, raw: bool = False) -> str:
+def _record_json(rec: Record, with_body: bool, raw: bool = False, ref: QueueRef | None = None) -> str:
     d = rec.to_dict()
+    if ref is not None and is_lmq(ref.topic) and d["topic"] != ref.topic:
+        # a parent topic's record read through an LMQ queue: where it was read, as RocketMQ's read-back names it
+        d.update(cq_topic=ref.topic, cq_queue_id=ref.queue_id, cq_offset=entry_offset(rec, ref.topic))
     if with_body:
         body, notes = _shown_body(rec, raw)
         d.update(notes)
@@ -150,7 +154,7 @@ def cat(
         cat_group_command(settings_from(config, cold_url=cold, cluster=cluster, broker=broker, store=store),
                           _reader, group=group, topic=topic, queue=queue, count=limit, skip_corrupt=skip_corrupt,
                           emit=lambda ref, rec, _src: out(
-                              _record_json(rec, body, raw_body) if as_json
+                              _record_json(rec, body, raw_body, ref) if as_json
                               else _record_line(ref, rec, body, show_broker=False, raw=raw_body)))
         return
     if queue is None:
@@ -177,7 +181,7 @@ def cat(
         records = (follow(reader, ref, win.start, sleep=lambda: time.sleep(poll_s)) if follow_ else
                    reader.iter_queue(ref, win.start, None if win.end is None else win.end - win.start))
         for rec in records:
-            out(_record_json(rec, body, raw_body) if as_json
+            out(_record_json(rec, body, raw_body, ref) if as_json
                 else _record_line(ref, rec, body, show_broker=False, raw=raw_body))
     except TieredError as exc:
         fail_with(exc, 1)
@@ -212,7 +216,7 @@ def find(
                     find_msg_id(reader, msg_id or "", topics=only))
             for ref, rec in hits:
                 found += 1
-                out(_record_json(rec, body, raw_body) if as_json
+                out(_record_json(rec, body, raw_body, ref) if as_json
                     else _record_line(ref, rec, body, show_broker=many, raw=raw_body))
         else:
             found = _find_time(reader, topic or "", _time_flag("--time", time_) or 0, as_json=as_json, body=body, raw_body=raw_body,
@@ -238,7 +242,7 @@ def _find_time(reader: ColdReader, topic: str, ts: int, *, as_json: bool, body: 
             continue
         found += 1
         rec = res.records[0]
-        out(_record_json(rec, body, raw_body) if as_json
+        out(_record_json(rec, body, raw_body, ref) if as_json
             else _record_line(ref, rec, body, show_broker=many, raw=raw_body))
     return found
 
