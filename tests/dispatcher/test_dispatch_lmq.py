@@ -106,4 +106,6 @@ def test_lmq_entry_past_the_commitlog_end_stops_that_queue_alone(rmq5_store: Pat
             for qid in local.queue_ids(topic):
                 assert read_manifest(cold, topic, qid).next_offset == local.max_offset(topic, qid), topic
     assert read_manifest(cold, "Shipment", 0).next_offset == 911
+    # the compiled pass took the 21 other queues, never an LMQ queue (the per-queue read did)
+    assert d.archiver.passes and sum(p.queues for p in d.archiver.passes) == 21
     local.close()
