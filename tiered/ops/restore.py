@@ -18,6 +18,8 @@ load/recover, ``ConsumeQueue.recover`` and ``correctMinOffset``):
   broker wrote them. Each record's bytes are the archived bytes except its
   physical offset (bytes 28..36), the one field naming its own position,
   which the broker also writes at append time. Queue offsets are preserved.
+  A record several queues hold (a parent topic's and its LMQ queues',
+  ``docs/lmq.md``) is written once, and each queue's entry points at it.
 - ``consumequeue/{topic}/{qid}/{start:020d}``: files of exactly the
   ConsumeQueue file size, named by their start byte (a multiple of it). The
   first file begins with the broker's filler entries (offset 0, size
@@ -25,7 +27,8 @@ load/recover, ``ConsumeQueue.recover`` and ``correctMinOffset``):
   itself writes them (``fillPreBlank``). The tags code is the archived one.
   A recorded gap inside the restored range becomes filler entries too (a
   ConsumeQueue cannot have holes) and is reported.
-- ``config/topics.json`` lists the restored topics.
+- ``config/topics.json`` lists the restored topics (no LMQ queue: the broker
+  never lists them).
 
 The target must be empty (or absent): anything else is refused before a
 byte is written. After writing, ``check`` reads the restored store back
