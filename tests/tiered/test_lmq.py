@@ -89,11 +89,11 @@ def test_inspect_of_lmq_queues_agrees_with_rocketmq(rmq5_store: Path, rmq5_expec
         want = lmq_lines(rmq5_expected, topic)
         assert len(rows) == len(want)
         for row, e in zip(rows, want):
-            assert {k: row[k] for k in ("topic", "queue_id", "queue_offset", "commitlog_offset", "msg_id",
-                                        "store_timestamp", "born_host", "sys_flag", "body_crc", "properties")} == \
-                {k: e[k] for k in ("topic", "queue_id", "queue_offset", "commitlog_offset", "msg_id",
-                                   "store_timestamp", "born_host", "sys_flag", "body_crc", "properties")}
-            assert (row["size"], row["body_length"]) == (e["store_size"], e["body_length"])
+            # every field both print (the ChatRoom records' hosts are IPv4: the same text in both)
+            same = [k for k in row if k in e]
+            assert len(same) >= 17
+            assert {k: row[k] for k in same} == {k: e[k] for k in same}
+            assert (row["size"], row["tags"], row["keys"]) == (e["store_size"], e.get("tags"), e.get("keys", []))
     # the table from an LMQ offset: that entry's record and the one after it
     code, out, _err = invoke({}, "inspect", "--store", str(store), "--topic", "%LMQ%room-blue", "--offset", "13")
     last = lmq_lines(rmq5_expected, "%LMQ%room-blue")[13:]
