@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from dispatcher.archiver import ArchiveOptions, QueueArchiver, QueueResult
 from dispatcher.buildpool import shared_builds
 from dispatcher.filters import TopicFilter
+from dispatcher.layoutwatch import LayoutWatch
 from tiered.clock import Clock, SystemClock
 from tiered.archive.coldtier import ColdTier
 from tiered.config import RetentionSettings
@@ -154,6 +155,7 @@ class Dispatcher:
             before_write=self._before_write, on_bytes=on_bytes,
             builds=shared_builds(processes) if processes > 1 else None,
         )
+        self.layout = LayoutWatch(local, self.recorder, self.clock)
         self._failures: dict[tuple[str, int], tuple[int, float]] = {}
         # queues failing now, with whether that fails the round (not a data stop)
         self._failing: dict[tuple[str, int], bool] = {}
@@ -207,7 +209,9 @@ class Dispatcher:
         self.started = True
 
     def eligible_queues(self) -> list[tuple[str, int]]:
-        return [(t, q) for t in self.local.topics() if self.filter.accepts(t) for q in self.local.queue_ids(t)]
+        unreadable = self.layout.current().unreadable_topics  # a queue type we cannot read
+        return [(t, q) for t in self.local.topics() if t not in unreadable and self.filter.accepts(t)
+                for q in self.local.queue_ids(t)]
 
     def run_round(self) -> RoundResult:
         """One round over every eligible queue. Never two at once: a call made

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
@@ -43,6 +43,7 @@ from prometheus_client.registry import Collector
 
 from metrics.consumers import ConsumerPositionCollector
 from tiered import __version__
+from tiered.store.survey import KINDS as LAYOUT_KINDS
 
 log = logging.getLogger(__name__)
 
@@ -348,6 +349,12 @@ class PrometheusRecorder:
         )
         for job in JOBS:
             self._skipped_busy.labels(job)
+        # what the last survey of the broker store did not understand: 0 per kind until one says otherwise
+        layout_help = ("Entries of the broker store tiered does not understand, by kind (directory | file | "
+                       "magic | queue_type), from the last survey; `tiered status` names each.")
+        self._unknown_layout = Gauge("tiered_store_unknown_layout", layout_help, ["kind"], registry=r)
+        for kind in LAYOUT_KINDS:
+            self._unknown_layout.labels(kind).set(0)
 
     def _declare_jobs(self, r: CollectorRegistry, started: float) -> None:
         """Per task (dispatch, clean): rounds, their duration and last success."""
@@ -431,6 +438,10 @@ class PrometheusRecorder:
     def lag(self, topic: str, queue_id: int, messages: int, nbytes: int, seconds: float) -> None:
         self._seen(topic)
         self._state.set_lag(topic, queue_id, _Lag(messages, nbytes, seconds))
+
+    def store_layout(self, counts: Mapping[str, int]) -> None:
+        for kind in LAYOUT_KINDS:
+            self._unknown_layout.labels(kind).set(self._count(counts.get(kind, 0), "layout findings"))
 
     def forget_queue(self, topic: str, queue_id: int) -> None:
         """Drop a queue's lag series (its topic or queue no longer exists).

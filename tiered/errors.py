@@ -105,6 +105,16 @@ class FencedError(TieredError):
     """Another sidecar holds the write lease for this broker prefix."""
 
 
+class NothingUnderUrlError(TieredError):
+    """Nothing at all under a cold-tier URL a reading command was given: a
+    mistyped bucket or prefix, which must not pass for an empty archive.
+    ``url`` is the URL as shown (without credentials)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        super().__init__(f"no archive at {url} (nothing under it: check the bucket and prefix)")
+
+
 class BadResponseError(StorageError):
     """The store answered, but with something unusable: a 200 whose body is
     garbage or cut short, a write answered without an ETag, a body that fails

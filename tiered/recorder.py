@@ -9,6 +9,7 @@ outcome, job.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 
@@ -60,6 +61,9 @@ class Recorder(Protocol):
     def skew_detected(self, topic: str, queue_id: int) -> None: ...
 
     def forget_queue(self, topic: str, queue_id: int) -> None: ...
+
+    # what the last store survey did not understand, per kind (survey.KINDS)
+    def store_layout(self, counts: Mapping[str, int]) -> None: ...
 
 
 class NullRecorder:
@@ -120,4 +124,7 @@ class NullRecorder:
         pass
 
     def forget_queue(self, topic: str, queue_id: int) -> None:
+        pass
+
+    def store_layout(self, counts: Mapping[str, int]) -> None:
         pass

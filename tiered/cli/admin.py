@@ -11,7 +11,7 @@ from tiered.cli.app import app, fail
 from tiered.cli.common import (BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, TopicsOpt, settings_from,
                                topic_matcher)
 from tiered.cli.output import note, print_json, table
-from tiered.cli.wiring import lease, object_store
+from tiered.cli.wiring import archive_store, lease, object_store
 from tiered.clock import SystemClock
 from tiered.config import Settings
 from tiered.configsources import explain
@@ -38,7 +38,7 @@ def ls(
     Without --cluster/--broker every cluster and broker under the cold-tier root is listed."""
     settings = settings_from(config, cold_url=cold, cluster=cluster, broker=broker)
     given = settings.model_fields_set
-    archive = Archive(object_store(settings), cluster=settings.cluster if "cluster" in given else None,
+    archive = Archive(archive_store(settings), cluster=settings.cluster if "cluster" in given else None,
                       broker=settings.broker if "broker" in given else None)
     refs = archive.queues(topic_matcher(topic))
     manifests = archive.manifests(refs)

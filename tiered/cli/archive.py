@@ -13,7 +13,7 @@ from tiered.cli.common import (BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, OnceOp
                                topic_matcher)
 from tiered.cli.failures import fail_with
 from tiered.cli.output import note, print_json, progress
-from tiered.cli.wiring import cold_tier, make_dispatcher, object_store, setup_logging, topic_filter
+from tiered.cli.wiring import archive_store, cold_tier, make_dispatcher, setup_logging, topic_filter
 from tiered.config import Settings
 from tiered.errors import TieredError
 from tiered.store.localstore import LocalStore
@@ -94,7 +94,7 @@ def verify(
     """Check every archived record against the local store, byte for byte; exit 0 only if all hold."""
     settings = settings_from(config, store=store, cold_url=cold, cluster=cluster, broker=broker)
     local = LocalStore(settings.store) if settings.store else None
-    ct = cold_tier(settings, object_store(settings), writer=False)
+    ct = cold_tier(settings, archive_store(settings), writer=False)
     only = topic_matcher(topic)
     archived_topics = topic_filter(settings).accepts
     pending = PendingCheck(accepts=(lambda t: archived_topics(t) and only(t)) if only else archived_topics,

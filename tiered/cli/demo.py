@@ -6,17 +6,21 @@ produces live traffic into normal, delayed, retry and dead-letter topics in
 the background, runs the sidecar (dispatcher + cleaner + metrics endpoint)
 on shortened intervals against a ``file://`` cold tier, shows progress,
 then verifies the archive byte for byte and prints a summary. The store and
-the archive stay on disk for ``tiered status``, ``inspect``, ``cat``, ``find``.
+the archive stay on disk for ``tiered status``, ``inspect``, ``cat``, ``find``:
+in ``demo/`` under the state directory unless ``--dir`` says otherwise (never
+the working directory), named at the start and the end with the command that
+removes them.
 """
 
 from __future__ import annotations
 
 import random
+import shlex
 import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -24,6 +28,7 @@ from rich.live import Live
 from rich.table import Table
 
 from tiered.cli.app import app, fail
+from tiered.cli.common import settings_from
 from tiered.cli.serve import Sidecar
 from tiered.cli.wiring import cold_tier, setup_logging
 from tiered.config import load_settings
@@ -35,6 +40,19 @@ MARKER = ".tiered-demo"
 HISTORY_TOPIC = "Orders"
 HISTORY_RETENTION_HOURS = 4
 GROUP = "demo-consumers"
+
+
+def demo_root(directory: Path | None) -> Path:
+    """Where the demo's files go: ``--dir``, else ``demo`` under the state
+    directory (state_dir: TIERED_STATE_DIR, ~/.local/state/tiered), so a demo
+    run from a source tree or a home directory leaves nothing there."""
+    if directory is not None:
+        return directory.resolve()
+    return (settings_from(None).state_dir / "demo").resolve()
+
+
+def removal(root: Path) -> str:
+    return f"remove them with: rm -rf {shlex.quote(str(root))}"
 
 
 def _prepare(root: Path) -> None:
@@ -115,15 +133,18 @@ def _progress(sidecar: Sidecar, producer: _Producer, left: float) -> Table:
 
 @app.command()
 def demo(
-    directory: Annotated[Path, typer.Option("--dir", help="Where the store, archive and state go.")] = Path("demo"),
+    directory: Annotated[Optional[Path], typer.Option(
+        "--dir", help="Where the store, archive and state go (default: demo/ under the state directory).")] = None,
     duration: Annotated[float, typer.Option(min=5, max=600, help="Seconds of live traffic.")] = 30,
     rate: Annotated[int, typer.Option(min=10, max=20000, help="Live messages per second.")] = 400,
     metrics_port: Annotated[int, typer.Option(help="Port of the metrics endpoint (0: any free port).")] = 0,
 ) -> None:
     """Run the sidecar end to end on a generated store and a local file:// archive."""
     console = Console()
-    root = directory.resolve()
+    root = demo_root(directory)
     _prepare(root)
+    # never wrapped: the path and the command are copied from here
+    console.print(f"demo files: {root} ({removal(root)})", soft_wrap=True, markup=False)
     setup_logging("text", "WARNING")
     settings = load_settings(
         None, store=root / "store", cold_url=f"file://{root / 'cold'}", state_dir=root / "state",
@@ -183,5 +204,7 @@ def demo(
     console.print(summary)
     for problem in report.problems[:10]:
         console.print(f"[red]{problem}[/red]")
+    console.print(f"the demo's store, archive and state stay in {root}; {removal(root)}", soft_wrap=True,
+                  markup=False)
     if not report.ok:
         raise typer.Exit(1)

@@ -28,7 +28,7 @@ from tiered.cli.failures import fail_with
 from tiered.cli.lookup import find_msg_id, follow, window
 from tiered.cli.output import dumps, note, out, print_json, progress, progress_enabled, table
 from tiered.config import parse_duration
-from tiered.cli.wiring import object_store, s3_options
+from tiered.cli.wiring import archive_store, s3_options
 from tiered.format.codec import Record, entry_offset
 from tiered.format.lmq import is_lmq
 from tiered.format.compression import BodyDecompressError, codec_name, decompress
@@ -55,7 +55,7 @@ def _scope(settings: Settings) -> tuple[str | None, str | None]:
 
 def _reader(settings: Settings, *, skip_corrupt: bool = False) -> ColdReader:
     cluster, broker = _scope(settings)
-    return ColdReader(object_store(settings), cluster=cluster, broker=broker, skip_corrupt=skip_corrupt)
+    return ColdReader(archive_store(settings), cluster=cluster, broker=broker, skip_corrupt=skip_corrupt)
 
 
 RawOpt = Annotated[bool, typer.Option("--raw-body", help="With --body: the bytes as stored, not decompressed.")]
@@ -397,6 +397,7 @@ def sql(
     the topics, queues and store-time range every read of the view is filtered to are derived from its plan."""
     require_query_extra("pyspark", "pyarrow")
     settings = _settings(config, cold, cluster, broker)
+    archive_store(settings)  # before Spark starts: a URL with nothing under it fails in a moment
     opts = source_options(settings, option)
     spark, created = spark_session(master)
     try:
@@ -455,7 +456,7 @@ def export_cmd(
     if engine not in ("local", "spark"):
         fail("--engine: local or spark", 2)
     settings = _settings(config, cold, cluster, broker)
-    store = object_store(settings)
+    store = archive_store(settings)
     try:
         target = open_store(to, s3=s3_options(settings))
     except ValueError as exc:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from tiered.archive.coldtier import ColdTier
 from tiered.errors import CorruptRecordError, StoreBehindError, TieredError
@@ -96,3 +96,38 @@ def _local_problem(local: LocalStore, topic: str, qid: int, offset: int) -> str 
         except (OSError, TieredError):
             return None
     return None if stuck is None else f"corrupt local data: {stuck}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopicNote:
+    """Why a topic is archived or not, for a broker topic or one the config leaves out."""
+
+    topic: str
+    archived: bool
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "topic", **asdict(self)}
+
+    def line(self) -> str:
+        return f"{'ARCHIVED' if self.archived else 'EXCLUDED'} {self.topic}: {self.reason}"
+
+
+class _Verdict(Protocol):  # dispatcher.filters.TopicVerdict
+    @property
+    def archived(self) -> bool: ...
+
+    @property
+    def reason(self) -> str | None: ...
+
+
+def topic_notes(topics: Iterable[str], verdict: Callable[[str], _Verdict]) -> list[TopicNote]:
+    """A note per topic with a reason to tell (``TopicFilter.verdict``):
+    every broker topic, archived or excluded, and every topic excluded."""
+    notes = []
+    for topic in sorted(set(topics)):
+        v = verdict(topic)
+        if v.reason is not None:
+            notes.append(TopicNote(topic=topic, archived=v.archived, reason=v.reason))
+    return notes
+
