@@ -97,8 +97,9 @@ def test_inspect_of_lmq_queues_agrees_with_rocketmq(rmq5_store: Path, rmq5_expec
     # the table from an LMQ offset: that entry's record and the one after it
     code, out, _err = invoke({}, "inspect", "--store", str(store), "--topic", "%LMQ%room-blue", "--offset", "13")
     last = lmq_lines(rmq5_expected, "%LMQ%room-blue")[13:]
-    assert code == 0 and len(out.splitlines()) == 2
-    for line, e in zip(out.splitlines(), last):
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 3 and lines[0].split()[:3] == ["TOPIC", "QUEUE", "OFFSET"]
+    for line, e in zip(lines[1:], last):
         assert "%LMQ%room-blue" in line and str(e["cq_offset"]) in line and str(e["commitlog_offset"]) in line
 
 
