@@ -13,8 +13,10 @@ buffer without copying it (s3fs copies a body several times while sending).
 Before its first write to a bucket, ``S3Store`` runs the capability probe of
 ``tiered.archive.s3probe`` (the If-Match form the server takes, the upload checksum
 it verifies; a store ignoring conditional writes is refused). An answer that
-cannot be used (no ETag, garbage or truncated body, a checksum mismatch) is a
-``BadResponseError``: retried and counted like a 500.
+is not S3's or cannot be used (a GET, HEAD or PUT without ETag, an HTML page,
+garbage, a body shorter than declared or other bytes than the range asked, a
+checksum mismatch) is a ``BadResponseError``: retried and counted like a 500.
+Only S3's own answer that fails the data's own checks is corrupt data.
 
 Keys are relative to the store's root URL and use ``/``.
 """
@@ -30,6 +32,7 @@ import hashlib
 import logging
 import os
 import random
+import re
 import socket
 import sys
 import threading
@@ -584,6 +587,7 @@ class S3Store(ObjectStore):
                         "s3", endpoint_url=o.endpoint_url, config=Config(**self._botocore_config()),
                     )
                     client.meta.events.register("before-sign.s3.PutObject", _checksum_is_ours)
+                    _check_answers(client)
                     self._client = client
         return self._client
 
@@ -641,17 +645,44 @@ class S3Store(ObjectStore):
 
     def _raw_get(self, key: str, start: int | None, end: int | None) -> bytes:
         if start is None:
-            # boto3, as the writes: a writer's reads (identity, catalog,
-            # manifests, chunks) never start s3fs's event loop thread and its
-            # aiohttp stack (~12 MiB per process, measured), and it is one GET
-            # (s3fs may HEAD for the size first, a request the recorder never sees)
-            resp = self.client.get_object(Bucket=self.bucket, Key=self._full(key))
-            return bytes(resp["Body"].read())
-        return self.fs.cat_file(self._path(key), start=start, end=end)
+            return self._raw_get_etag(key)[0]
+        if end is None or end <= start:
+            # "bytes=5-4" is no range to S3: it would answer the whole object
+            return b""
+        return self._get_range(key, start, end)
 
     def _raw_get_etag(self, key: str) -> tuple[bytes, str]:
+        # boto3, as the writes: a writer's reads (identity, catalog,
+        # manifests, chunks) never start s3fs's event loop thread and its
+        # aiohttp stack (~12 MiB per process, measured), and it is one GET
+        # (s3fs may HEAD for the size first, a request the recorder never sees)
         resp = self.client.get_object(Bucket=self.bucket, Key=self._full(key))
-        return resp["Body"].read(), _etag("get", key, resp)
+        try:
+            body = bytes(resp["Body"].read())
+        finally:
+            resp["Body"].close()
+        return _asked_body("get", key, resp, body, None), _etag("get", key, resp)
+
+    def _get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) with s3fs's client (the readers': Spark's
+        ``s3fs.NAME`` options apply), its answer checked as boto3's are."""
+        from fsspec.asyn import sync
+
+        fs = self.fs
+
+        async def fetch() -> bytes:
+            await fs.set_session()
+            s3 = await fs.get_s3(self.bucket)
+            _check_answers(s3)
+            resp = await s3.get_object(**fs._get_s3_method_kwargs(
+                s3.get_object, Bucket=self.bucket, Key=self._full(key), Range=f"bytes={start}-{end - 1}"))
+            try:
+                body = await resp["Body"].read()
+            finally:
+                resp["Body"].close()
+            return _asked_body("get", key, resp, bytes(body), (start, end))
+
+        return sync(fs.loop, fetch)
 
     def _raw_put(self, key: str, data: bytes, crc: int | None = None) -> None:
         if len(data) < _SINGLE_PUT_LIMIT:
@@ -748,6 +779,72 @@ def _checksum_is_ours(request: Any, **_: Any) -> None:
         checksum["request_algorithm"] = {"algorithm": "crc32", "in": "header", "name": "x-amz-checksum-crc32"}
 
 
+class SpoiledAnswerError(Exception):
+    """Raised inside botocore by ``_check_answer``, where the request's key is
+    unknown; ``S3Store._translate`` makes it a ``BadResponseError``."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+# the answers S3 always gives an ETag: the object's (GET, HEAD) or the written one's
+_TAGGED = frozenset({"GetObject", "HeadObject", "PutObject", "UploadPart"})
+_ANSWER_CHECK = "tiered-answer-check"
+
+
+def _check_answers(client: Any) -> None:
+    """Check every answer of ``client`` (boto3's or s3fs's aiobotocore one)
+    with ``_check_answer``; registering it again is a no-op."""
+    client.meta.events.register("after-call.s3", _check_answer, unique_id=_ANSWER_CHECK)
+
+
+def _check_answer(http_response: Any, parsed: Any, model: Any, **_: Any) -> None:
+    """The one place every 2xx answer of S3 is checked for being S3's (a
+    proxy, captive portal or load balancer answering in its place): a GET,
+    HEAD or PUT answered without an ETag, or an HTML page where S3 sends XML
+    or the object's bytes (ours are never HTML: they are written without a
+    Content-Type). Either is a spoiled answer, retried like a 500, never data
+    to parse; an error status is left to botocore (a ClientError)."""
+    status = int(getattr(http_response, "status_code", 0) or 0)
+    if not 200 <= status < 300:
+        return
+    headers = http_response.headers
+    ctype = str(headers.get("content-type") or "")
+    # moto labels its empty answers (PUT, DELETE) text/html: only a body counts
+    has_body = model.http.get("method") != "HEAD" and status != 204 and headers.get("content-length") != "0"
+    reason = None
+    if has_body and ctype.lower().startswith("text/html"):
+        reason = f"an HTML page ({ctype}) where S3 answers XML or the object's bytes"
+    elif model.name in _TAGGED and not headers.get("etag"):
+        reason = "no ETag header"
+    if reason is None:
+        return
+    body = parsed.get("Body") if isinstance(parsed, dict) else None
+    if body is not None:
+        body.close()
+    raise SpoiledAnswerError(reason)
+
+
+def _asked_body(op: str, key: str, resp: dict[str, Any], body: bytes, asked: tuple[int, int] | None) -> bytes:
+    """``body`` when it is what was asked: as long as its Content-Length says
+    and, for a ranged GET, the bytes [start, end) (cut at the object's end)."""
+    declared = resp.get("ContentLength")
+    if declared is not None and len(body) != int(declared):
+        raise BadResponseError(op, key, f"{len(body)} bytes where Content-Length says {declared}")
+    if asked is None:
+        return body
+    start, end = asked
+    found = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", str(resp.get("ContentRange") or "").strip())
+    if found is None:
+        raise BadResponseError(op, key, f"no Content-Range in the answer to a GET of bytes {start}-{end - 1}")
+    first, last, total = (int(g) for g in found.groups())
+    if (first, last) != (start, min(end, total) - 1) or len(body) != last - first + 1:
+        raise BadResponseError(op, key, f"bytes {first}-{last} ({len(body)}) answered where {start}-{end - 1} "
+                               f"of {total} were asked")
+    return body
+
+
 def op_of(etag: str | None) -> str:
     return "put_if_absent" if etag is None else "put_if_match"
 
@@ -771,6 +868,8 @@ def _bad_response(op: str, key: str, exc: Exception) -> BadResponseError | None:
         from botocore.parsers import ResponseParserError
     except ImportError:  # pragma: no cover - boto3 is a dependency
         return None
+    if isinstance(exc, SpoiledAnswerError):
+        return BadResponseError(op, key, exc.reason)
     if isinstance(exc, bx.FlexibleChecksumError):
         return BadResponseError(op, key, "checksum mismatch")
     if isinstance(exc, bx.IncompleteReadError):
