@@ -2,7 +2,7 @@
 
 A proxy in front of the S3 server under test spoils chosen answers: a 200
 whose body is garbage or cut short, a response without an ETag, a body that
-fails its checksum. Each is translated once, in storage.py, into the typed
+fails its checksum. Each is translated once, in s3store.py, into the typed
 retriable ``BadResponseError``: retried, counted, and never a traceback.
 """
 

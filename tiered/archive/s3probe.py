@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from tiered.errors import ConditionalWritesUnsupportedError
 
 if TYPE_CHECKING:
-    from tiered.archive.storage import S3Store
+    from tiered.archive.s3store import S3Store
 
 log = logging.getLogger(__name__)
 
