@@ -47,7 +47,7 @@ _SINGLE_PUT_LIMIT = 5 << 30  # S3's largest single PUT
 _POOL = 64  # connections kept per client: dispatch.parallelism's upper bound
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class S3Options:
     """Everything needed to rebuild an S3 client anywhere (Spark executors
     included). Secrets are held here and never rendered: ``repr`` hides them."""
