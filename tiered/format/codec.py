@@ -588,7 +588,7 @@ def peek(buf: memoryview, position: int, source: str = "<buffer>") -> tuple[Peek
     return Peek.RECORD, size
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Message:
     """A message to encode, with every field the record carries."""
 

@@ -133,7 +133,8 @@ def locate(store: ObjectStore, slices: list[Slice], physical_offset: int, *,
         log.warning("message id search in %s unusable, reading the queue instead: %s", slices[0].ref, exc)
         return list(slices)
     sl, q = probe.at(i)
-    return [Slice(sl.cluster, sl.broker, sl.topic, sl.queue_id, sl.commitlog_key, sl.consumequeue_key,
-                  sl.seg_q_start, sl.seg_q_end, sl.seg_cl_start, sl.seg_cl_end, sl.min_store_ms, sl.max_store_ms,
-                  q, q + 1)]
+    return [Slice(cluster=sl.cluster, broker=sl.broker, topic=sl.topic, queue_id=sl.queue_id,
+                  commitlog_key=sl.commitlog_key, consumequeue_key=sl.consumequeue_key, seg_q_start=sl.seg_q_start,
+                  seg_q_end=sl.seg_q_end, seg_cl_start=sl.seg_cl_start, seg_cl_end=sl.seg_cl_end,
+                  min_store_ms=sl.min_store_ms, max_store_ms=sl.max_store_ms, q_start=q, q_end=q + 1)]
 
