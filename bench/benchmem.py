@@ -1,9 +1,8 @@
-"""Memory and CPU figures of a benchmark process and its build workers,
+"""Memory and CPU figures of a benchmark process,
 sampled while a phase runs (bench/dispatch.py)."""
 
 from __future__ import annotations
 
-import os
 import resource
 import threading
 import time
@@ -68,49 +67,19 @@ class AnonPeak(_Peak):
 
 
 class PssPeak(_Peak):
-    """The summed Pss (proportional set size, /proc/PID/smaps_rollup) of this
-    process and its build workers: mapped CommitLog pages included, a page
-    shared by several processes counted once in total (each holder a
-    share), so workers that import the same libraries are not counted twice
-    as with RSS."""
+    """The Pss (proportional set size, /proc/self/smaps_rollup) of this
+    process: mapped CommitLog pages included, a page shared with another
+    process counted as this one's share."""
 
     def _read_kib(self) -> int:
         total = 0
-        for pid in [os.getpid(), *build_workers()]:
-            try:
-                with open(f"/proc/{pid}/smaps_rollup") as fh:
-                    total += next(int(line.split()[1]) for line in fh if line.startswith("Pss:"))
-            except (OSError, StopIteration):
-                pass
+        try:
+            with open("/proc/self/smaps_rollup") as fh:
+                total = next(int(line.split()[1]) for line in fh if line.startswith("Pss:"))
+        except (OSError, StopIteration):
+            pass
         return total
 
 
 def maxrss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-
-
-def build_workers() -> list[int]:
-    """Pids of the segment-build worker processes of this process, if any."""
-    try:
-        from dispatcher import buildpool
-    except ImportError:  # a tree without build workers (comparing with an older commit)
-        return []
-    pool = buildpool._SHARED
-    return list(pool._pool._processes) if pool is not None and pool._pool._processes else []
-
-
-def worker_usage(pids: list[int]) -> tuple[float, float]:
-    """(CPU seconds, peak RSS MiB summed) of the build workers so far: they
-    are not our direct children (forkserver), so read from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
-    cpu = rss = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(") ", 1)[1].split()
-            cpu += (int(fields[11]) + int(fields[12])) / tick
-            with open(f"/proc/{pid}/status") as fh:
-                rss += next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) / 1024
-        except (FileNotFoundError, StopIteration):
-            pass
-    return cpu, rss

@@ -92,7 +92,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmem import AnonPeak, NoPeak, PssPeak, build_workers, maxrss_mib, worker_usage  # noqa: E402
+from benchmem import AnonPeak, NoPeak, PssPeak, maxrss_mib  # noqa: E402
 from floors import MiB, mbps, measure_cp, moto_servers, seaweed_servers  # noqa: E402
 from pagecache import huge_share, reread, reread_small  # noqa: E402
 
@@ -184,14 +184,12 @@ def _dispatcher(args: argparse.Namespace, url: str, endpoint: str | None, record
     state = Path(args.workdir) / "state" / hashlib.sha256(url.encode()).hexdigest()[:16]
     shutil.rmtree(state, ignore_errors=True)
     cold = ColdTier(store, CLUSTER, BROKER, state_dir=state, writer="bench")
-    # the layout the configuration writes by default (dispatch.layout: 2): one
-    # object per segment; ArchiveOptions alone still defaults to 1
+    # the layout the configuration writes by default (dispatch.layout: 2): one object per segment
     options = DispatchOptions(archive=ArchiveOptions(upload_bytes=1, max_delay_ms=0,
                                              segment_bytes=segment_bytes or args.segment_mb * MiB,
                                              key_index=not getattr(args, "no_key_index", 0),
                                              layout=getattr(args, "layout", 2)),
                               parallelism=args.parallelism, round_budget_s=float("inf"),
-                              single_pass=not getattr(args, "per_queue", 0),
                               pass_bytes=args.pass_mb * MiB if args.pass_mb else None)
     local = LocalStore(Path(args.workdir) / args.store_name)
     return Dispatcher(local, cold, lease=LeaseManager(store, f"{CLUSTER}/{BROKER}", "bench"), options=options,
@@ -203,9 +201,6 @@ def phase_dispatch(args: argparse.Namespace) -> dict:
     d = _dispatcher(args, args.url, args.endpoint, recorder=rec)
     d.start()
     replayed = _record_passes() if getattr(args, "pass_alone", 0) else None
-    if getattr(d.archiver, "builds", None) is not None:
-        d.archiver.builds.warm()  # worker start-up is not part of the round
-    workers_cpu0, _ = worker_usage(build_workers())
     before = dict(rec.ops)  # the start's requests (lease, identity, probe) are not the round's
     sampled = bool(getattr(args, "sample", 1))
     with (AnonPeak() if sampled else NoPeak()) as anon, (PssPeak() if sampled else NoPeak()) as pss:
@@ -217,12 +212,9 @@ def phase_dispatch(args: argparse.Namespace) -> dict:
     cpu -= anon.cpu_seconds + pss.cpu_seconds  # reading /proc/PID/smaps_rollup is not dispatching
     if not result.ok or result.lag_messages:
         raise SystemExit(f"dispatch round incomplete: {result}")
-    workers_cpu, workers_rss = worker_usage(build_workers())
-    workers_cpu -= workers_cpu0  # not their start-up
     passes = getattr(d.archiver, "passes", []) if replayed is None else _replay(d.local, replayed)
     return {"bytes": result.nbytes, "messages": result.messages, "segments": result.segments, "seconds": seconds,
-            "cpu_seconds": cpu + workers_cpu, "workers_cpu_seconds": workers_cpu, "maxrss_mib": maxrss_mib(),
-            "workers_rss_mib": workers_rss, "anon_peak_mib": anon.peak_kib / 1024, "requests": dict(rec.ops),
+            "cpu_seconds": cpu, "maxrss_mib": maxrss_mib(), "anon_peak_mib": anon.peak_kib / 1024, "requests": dict(rec.ops),
             "round_requests": {k: v - before.get(k, 0) for k, v in rec.ops.items() if v > before.get(k, 0)},
             "pss_peak_mib": pss.peak_kib / 1024, "pass_seconds": sum(p.seconds for p in passes),
             "pass_cpu_seconds": sum(p.cpu_seconds for p in passes), "pass_bytes": sum(p.nbytes for p in passes),
@@ -410,7 +402,7 @@ def run_phase(name: str, args: argparse.Namespace, **extra: object) -> dict:
            "--parallelism", str(args.parallelism), "--segment-mb", str(args.segment_mb),
            "--commitlog-mb", str(args.commitlog_mb), "--idle-queues", str(args.idle_queues),
            "--queues", str(args.queues), "--many-queues", str(args.many_queues), "--layout", str(args.layout),
-           "--per-queue", str(args.per_queue), "--repeat", str(args.repeat)]
+           "--repeat", str(args.repeat)]
     if args.pass_mb:
         cmd += ["--pass-mb", str(args.pass_mb)]
     for k, v in extra.items():
@@ -421,7 +413,7 @@ def run_phase(name: str, args: argparse.Namespace, **extra: object) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-MEMORY_KEYS = ("pss_peak_mib", "anon_peak_mib", "maxrss_mib", "workers_rss_mib")
+MEMORY_KEYS = ("pss_peak_mib", "anon_peak_mib", "maxrss_mib")
 
 
 def best_of(runs: list[dict]) -> dict:
@@ -520,17 +512,15 @@ def report(args: argparse.Namespace, nbytes: int, cp: dict[str, float], fd: dict
     # every write request of the first round (data objects, commits, chunks,
     # the catalog it creates), not the start's (lease, identity, probe)
     writes = sum(sd["round_requests"].get(op, 0) for op in WRITE_OPS)
-    rss = max(fd["maxrss_mib"] + fd["workers_rss_mib"],
-              *(s3["sd"]["maxrss_mib"] + s3["sd"]["workers_rss_mib"] for s3 in s3s.values()))
-    rss_many = max(fm["maxrss_mib"] + fm["workers_rss_mib"], idle["maxrss_mib"])
+    rss = max(fd["maxrss_mib"], *(s3["sd"]["maxrss_mib"] for s3 in s3s.values()))
+    rss_many = max(fm["maxrss_mib"], idle["maxrss_mib"])
     pss = max(fd["pss_peak_mib"], *(s3["sd"]["pss_peak_mib"] for s3 in s3s.values()))
     pss_many = fm["pss_peak_mib"]
 
     def dispatched(r: dict) -> str:
-        return (f"{r['seconds']:.2f} s, {r['segments']} segments, CPU {r['cpu_seconds']:.2f} s "
-                f"({r['workers_cpu_seconds']:.2f} in build workers), read+build {r['pass_seconds']:.2f} s "
-                f"(CPU {r['pass_cpu_seconds']:.2f} s) in {r['passes']} CommitLog passes, peak PSS {r['pss_peak_mib']:.0f} MiB "
-                f"(RSS {r['maxrss_mib']:.0f} + workers {r['workers_rss_mib']:.0f})")
+        return (f"{r['seconds']:.2f} s, {r['segments']} segments, CPU {r['cpu_seconds']:.2f} s, "
+                f"read+build {r['pass_seconds']:.2f} s (CPU {r['pass_cpu_seconds']:.2f} s) in {r['passes']} "
+                f"CommitLog passes, peak PSS {r['pss_peak_mib']:.0f} MiB (RSS {r['maxrss_mib']:.0f})")
 
     rows = [
         ("dispatch -> file://", f"{f_mbps:8.1f} MB/s", dispatched(fd)),
@@ -648,8 +638,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--layout", type=int, default=2, help="segment layout written (default 2, as configured)")
     ap.add_argument("--pass-mb", type=int, default=None,
                     help="dispatch.pass_bytes, MiB (default: parallelism x segment size, as configured)")
-    ap.add_argument("--per-queue", type=int, default=0,
-                    help="1: each queue reads the CommitLog on its own (no single pass), for comparison")
     ap.add_argument("--store-name", default="store", help=argparse.SUPPRESS)
     ap.add_argument("--repeat", type=int, default=3,
                     help="timed runs of each dispatch and each baseline, the best counting for each alike "

@@ -17,8 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from dispatcher.buildpool import BuildJob, ProcessBuilds, build_segment
-from dispatcher.commitpass import PassStats, Planned, build_pass
+from dispatcher.commitpass import BuildJob, PassStats, Planned, build_pass, build_segment
 from dispatcher.firststarts import FirstStarts, starts_path
 from dispatcher.segment import SEGMENT_BUFFERS, BuiltSegment
 from tiered.clock import Clock
@@ -79,7 +78,6 @@ class QueueArchiver:
         *,
         before_write: Callable[[], object] = lambda: None,
         on_bytes: Callable[[int], None] = lambda n: None,
-        builds: ProcessBuilds | None = None,
     ) -> None:
         self.local = local
         self.cold = cold
@@ -98,13 +96,9 @@ class QueueArchiver:
         self._pending_since: dict[tuple[str, int], tuple[int, int]] = {}
         # (topic, queue) -> (offset, its ConsumeQueue entry, the record's store time): _oldest_pending_ms
         self._oldest: dict[tuple[str, int], tuple[int, tuple[int, int, int], int]] = {}
-        # Segments are built in worker processes when ``builds`` is given, as
-        # many at once as it has workers. In this process one is built at a
-        # time: building is CPU work in the interpreter and in short numpy
-        # calls that drop the GIL, and builders in several threads only hand
-        # the GIL back and forth (measured: 1.8x the CPU for the same work).
-        # The other threads upload and commit meanwhile.
-        self.builds = builds
+        # A segment the pass did not build ahead is built by its per-queue
+        # read, one at a time: builders in several threads only hand the GIL
+        # back and forth. The other threads upload and commit meanwhile.
         self._build_lock = threading.Lock()
         # segments a CommitLog pass built ahead (dispatcher.commitpass), taken
         # by ``_build`` when its job is exactly the one the pass built
@@ -424,12 +418,8 @@ class QueueArchiver:
         if ahead is not None and ahead[0] == job:
             builder, stop = ahead[1], ahead[2]
             return (builder.build(self.clock.now_ms()) if builder.count else None), stop
-        if self.builds is not None:
-            built, stop = self.builds.build(self.local, job, self.clock.now_ms())
-        else:
-            with self._build_lock:
-                built, stop = build_segment(self.local, job, self.clock.now_ms())
-        return built, stop
+        with self._build_lock:
+            return build_segment(self.local, job, self.clock.now_ms())
 
     def _upload(
         self, topic: str, queue_id: int, manifest: Manifest | None, built: BuiltSegment, result: QueueResult

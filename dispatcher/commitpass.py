@@ -71,8 +71,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dispatcher.buildpool import BuildJob
-from dispatcher.segment import SegmentBuilder
+from dispatcher.segment import BuiltSegment, SegmentBuilder
 from dispatcher.segment import ragged as _ragged
 from tiered.errors import CorruptRecordError, ExpiredLocallyError
 from tiered.format.batch import COPY_FIELDS, CQ_DTYPE, check_copy_runs, copies_in_stretches, run_tails
@@ -134,6 +133,26 @@ class PassStats:
     cpu_seconds: float = 0.0
 
 
+@dataclass(frozen=True, kw_only=True)
+class BuildJob:
+    """One segment to build: ``queue_id`` of ``topic`` from queue offset
+    ``start``, its bytes numbered from cold CommitLog byte ``cl_start``."""
+
+    prefix: str
+    topic: str
+    queue_id: int
+    start: int
+    cl_start: int
+    segment_bytes: int
+    key_index: bool
+    layout: int = 2
+    compression: str = "none"
+
+    def builder(self) -> SegmentBuilder:
+        return SegmentBuilder(self.prefix, self.start, self.cl_start, key_index=self.key_index, layout=self.layout,
+                              compression=self.compression)
+
+
 @dataclass(slots=True)
 class _Queue:
     job: BuildJob
@@ -156,8 +175,8 @@ Planned = tuple[BuildJob, SegmentBuilder, Exception | None]
 
 
 def build_pass(local: LocalStore, jobs: list[BuildJob]) -> tuple[dict[tuple[str, int], Planned], PassStats]:
-    """The next segment of every job's queue, as ``buildpool.build_segment``
-    builds it, from one CommitLog pass. Returns (topic, queue) -> (job,
+    """The next segment of every job's queue, as ``build_segment`` builds
+    it, from one CommitLog pass. Returns (topic, queue) -> (job,
     builder, stop) and what the pass read: ``builder.build()`` (when it holds
     records) gives the segment; ``stop`` is the corrupt record or expired
     offset that ended it early, as in ``build_segment``. Raises nothing for
@@ -327,8 +346,7 @@ def _queues_of(jobs: list[BuildJob], heads: _Heads, phys_limit: int) -> tuple[li
     for job, k_, full_, nbytes_, first, again, start, byte, end in zip(
             jobs, k.tolist(), full.tolist(), nbytes.tolist(), firsts.tolist(), recheck.tolist(), heads.start.tolist(),
             last_byte, at_end):
-        builder = SegmentBuilder(job.prefix, job.start, job.cl_start, key_index=job.key_index, layout=job.layout,
-                                 compression=job.compression)
+        builder = job.builder()
         q = _Queue(job, builder, every[first:first + k_], k_, 0, full_)
         if k_:
             builder.reserve(nbytes_, k_)  # what the pass will copy, allocated once
@@ -725,8 +743,7 @@ def _finish(local: LocalStore, q: _Queue) -> int:
     q.limit = q.taken
     job = q.job
     if q.redo:
-        q.builder = SegmentBuilder(job.prefix, job.start, job.cl_start, key_index=job.key_index,
-                                   layout=job.layout, compression=job.compression)
+        q.builder = job.builder()
         q.stop = None
     elif q.stop is not None or (q.taken == len(q.entries) and (q.full or q.at_end)):
         # full: the pass took every entry up to the one passing the budget;
@@ -744,3 +761,13 @@ def _finish(local: LocalStore, q: _Queue) -> int:
     except (CorruptRecordError, ExpiredLocallyError) as exc:
         q.stop = exc
     return 1
+
+
+def build_segment(local: LocalStore, job: BuildJob, now_ms: int) -> tuple[BuiltSegment | None, Exception | None]:
+    """The job's segment from the per-queue read alone: the pass's fallback
+    (``_finish``) from the job's start, for a queue the pass was not given.
+    Returns the segment (None: no record) and the corrupt record or locally
+    expired offset that ended it early."""
+    q = _Queue(job, job.builder(), np.zeros(0, CQ_DTYPE), 0)
+    _finish(local, q)
+    return (q.builder.build(now_ms) if q.builder.count else None), q.stop

@@ -26,7 +26,6 @@ queues out of the verdict.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
@@ -36,7 +35,6 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from dispatcher.archiver import ArchiveOptions, QueueArchiver, QueueResult
-from dispatcher.buildpool import shared_builds
 from dispatcher.filters import TopicFilter
 from dispatcher.layoutwatch import LayoutWatch
 from tiered.clock import Clock, SystemClock
@@ -70,23 +68,9 @@ class DispatchOptions:
     identity_check_s: float = 60.0
     # recorded per topic in the catalog, for a cleaner without the store
     retention: RetentionSettings = field(default_factory=RetentionSettings)
-    # Worker processes building segments (dispatcher.buildpool); None: none
-    # with the single pass (it builds), else one per core, at most
-    # ``parallelism``; 0 or 1: built in this process.
-    build_processes: int | None = None
-    # Build the due queues' segments in one CommitLog pass per wave
-    # (dispatcher.commitpass); False: each queue reads the CommitLog on its own.
-    single_pass: bool = True
     # Record bytes one pass builds at most (a wave), held until their upload;
     # None: parallelism x segment size, the memory bound of the per-queue builds
     pass_bytes: int | None = None
-
-    def resolved_build_processes(self) -> int:
-        if self.build_processes is not None:
-            return self.build_processes
-        if self.single_pass:
-            return 0  # idle workers would only hold memory: the pass builds (per-queue builds are rare)
-        return min(self.parallelism, os.cpu_count() or 1)
 
 
 @dataclass
@@ -149,11 +133,9 @@ class Dispatcher:
         self.options = options or DispatchOptions()
         self.recorder = recorder or NullRecorder()
         self.clock = clock or SystemClock()
-        processes = self.options.resolved_build_processes()
         self.archiver = QueueArchiver(
             local, cold, self.options.archive, self.recorder, self.clock,
             before_write=self._before_write, on_bytes=on_bytes,
-            builds=shared_builds(processes) if processes > 1 else None,
         )
         self.layout = LayoutWatch(local, self.recorder, self.clock)
         self._failures: dict[tuple[str, int], tuple[int, float]] = {}
@@ -335,18 +317,17 @@ class Dispatcher:
             return r.more and r.error is None and self.clock.monotonic() < deadline
 
         line = deque(queues)
-        pipelined = self.options.single_pass
         try:
             # One upload pool for the round, its queue first in, first out: the
             # next wave's steps are queued as soon as its pass is done and start
             # as this wave's last uploads free their threads, not after all of
             # them. Memory stays two waves: the next pass waits for this wave.
             with ThreadPoolExecutor(max(1, self.options.parallelism), thread_name_prefix="dispatch") as pool:
-                wave = self._wave(line, pipelined)
+                wave = self._wave(line)
                 running = self._submit(pool, wave, deadline)
                 while wave:
                     # the next wave's pass reads the CommitLog while this one uploads
-                    nxt = self._wave(line, pipelined) if pipelined and line else []
+                    nxt = self._wave(line) if line else []
                     ahead = self._submit(pool, nxt, deadline) if nxt else []
                     try:
                         results = self._collect(running)
@@ -361,19 +342,17 @@ class Dispatcher:
                     if nxt:
                         wave, running = nxt, ahead
                     else:
-                        wave = self._wave(line, pipelined) if line else []
+                        wave = self._wave(line) if line else []
                         running = self._submit(pool, wave, deadline)
         finally:
             self.archiver.drop_prebuilt()  # a fenced round leaves nothing built behind
 
-    def _wave(self, line: deque[tuple[str, int]], pipelined: bool) -> list[tuple[str, int]]:
-        """The next queues of the line whose next segments fit ``pass_bytes``
-        (half of it when two waves are held at once: one uploading, the next
+    def _wave(self, line: deque[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The next queues of the line whose next segments fit half of
+        ``pass_bytes`` (two waves are held at once: one uploading, the next
         built meanwhile), at least one, those segments built ahead in one pass."""
-        if not self.options.single_pass:
-            return [line.popleft() for _ in range(min(len(line), max(1, self.options.parallelism)))]
         budget = self.options.pass_bytes or max(1, self.options.parallelism) * self.options.archive.segment_bytes
-        budget = max(1, budget // 2) if pipelined else budget
+        budget = max(1, budget // 2)
         wave: list[tuple[str, int]] = []
         jobs = []
         used = 0

@@ -18,6 +18,7 @@ import math
 import os
 import re
 import socket
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -154,6 +155,13 @@ class RetrySettings(_Section):
     max_delay: Duration = 20.0
 
 
+#: dispatch keys that no longer do anything -> why: accepted with a warning
+REMOVED_DISPATCH_KEYS = {
+    "single_pass": "every round builds its segments in one CommitLog pass",
+    "build_processes": "segments are built in the dispatcher process, by the CommitLog pass",
+}
+
+
 class DispatchSettings(_Section):
     interval: Duration = 20.0
     # Upload a segment once this much is pending ...
@@ -171,12 +179,6 @@ class DispatchSettings(_Section):
     identity_check: Duration = Field(default=60.0, gt=0)
     quarantine_corrupt: bool = False
     key_index: bool = True
-    # worker processes that build segments; null: none with single_pass, else
-    # one per core, at most parallelism
-    build_processes: int | None = Field(default=None, ge=0, le=256)
-    # one CommitLog pass builds the next segment of every due queue; false:
-    # each queue reads the CommitLog on its own
-    single_pass: bool = True
     # Record bytes the passes hold at a time: two waves of half of it (one
     # uploading, the next built). null: parallelism x segment_bytes. A wave
     # walks the CommitLog span of its records, so with many queues of small
@@ -191,6 +193,19 @@ class DispatchSettings(_Section):
     # what a reader needs from it (the queues, the retention) is written at once.
     catalog_refresh: Duration = 300.0
     retry: RetrySettings = RetrySettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        # keys of removed features: a file that still sets them keeps loading
+        if isinstance(data, dict) and any(k in data for k in REMOVED_DISPATCH_KEYS):
+            data = dict(data)
+            for key in [k for k in REMOVED_DISPATCH_KEYS if k in data]:
+                del data[key]
+                # a FutureWarning: shown by default, and the CLI prints it as its own warning
+                warnings.warn(f"dispatch.{key} is deprecated and ignored: {REMOVED_DISPATCH_KEYS[key]}; "
+                              "remove it from the configuration", FutureWarning, stacklevel=2)
+        return data
 
     @field_validator("compression")
     @classmethod

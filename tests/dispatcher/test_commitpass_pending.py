@@ -200,7 +200,7 @@ def test_every_queue_at_once_takes_what_each_queue_read_alone_took(tmp_path_fact
     not: ``_gather`` gives each queue exactly what reading it alone gave."""
     import shutil
 
-    from dispatcher.buildpool import BuildJob
+    from dispatcher.commitpass import BuildJob
     from tiered.store import preads
     from tiered.store.localstore import LocalStore
 

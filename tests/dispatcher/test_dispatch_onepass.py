@@ -115,7 +115,7 @@ def counted(monkeypatch):  # noqa: ANN001, ANN201
 def _as_per_queue(local: LocalStore, job, planned: dict, *context: object):  # noqa: ANN001, ANN202
     """The pass's segment (None: no record) and stop for ``job``, asserted to
     be exactly what the per-queue build (``build_segment``) makes of it."""
-    from dispatcher.buildpool import build_segment
+    from dispatcher.commitpass import build_segment
 
     want, want_stop = build_segment(local, job, 5)
     got_job, builder, stop = planned[(job.topic, job.queue_id)]
@@ -164,7 +164,9 @@ def test_one_pass_builds_the_per_queue_segments(tmp_path, clock, recorder, monke
         watched[single] = _watched(local, monkeypatch)
         d = new_dispatcher(store, local, tmp_path / f"state-{single}", clock, recorder=recorder if single else None,
                            upload_bytes=1, max_delay_ms=0, segment_bytes=segment_bytes, layout=2,
-                           single_pass=single, parallelism=2, build_processes=0, pass_bytes=pass_bytes)
+                           parallelism=2, pass_bytes=pass_bytes)
+        if not single:  # nothing built ahead: every segment from the pass's per-queue fallback
+            monkeypatch.setattr(d.archiver, "prebuild", lambda jobs: None)
         result = d.run_round()
         watched[single] = {k: list(v) for k, v in watched[single].items()}  # not what the checks below read
         # only the corrupt queue stops, at the corrupt record, with its typed error
@@ -219,7 +221,7 @@ def test_pass_and_per_queue_build_agree_on_every_start(tmp_path, clock, monkeypa
     ``build_segment``'s, record and stop alike; also with every pass taken
     as sparse, in 16 KiB windows copied in 4 KiB stretches whose pages are
     given back behind them."""
-    from dispatcher.buildpool import BuildJob
+    from dispatcher.commitpass import BuildJob
 
     if stretches:
         monkeypatch.setattr(commitpass, "WINDOW", 4096)
@@ -251,7 +253,7 @@ def test_a_last_entry_written_during_the_pass_is_read_again(tmp_path, clock, mon
     pass reads it (its tags code last): the entry is read again after its
     record; when it changed, the queue is read again by the per-queue read,
     which sees the completed entry."""
-    from dispatcher.buildpool import BuildJob, build_segment
+    from dispatcher.commitpass import BuildJob, build_segment
     from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE
 
     sd = tmp_path / "store"
@@ -306,7 +308,7 @@ def test_windows_go_on_the_cores_available_at_most_max_threads(tmp_path, clock, 
 
     monkeypatch.setattr(commitpass, "check_copy_runs", check_copy_runs)
     queues, local, _biggest = _five_queues(tmp_path, clock)
-    from dispatcher.buildpool import BuildJob
+    from dispatcher.commitpass import BuildJob
 
     jobs = [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=0, cl_start=0, segment_bytes=1 << 20,
                      key_index=True, layout=2) for t, q in queues]
@@ -340,7 +342,7 @@ def test_a_wave_cut_by_the_budget_is_whole_turns_of_the_upload_pool(tmp_path, cl
     # each wave holds half of pass_bytes (the next one is built meanwhile):
     # a budget of 2.5 queues takes 3 before it is used up
     d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0, layout=2,
-                       segment_bytes=1 << 20, parallelism=2, build_processes=0, pass_bytes=5 * biggest)
+                       segment_bytes=1 << 20, parallelism=2, pass_bytes=5 * biggest)
     r = d.run_round()
     assert r.ok and r.segments == 5, r.errors
     waves = [p.queues for p in d.archiver.passes]
@@ -372,7 +374,7 @@ def test_the_next_wave_uploads_as_soon_as_a_thread_is_free(tmp_path, clock):
 
     store = Held(str(tmp_path / "cold"))
     d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0, layout=2,
-                       segment_bytes=1 << 20, parallelism=2, build_processes=0, pass_bytes=4 * biggest)
+                       segment_bytes=1 << 20, parallelism=2, pass_bytes=4 * biggest)
     r = d.run_round()
     assert r.ok and r.segments == 5, r.errors
     # the first wave is two queues; how the other three split depends on when
@@ -394,7 +396,7 @@ def test_a_corrupt_record_in_a_window_of_many_queues_stops_only_its_queue(tmp_pa
     error naming the CommitLog file and the record's offset, the queue with
     properties that are not UTF-8 at its record, every other queue is built
     whole; all exactly as ``build_segment`` builds them, compiled or not."""
-    from dispatcher.buildpool import BuildJob
+    from dispatcher.commitpass import BuildJob
     from tiered.errors import CorruptRecordError
     from tiered.format import batch as batch_module
 
@@ -441,7 +443,7 @@ def test_queues_with_and_without_a_key_index_in_one_window(tmp_path, clock, monk
     queue at that record (the window's builders then find their own keys);
     an unkeyed queue never reads them and takes it (the window's keys are
     found at once)."""
-    from dispatcher.buildpool import BuildJob
+    from dispatcher.commitpass import BuildJob
     from tiered.errors import CorruptRecordError
     from tiered.format import batch as batch_module
 
@@ -479,7 +481,7 @@ def _small_queues(sd: Path, clock, queues: list[tuple[str, int]], records: int, 
 
 
 def _jobs(queues: list[tuple[str, int]], segment_bytes: int = 1 << 20) -> list:
-    from dispatcher.buildpool import BuildJob
+    from dispatcher.commitpass import BuildJob
 
     return [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=0, cl_start=0, segment_bytes=segment_bytes,
                      key_index=True, layout=2) for t, q in queues]
@@ -504,7 +506,7 @@ def test_a_consumequeue_file_damaged_between_the_gather_and_the_walk(tmp_path, c
     stays readable through it). The other queues are built whole. (A file
     cut while mapped is not a case: reading past its new end faults, which
     is why the pass reads with pread.)"""
-    from dispatcher.buildpool import build_segment
+    from dispatcher.commitpass import build_segment
     from tiered.errors import ExpiredLocallyError
     from tiered.format.codec import CQ_ENTRY_SIZE
 

@@ -210,7 +210,7 @@ def test_a_round_writes_the_same_objects_with_and_without_direct_writes(tmp_path
         if not on:  # the same bucket identity, so the same history ids in the descriptors
             store.put(f"{CLUSTER}/{BROKER}/{IDENTITY}", (tmp_path / "direct" / CLUSTER / BROKER / IDENTITY).read_bytes())
         d = new_dispatcher(store, local, tmp_path / f"state-{name}", clock, upload_bytes=1, max_delay_ms=0,
-                           segment_bytes=1 << 20, layout=2, single_pass=True, parallelism=2, build_processes=0)
+                           segment_bytes=1 << 20, layout=2, parallelism=2)
         result = d.run_round()
         assert not result.errors and result.segments >= 6
         assert assert_exact(store, local, queues) == {q: 240 for q in queues}

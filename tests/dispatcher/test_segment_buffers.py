@@ -143,7 +143,7 @@ def test_a_round_gives_its_uploaded_buffers_back_and_stays_exact(tmp_path, clock
 
     monkeypatch.setattr(SEGMENT_BUFFERS, "take", take)
     d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0, segment_bytes=2000,
-                       layout=2, single_pass=True, parallelism=2, build_processes=0)
+                       layout=2, parallelism=2)
     result = d.run_round()
     assert not result.errors and result.segments >= 12
     # every uploaded segment's buffer came back: the later segments were built in them

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -45,9 +46,17 @@ def settings_from(config: Path | None, **flags: Any) -> Settings:
     for problem in unknown_env(Settings):
         warn(problem)
     try:
-        return load_settings(config, **flags)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", FutureWarning)  # removed keys: each said once, as a CLI warning
+            settings = load_settings(config, **flags)
     except ConfigError as exc:
         fail(str(exc), 2)
+    for w in caught:
+        if issubclass(w.category, FutureWarning):
+            warn(str(w.message))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return settings
 
 
 def topic_matcher(topics: list[str] | None) -> Callable[[str], bool] | None:

@@ -194,8 +194,7 @@ def make_dispatcher(
                                quarantine_corrupt=d.quarantine_corrupt, key_index=d.key_index,
                                layout=d.layout, compression=d.compression),
         parallelism=d.parallelism, round_budget_s=d.round_budget, failure_backoff_s=d.interval,
-        retention=settings.retention, build_processes=d.build_processes,
-        single_pass=d.single_pass, pass_bytes=d.pass_bytes, identity_check_s=d.identity_check,
+        retention=settings.retention, pass_bytes=d.pass_bytes, identity_check_s=d.identity_check,
     )
     return Dispatcher(local, cold, lease=lease_manager or lease(settings, store, clock),
                       topic_filter=topic_filter(settings),
