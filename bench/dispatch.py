@@ -229,9 +229,9 @@ def _record_passes() -> list[list]:
     jobs_of: list[list] = []
     real = archiver.build_pass
 
-    def recording(local, jobs):  # noqa: ANN001, ANN202
+    def recording(local, jobs, options):  # noqa: ANN001, ANN202
         jobs_of.append(list(jobs))
-        return real(local, jobs)
+        return real(local, jobs, options)
 
     archiver.build_pass = recording
     return jobs_of

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from dispatcher.commitpass import BuildJob, PassStats, Planned, build_pass, build_segment
+from dispatcher.commitpass import BuildJob, PassOptions, PassStats, Planned, build_pass, build_segment
 from dispatcher.firststarts import FirstStarts, starts_path
 from dispatcher.segment import SEGMENT_BUFFERS, BuiltSegment
 from tiered.clock import Clock
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ArchiveOptions:
     upload_bytes: int = 64 << 20
     max_delay_ms: int = 60_000
@@ -43,11 +43,12 @@ class ArchiveOptions:
     start_position: str = "earliest"
     quarantine_corrupt: bool = False
     key_index: bool = True
-    # segment layout written (tiered/archive/layout.py): 2 = one object per segment
-    # (the configured default, dispatch.layout); 1 = the three objects of
-    # format 1.x, for a fleet with older readers
+    # segment layout written (tiered/archive/layout.py): 2 = one object per
+    # segment (dispatch.layout); 1 = the three objects of format 1.x, for a
+    # fleet with older readers
     layout: int = 1
     compression: str = "none"  # "zstd": v2 objects compressed whole
+    commit_pass: PassOptions = PassOptions()  # how the CommitLog pass reads
 
 
 @dataclass
@@ -394,7 +395,7 @@ class QueueArchiver:
         if not jobs:
             return
         try:
-            built, stats = build_pass(self.local, jobs)
+            built, stats = build_pass(self.local, jobs, self.options.commit_pass)
         except Exception as exc:  # noqa: BLE001 - each queue's own build reads and reports it
             log.warning("the CommitLog pass over %d queues failed (%s: %s); building them one by one",
                         len(jobs), type(exc).__name__, exc)

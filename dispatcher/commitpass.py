@@ -41,7 +41,7 @@ write (reput) order, for all the queues of a round's wave:
    every queue whose records it holds (measured 0.19 s more for 64 MiB over
    16 queues). The window's bytes are cut into pieces of whole records
    (a queue's run too: at 16 queues a wave holds a few queues of many MiB)
-   and done on up to ``pass_threads()`` threads, the cores this process may
+   and done on up to ``PassOptions.pass_threads()`` threads, the cores this process may
    use; a piece that stops at a record the checks refuse ends its queue's
    run there, whatever the pieces after it did. The pass's per-queue state
    is kept as arrays (``_Columns``), so a window costs array operations
@@ -81,39 +81,44 @@ from tiered.store.localstore import LocalStore, _QueueFiles
 from tiered.store.preads import close_kept, read_files, read_kept
 from tiered.store.queuecursor import NO_LIMIT
 
-# A window of one CommitLog file: mapped in one call, given back behind the
-# pass. A window costs some array operations over its queues whatever their
-# records (once ~100 us of numpy calls a queue), so a pass over many queues
-# takes wider windows, up to MAX_WINDOW of mapped pages at a time: one per
-# QUEUES_PER_WINDOW_STEP queues more WINDOW bytes.
-WINDOW = 32 << 20
-MAX_WINDOW = 128 << 20
-QUEUES_PER_WINDOW_STEP = 256
-# A sparse pass (records filling less than 1/_DENSE of their span: a wave of
-# a few of many small queues) takes MAX_WINDOW windows, which the compiled
-# copy goes through in stretches of WINDOW, giving each stretch's pages back
-# behind it: the window's array work a quarter as often, and still about a
-# stretch of the CommitLog mapped at a time.
-
-
-def window_bytes(queues: int) -> int:
-    """The window of a pass over ``queues`` queues."""
-    return min(MAX_WINDOW, WINDOW * max(1, -(-queues // QUEUES_PER_WINDOW_STEP)))
 # a window's pages are mapped at once when the records read fill at least 1/_DENSE of it
 _DENSE = 4
-
-# Threads checking and copying a window (without the GIL, in the compiled call):
-# THREADS when set, else the cores this process may run on, at most MAX_THREADS
-# (a window's copy is bound by memory bandwidth well before that).
-THREADS: int | None = None
+# a window's copy is bound by memory bandwidth well before more threads
 MAX_THREADS = 8
 
 
-def pass_threads() -> int:
-    """The threads a pass's windows are checked and copied on."""
-    if THREADS is not None:
-        return max(1, THREADS)
-    return max(1, min(MAX_THREADS, len(os.sched_getaffinity(0))))
+@dataclass(frozen=True, kw_only=True)
+class PassOptions:
+    """How a pass reads: ``threads`` is ``dispatch.pass_threads``; the rest
+    are fixed in the product and set by tests for small stores."""
+
+    # threads checking and copying a window (without the GIL, in the compiled
+    # call); None: the cores this process may run on, at most MAX_THREADS
+    threads: int | None = None
+    # A window of one CommitLog file is mapped in one call and given back
+    # behind the pass. Its array work costs ~100 us a queue whatever their
+    # records, so a pass over many queues takes wider windows: ``window``
+    # more bytes every ``queues_per_step`` queues, up to ``max_window``. A
+    # sparse pass (records filling less than 1/_DENSE of their span) takes
+    # ``max_window`` windows, copied in stretches of ``window``.
+    window: int = 32 << 20
+    max_window: int = 128 << 20
+    queues_per_step: int = 256
+    # ConsumeQueue entries read at first by ``_pending``, then four times more
+    # each step; and read past those the round's look found written
+    # (``_QueueFiles.written``): what the broker may have added since
+    scan: int = 1024
+    slack: int = 64
+
+    def window_bytes(self, queues: int) -> int:
+        """The window of a pass over ``queues`` queues."""
+        return min(self.max_window, self.window * max(1, -(-queues // self.queues_per_step)))
+
+    def pass_threads(self) -> int:
+        """The threads a pass's windows are checked and copied on."""
+        if self.threads is not None:
+            return max(1, self.threads)
+        return max(1, min(MAX_THREADS, len(os.sched_getaffinity(0))))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,7 +179,8 @@ class _Queue:
 Planned = tuple[BuildJob, SegmentBuilder, Exception | None]
 
 
-def build_pass(local: LocalStore, jobs: list[BuildJob]) -> tuple[dict[tuple[str, int], Planned], PassStats]:
+def build_pass(local: LocalStore, jobs: list[BuildJob], options: PassOptions = PassOptions()
+               ) -> tuple[dict[tuple[str, int], Planned], PassStats]:
     """The next segment of every job's queue, as ``build_segment`` builds
     it, from one CommitLog pass. Returns (topic, queue) -> (job,
     builder, stop) and what the pass read: ``builder.build()`` (when it holds
@@ -185,9 +191,9 @@ def build_pass(local: LocalStore, jobs: list[BuildJob]) -> tuple[dict[tuple[str,
     confirmed = local.confirmed_offset()
     phys_limit = confirmed if confirmed is not None else NO_LIMIT
     local.commitlog.refresh()  # files the broker started or deleted since the last look
-    queues, every, kept = _gather(local, jobs, phys_limit)
+    queues, every, kept = _gather(local, jobs, phys_limit, options)
     try:
-        records, nbytes, windows, helpers_cpu = _walk(local, queues, every)
+        records, nbytes, windows, helpers_cpu = _walk(local, queues, every, options)
         _recheck_last(local, queues, kept)
     finally:
         if kept is not None:
@@ -203,13 +209,6 @@ def build_pass(local: LocalStore, jobs: list[BuildJob]) -> tuple[dict[tuple[str,
                       seconds=time.perf_counter() - started,
                       cpu_seconds=time.thread_time() - cpu + helpers_cpu)
     return out, stats
-
-
-# ConsumeQueue entries read at first by ``_pending``, then four times more each step
-_SCAN = 1024
-# entries read first past those written at the round's look at the queue
-# (``_QueueFiles.written``): what the broker may have added since
-_SLACK = 64
 
 
 def _keep_limit() -> int:
@@ -239,12 +238,13 @@ class _Heads:
     kept: np.ndarray | None
 
 
-def _read_heads(local: LocalStore, jobs: list[BuildJob]) -> _Heads:
+def _read_heads(local: LocalStore, jobs: list[BuildJob], options: PassOptions) -> _Heads:
     """Each job's ConsumeQueue entries from its start offset, every job's read
     in one call (``preads.read_files``: the GIL given up once, not four times
     a queue). As many entries as the round's look at the queue found written
-    after the start, and ``_SLACK`` more, at most ``_SCAN``."""
+    after the start, and ``options.slack`` more, at most ``options.scan``."""
     n = len(jobs)
+    scan, slack = options.scan, options.slack
     files = [local._queue(job.topic, job.queue_id) for job in jobs]
     # per queue: plain Python lists, made arrays once (a numpy item set a queue costs more)
     start, bound, asked = [-1] * n, [NO_LIMIT] * n, [0] * n  # bound: the next file's start, relative
@@ -261,11 +261,11 @@ def _read_heads(local: LocalStore, jobs: list[BuildJob]) -> _Heads:
             bound[i] = (starts[j + 1] - s) // CQ_ENTRY_SIZE * CQ_ENTRY_SIZE
         written = f.written.get(s)
         if written is None:
-            ask = _SCAN
+            ask = scan
         else:
             ask = written - (byte - s) // CQ_ENTRY_SIZE
-            ask = (ask if ask > 0 else 0) + _SLACK
-            ask = ask if ask < _SCAN else _SCAN
+            ask = (ask if ask > 0 else 0) + slack
+            ask = ask if ask < scan else scan
         asked[i] = ask
         read.append(i)
         paths.append(f.name(s))
@@ -288,7 +288,7 @@ def _read_heads(local: LocalStore, jobs: list[BuildJob]) -> _Heads:
                   table=spans.data.view(CQ_DTYPE), kept=kept)
 
 
-def _gather(local: LocalStore, jobs: list[BuildJob], phys_limit: int
+def _gather(local: LocalStore, jobs: list[BuildJob], phys_limit: int, options: PassOptions
             ) -> tuple[list[_Queue], np.ndarray, np.ndarray | None]:
     """Each job's queue with the plain entries the pass reads, those entries
     of every queue one after the other (``_Columns.every``), and the
@@ -297,7 +297,7 @@ def _gather(local: LocalStore, jobs: list[BuildJob], phys_limit: int
     all of them at once in their heads (``_read_heads``); a queue whose head
     does not reach its written end or an entry the pass cannot take (more
     pending than the head holds) reads on by itself."""
-    heads = _read_heads(local, jobs)
+    heads = _read_heads(local, jobs, options)
     try:
         queues, every = _queues_of(jobs, heads, phys_limit)
     except BaseException:
@@ -397,7 +397,7 @@ def _read_on(files: _QueueFiles, start: int, rel: int, end: int, head: np.ndarra
 
 
 def _pending(read: Callable[[int, int], np.ndarray | None], first: int, last: int, phys_limit: int,
-             budget: int, step: int | None = None) -> tuple[np.ndarray, int | None]:
+             budget: int, step: int) -> tuple[np.ndarray, int | None]:
     """The entries from ``first`` up to the written end (the first entry of
     size 0, or ``last``; entries are written in order), and that end; or,
     when an entry the pass cannot take (``_plain``) comes first, the entries
@@ -408,9 +408,9 @@ def _pending(read: Callable[[int, int], np.ndarray | None], first: int, last: in
     segment takes and a step more, where finding the written end by
     bisection over the whole file faulted in a page for each probe (a
     fifth of the pass's CPU at 1,000 queues). The first step reads ``step``
-    entries (default ``_SCAN``), each next four times more."""
+    entries, each next four times more."""
     parts: list[np.ndarray] = []
-    at, step = first, step or _SCAN
+    at, step = first, max(1, step)
     while True:
         chunk = read(at, min(step, last - at))
         if chunk is None:
@@ -601,7 +601,8 @@ class _Columns:
             q.limit, q.taken = limit, taken
 
 
-def _walk(local: LocalStore, queues: list[_Queue], every: np.ndarray) -> tuple[int, int, int, float]:
+def _walk(local: LocalStore, queues: list[_Queue], every: np.ndarray, options: PassOptions
+          ) -> tuple[int, int, int, float]:
     """Every queue's plain entries read in physical order, window by window
     (``every``: see ``_Columns``). Returns (records, bytes, windows) read and
     the CPU seconds of the threads the windows started."""
@@ -612,7 +613,7 @@ def _walk(local: LocalStore, queues: list[_Queue], every: np.ndarray) -> tuple[i
     phys, size = cols.every["phys"].astype(np.int64), cols.every["size"].astype(np.int64)
     before = np.zeros(len(size) + 1, np.int64)  # the bytes of the entries before each one
     np.cumsum(size, out=before[1:])
-    threads = pass_threads()
+    threads = options.pass_threads()
     owner = np.repeat(np.arange(len(queues)), counts)
     index = np.arange(len(phys)) - np.repeat(cols.first, counts)  # in its queue's entries
     order = np.argsort(phys, kind="stable")
@@ -622,10 +623,10 @@ def _walk(local: LocalStore, queues: list[_Queue], every: np.ndarray) -> tuple[i
     starts = np.asarray(commitlog.starts, np.int64)
     file_at = np.searchsorted(starts, phys, side="right") - 1
     # windows: one CommitLog file each, cut every window_bytes of it (or, for a
-    # sparse pass the compiled copy takes in stretches, every MAX_WINDOW)
-    width, stretch = window_bytes(sum(1 for n in counts if n)), 0
+    # sparse pass the compiled copy takes in stretches, every max_window)
+    width, stretch = options.window_bytes(sum(1 for n in counts if n)), 0
     if _in_stretches(phys, size):
-        width, stretch = MAX_WINDOW, WINDOW
+        width, stretch = options.max_window, options.window
     key = file_at * (1 << 40) + np.where(file_at >= 0, phys - starts[np.maximum(file_at, 0)], 0) // width
     cuts = np.flatnonzero(key[1:] != key[:-1]) + 1
     records = nbytes = windows = 0
@@ -662,8 +663,8 @@ def _walk(local: LocalStore, queues: list[_Queue], every: np.ndarray) -> tuple[i
 
 
 def _in_stretches(phys: np.ndarray, size: np.ndarray) -> bool:
-    """Whether a pass over these records takes MAX_WINDOW windows, copied in
-    stretches of WINDOW: a sparse pass, with the compiled copy."""
+    """Whether a pass over these records takes ``max_window`` windows, copied
+    in stretches of ``window``: a sparse pass, with the compiled copy."""
     return bool(len(phys)) and copies_in_stretches() and int(size.sum()) * _DENSE < int((phys + size).max()
                                                                                         - phys.min())
 

@@ -184,6 +184,9 @@ class DispatchSettings(_Section):
     # walks the CommitLog span of its records, so with many queues of small
     # segments a larger value means fewer walks, for more memory.
     pass_bytes: Size | None = Field(default=None, gt=0)
+    # Threads checking and copying the pass's CommitLog windows (no GIL held).
+    # null: the cores this process may run on, at most 8.
+    pass_threads: int | None = Field(default=None, ge=1, le=64)
     # Segment layout written: 2 (one object per segment) or 1 (three objects,
     # readable by tiered before 2.0). Both are always read.
     layout: int = Field(default=2, ge=1, le=2)

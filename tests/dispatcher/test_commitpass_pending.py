@@ -64,11 +64,8 @@ def test_reading_forward_takes_what_bisection_took(sizes, written_gap, first, ba
     table[:len(rows)] = rows
     view = memoryview(table.tobytes())
     first = min(first, capacity - 1)
-    saved, commitpass._SCAN = commitpass._SCAN, scan  # steps of one entry and more: every step boundary
-    try:
-        got, hi = commitpass._pending(_reader(view), first, capacity, phys_limit, budget)
-    finally:
-        commitpass._SCAN = saved
+    # steps of one entry and more: every step boundary
+    got, hi = commitpass._pending(_reader(view), first, capacity, phys_limit, budget, scan)
     k, full = commitpass._plain(got, phys_limit, budget)
     assert (got[:k].tolist(), full, hi if k == len(got) else None) == _by_bisection(view, first, capacity,
                                                                                    phys_limit, budget)
@@ -79,7 +76,7 @@ def test_reading_forward_takes_what_bisection_took(sizes, written_gap, first, ba
 def test_a_file_written_to_its_end_is_read_to_its_end():
     table = np.zeros(5000, CQ_DTYPE)
     table["phys"], table["size"] = np.arange(5000) * 10, 10
-    got, hi = commitpass._pending(_reader(memoryview(table.tobytes())), 3, 5000, 1 << 62, 1 << 40)
+    got, hi = commitpass._pending(_reader(memoryview(table.tobytes())), 3, 5000, 1 << 62, 1 << 40, 1024)
     assert hi == 5000 and got.tolist() == table[3:].tolist()
 
 
@@ -122,11 +119,7 @@ def test_a_file_gone_mid_read_hands_the_queue_to_the_per_queue_read():
         calls.append((at, n))
         return table[at:at + n] if len(calls) < 3 else None
 
-    saved, commitpass._SCAN = commitpass._SCAN, 2
-    try:
-        got, hi = commitpass._pending(read, 0, 40, 1 << 62, 1 << 40)
-    finally:
-        commitpass._SCAN = saved
+    got, hi = commitpass._pending(read, 0, 40, 1 << 62, 1 << 40, 2)
     assert calls == [(0, 2), (2, 8), (10, 30)]
     assert hi is None and got.tobytes() == table[:10].tobytes()
 
@@ -134,7 +127,7 @@ def test_a_file_gone_mid_read_hands_the_queue_to_the_per_queue_read():
 # --- _gather: every queue's head read at once, against the per-queue read ------------------------------------
 
 
-def _per_queue_gather(local, job, phys_limit: int):  # noqa: ANN001, ANN202
+def _per_queue_gather(local, job, phys_limit: int, scan: int):  # noqa: ANN001, ANN202
     """What the pass took for one queue when it read each queue on its own
     (before ``_read_heads``): its plain entries, whether the next passes the
     budget, the bytes taken, the last entry to read again and whether the
@@ -147,7 +140,7 @@ def _per_queue_gather(local, job, phys_limit: int):  # noqa: ANN001, ANN202
         return nothing
     rel = byte - start
     try:
-        head, size = files.read(start, rel, commitpass._SCAN * CQ_ENTRY_SIZE)
+        head, size = files.read(start, rel, scan * CQ_ENTRY_SIZE)
     except FileNotFoundError:
         return nothing
     end = files.entries_end(start, size)
@@ -164,7 +157,8 @@ def _per_queue_gather(local, job, phys_limit: int):  # noqa: ANN001, ANN202
             return None
         return np.frombuffer(more, CQ_DTYPE, count=len(more) // CQ_ENTRY_SIZE)
 
-    entries, hi = commitpass._pending(read, rel // CQ_ENTRY_SIZE, end // CQ_ENTRY_SIZE, phys_limit, job.segment_bytes)
+    entries, hi = commitpass._pending(read, rel // CQ_ENTRY_SIZE, end // CQ_ENTRY_SIZE, phys_limit, job.segment_bytes,
+                                      scan)
     k, full = commitpass._plain(entries, phys_limit, job.segment_bytes)
     nbytes = int(entries["size"][:k].astype(np.int64).sum())
     last = at_end = None
@@ -242,17 +236,17 @@ def test_every_queue_at_once_takes_what_each_queue_read_alone_took(tmp_path_fact
             files.written.update({s: (s // CQ_ENTRY_SIZE + 3) % 7 for s in files.starts})
         elif look == "gone":
             shutil.rmtree(root / "consumequeue" / f"T{qi % 3}" / str(qi))
-    saved = commitpass._SCAN, commitpass._SLACK, preads._native
-    commitpass._SCAN, commitpass._SLACK = scan_slack
+    options = commitpass.PassOptions(scan=scan_slack[0], slack=scan_slack[1])
+    saved = preads._native
     if not compiled:
         preads._native = None
     try:
-        got, every, kept = commitpass._gather(local, jobs, phys_limit)
+        got, every, kept = commitpass._gather(local, jobs, phys_limit, options)
         if kept is not None:
             preads.close_kept(kept)
-        want = [_per_queue_gather(local, job, phys_limit) for job in jobs]
+        want = [_per_queue_gather(local, job, phys_limit, options.scan) for job in jobs]
     finally:
-        commitpass._SCAN, commitpass._SLACK, preads._native = saved
+        preads._native = saved
     assert every.tobytes() == b"".join(w[0] for w in want)
     for job, q, (entries, full, nbytes, last, at_end) in zip(jobs, got, want):
         assert q.job is job and q.taken == 0 and q.stop is None and not q.redo

@@ -198,7 +198,7 @@ def test_one_pass_builds_the_per_queue_segments(tmp_path, clock, recorder, monke
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "a CommitLog record was read twice"
     if segment_bytes == 1 << 20:
         # one pass, window after window in physical order, as the broker wrote them
-        windows = [(f, lo // commitpass.window_bytes(len(QUEUES))) for f, lo, _hi in counted]
+        windows = [(f, lo // commitpass.PassOptions().window_bytes(len(QUEUES))) for f, lo, _hi in counted]
         assert windows == sorted(windows)
         # the pass read every record but the tails the per-queue read completes
         # (each queue's last entry, the corrupt record and what follows)
@@ -221,11 +221,11 @@ def test_pass_and_per_queue_build_agree_on_every_start(tmp_path, clock, monkeypa
     ``build_segment``'s, record and stop alike; also with every pass taken
     as sparse, in 16 KiB windows copied in 4 KiB stretches whose pages are
     given back behind them."""
-    from dispatcher.commitpass import BuildJob
+    from dispatcher.commitpass import BuildJob, PassOptions
 
+    options = PassOptions()
     if stretches:
-        monkeypatch.setattr(commitpass, "WINDOW", 4096)
-        monkeypatch.setattr(commitpass, "MAX_WINDOW", 16384)
+        options = PassOptions(window=4096, max_window=16384)
         monkeypatch.setattr(commitpass, "_in_stretches", lambda phys, size: True)
 
     sd = tmp_path / "store"
@@ -239,7 +239,7 @@ def test_pass_and_per_queue_build_agree_on_every_start(tmp_path, clock, monkeypa
             jobs = [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=start + (LATE_START if (t, q) == LATE
                                                                                           else 0),
                              cl_start=100, segment_bytes=budget, key_index=True, layout=2) for t, q in QUEUES]
-            planned, _stats = commitpass.build_pass(local, jobs)
+            planned, _stats = commitpass.build_pass(local, jobs, options)
             for job in jobs:
                 _got, got_stop = _as_per_queue(local, job, planned, start, budget)
                 stops.add(str(got_stop))
@@ -290,15 +290,18 @@ def test_a_last_entry_written_during_the_pass_is_read_again(tmp_path, clock, mon
 
 
 def test_window_widens_with_the_queues_of_a_pass():
-    assert commitpass.window_bytes(1) == commitpass.window_bytes(256) == 32 << 20
-    assert commitpass.window_bytes(257) == 64 << 20
-    assert commitpass.window_bytes(1000) == commitpass.window_bytes(10_000) == 128 << 20
+    options = commitpass.PassOptions()
+    assert options.window_bytes(1) == options.window_bytes(256) == 32 << 20
+    assert options.window_bytes(257) == 64 << 20
+    assert options.window_bytes(1000) == options.window_bytes(10_000) == 128 << 20
+    small = commitpass.PassOptions(window=4096, max_window=10_000, queues_per_step=2)
+    assert (small.window_bytes(2), small.window_bytes(3), small.window_bytes(9)) == (4096, 8192, 10_000)
 
 
 def test_windows_go_on_the_cores_available_at_most_max_threads(tmp_path, clock, monkeypatch):
     """The pass hands each window to as many threads as the cores this
     process may run on (its affinity, not the machine's), at most
-    MAX_THREADS, or THREADS when set."""
+    MAX_THREADS, or ``PassOptions.threads`` when set."""
     seen: list[int] = []
     real = commitpass.check_copy_runs
 
@@ -315,9 +318,8 @@ def test_windows_go_on_the_cores_available_at_most_max_threads(tmp_path, clock, 
     for cores, configured, want in ((set(range(40)), None, commitpass.MAX_THREADS), ({3}, None, 1),
                                     ({0, 5, 9}, None, 3), (set(range(40)), 12, 12), ({1}, 0, 1)):
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cores=cores: cores)
-        monkeypatch.setattr(commitpass, "THREADS", configured)
         seen.clear()
-        planned, stats = commitpass.build_pass(local, jobs)
+        planned, stats = commitpass.build_pass(local, jobs, commitpass.PassOptions(threads=configured))
         assert seen and set(seen) == {want} and stats.records == 100, (cores, configured)
 
 
@@ -402,7 +404,6 @@ def test_a_corrupt_record_in_a_window_of_many_queues_stops_only_its_queue(tmp_pa
 
     if not compiled:
         monkeypatch.setattr(batch_module, "_native", None)
-    monkeypatch.setattr(commitpass, "_SCAN", scan)  # 2: the entries read in several steps, joined
     sd = tmp_path / "store"
     with new_writer(sd, commitlog_file_size=1 << 20) as w:
         for i in range(12):
@@ -418,7 +419,8 @@ def test_a_corrupt_record_in_a_window_of_many_queues_stops_only_its_queue(tmp_pa
     monkeypatch.setattr(commitpass, "check_copy_runs", lambda *a, **kw: calls.append(len(a[3])) or real(*a, **kw))
     jobs = [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=0, cl_start=0, segment_bytes=1 << 20,
                      key_index=True, layout=2) for t, q in MANY]
-    planned, stats = commitpass.build_pass(local, jobs)
+    # scan 2: the entries read in several steps, joined
+    planned, stats = commitpass.build_pass(local, jobs, commitpass.PassOptions(scan=scan))
     assert calls == [70] and stats.windows == 1  # one call for every queue of the window
     for job in jobs:
         got, stop = _as_per_queue(local, job, planned)
@@ -692,3 +694,29 @@ def test_dispatch_pass_bytes_from_the_configuration_sets_the_waves(tmp_path, clo
     else:
         assert len(waves) >= 2 and sum(waves) == 5 and all(n % 2 == 0 for n in waves[:-1]), waves
     assert_exact(d.cold.store, local, queues)
+
+
+def test_the_configured_pass_options_reach_every_pass_of_a_round(tmp_path, clock, monkeypatch):
+    """``dispatch.pass_threads`` reaches the round's passes through
+    ``ArchiveOptions.commit_pass``; so do the test-sized windows."""
+    from tiered.cli.wiring import make_dispatcher
+    from tiered.config import Settings
+
+    seen: list[int] = []
+    real = commitpass.check_copy_runs
+
+    def check_copy_runs(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        seen.append(kw["threads"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(commitpass, "check_copy_runs", check_copy_runs)
+    queues, local, _biggest = _five_queues(tmp_path, clock)
+    settings = Settings(store=tmp_path / "store", cold_url=f"file://{tmp_path / 'cold'}", state_dir=tmp_path / "s",
+                        dispatch={"pass_threads": 3, "upload_bytes": 1, "max_delay": 0.001})
+    clock.advance(1)
+    d = make_dispatcher(settings, local, clock=clock)
+    assert d.options.archive.commit_pass == commitpass.PassOptions(threads=3)
+    assert d.options.archive.layout == 2
+    result = d.run_round()
+    assert result.ok and result.messages == 100 and d.archiver.passes, result
+    assert seen and set(seen) == {3}

@@ -186,7 +186,7 @@ def new_dispatcher(store: ObjectStore, local: LocalStore, state_dir: Path, clock
                    topic_filter: TopicFilter | None = None, ttl_s: float = 120.0, force: bool = False,
                    **opts: Any) -> Dispatcher:
     archive_keys = {"upload_bytes", "max_delay_ms", "segment_bytes", "start_position", "quarantine_corrupt",
-                    "key_index", "layout", "compression"}
+                    "key_index", "layout", "compression", "commit_pass"}
     archive = ArchiveOptions(**{k: v for k, v in opts.items() if k in archive_keys})
     rest = {k: v for k, v in opts.items() if k not in archive_keys and k != "catalog_refresh_s"}
     cold = ColdTier(store, CLUSTER, BROKER, state_dir=state_dir, writer=identity, clock=clock,

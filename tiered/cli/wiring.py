@@ -183,7 +183,7 @@ def make_dispatcher(
 ) -> Dispatcher:
     """A Dispatcher from settings; the service passes its shared store, cold
     tier and lease so the dispatcher and the cleaner see one manifest cache."""
-    from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
+    from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, PassOptions
 
     store = store or object_store(settings, recorder)
     cold = cold or cold_tier(settings, store, writer=True, clock=clock, recorder=recorder)
@@ -192,7 +192,8 @@ def make_dispatcher(
         archive=ArchiveOptions(upload_bytes=d.upload_bytes, max_delay_ms=int(d.max_delay * 1000),
                                segment_bytes=d.segment_bytes, start_position=d.start_position,
                                quarantine_corrupt=d.quarantine_corrupt, key_index=d.key_index,
-                               layout=d.layout, compression=d.compression),
+                               layout=d.layout, compression=d.compression,
+                               commit_pass=PassOptions(threads=d.pass_threads)),
         parallelism=d.parallelism, round_budget_s=d.round_budget, failure_backoff_s=d.interval,
         retention=settings.retention, pass_bytes=d.pass_bytes, identity_check_s=d.identity_check,
     )
