@@ -46,7 +46,7 @@ class ArchiveOptions:
     # segment layout written (tiered/archive/layout.py): 2 = one object per
     # segment (dispatch.layout); 1 = the three objects of format 1.x, for a
     # fleet with older readers
-    layout: int = 1
+    layout: int = 2
     compression: str = "none"  # "zstd": v2 objects compressed whole
     commit_pass: PassOptions = PassOptions()  # how the CommitLog pass reads
 

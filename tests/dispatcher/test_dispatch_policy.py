@@ -130,7 +130,7 @@ def test_parallelism_and_memory_are_bounded(tmp_path, clock):
     raw_put = store._raw_put
 
     def slow_put(key, data, *crc):  # noqa: ANN001, ANN002, ANN202
-        if "/commitlog/" in key:
+        if "/segment/" in key:  # a segment's object (layout 2)
             with lock:
                 active["now"] += 1
                 active["max"] = max(active["max"], active["now"])
@@ -179,7 +179,7 @@ def test_round_budget_lets_every_queue_progress(tmp_path, clock):
     raw_put = store._raw_put
 
     def timed_put(key, data, *crc):  # noqa: ANN001, ANN002, ANN202
-        if "/commitlog/" in key:
+        if "/segment/" in key:  # a segment's object (layout 2)
             clock.advance(1)
         return raw_put(key, data, *crc)
 

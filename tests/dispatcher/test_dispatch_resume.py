@@ -39,14 +39,15 @@ def _starts(store: ObjectStore) -> list[int]:
     return [s.q_start for s in m.segments] if m else []
 
 
-@pytest.mark.parametrize("what", ["commitlog", "consumequeue", "manifest"])
-def test_failed_upload_resumes_at_the_failed_message(what, cold_url, open_cold, tmp_path, clock, recorder):
+@pytest.mark.parametrize(("what", "layout"), [("segment", 2), ("manifest", 2), ("commitlog", 1), ("consumequeue", 1)])
+def test_failed_upload_resumes_at_the_failed_message(what, layout, cold_url, open_cold, tmp_path, clock, recorder):
     store = open_cold(cold_url, recorder=recorder, retry=RetryPolicy(attempts=2, base_delay=0.001, max_delay=0.001))
     with new_writer(tmp_path / "store") as w:
         produce(w, *Q, 40, clock=clock, body_size=100)
     local = LocalStore(tmp_path / "store")
+    # layout 1 writes a segment as three objects: the CommitLog's, then the ConsumeQueue's
     d = new_dispatcher(store, local, tmp_path / "state", clock, recorder=recorder, upload_bytes=1,
-                       segment_bytes=1000, max_delay_ms=0, parallelism=1)
+                       segment_bytes=1000, max_delay_ms=0, parallelism=1, layout=layout)
     armed = {"on": True}
     state = {"segments_seen": 0}
 
@@ -92,12 +93,12 @@ def test_failed_upload_resumes_at_the_failed_message(what, cold_url, open_cold, 
 
 def test_failed_upload_over_http_resumes_at_the_failed_message(tmp_path, moto_endpoint, s3_bucket, clock, recorder):
     """The same through the real S3 client path: the proxy answers 500 to
-    every PUT of the third segment's CommitLog object until disarmed."""
+    every PUT of the third segment's object until disarmed."""
     armed = {"on": True}
     names: list[str] = []
 
     def decide(req):  # noqa: ANN001, ANN202
-        if req.method != "PUT" or "/commitlog/" not in req.key:
+        if req.method != "PUT" or "/segment/" not in req.key:
             return None
         name = req.key.rsplit("/", 1)[1]
         if name not in names:
@@ -133,7 +134,7 @@ def test_a_failure_in_the_middle_of_a_catch_up_keeps_what_was_committed(tmp_path
     calls = {"n": 0}
 
     def should_fail(op: str, key: str) -> bool:
-        if "/commitlog/" in key:
+        if "/segment/" in key:
             calls["n"] += 1
             return calls["n"] % 4 == 0  # every 4th data upload fails once
         return False

@@ -126,7 +126,8 @@ def test_two_write_requests_per_segment_over_330_segments(cold_url, open_cold, t
 
 
 def test_a_crash_between_chunk_write_and_head_commit_loses_nothing(cold_url, open_cold, tmp_path, clock) -> None:
-    w, local, store, rec, d, _ = setup(tmp_path, open_cold, cold_url, clock, CHUNK_SEGMENTS)  # layout v1
+    # layout v1: a chunk is an object of its own, written before the head's commit
+    w, local, store, rec, d, _ = setup(tmp_path, open_cold, cold_url, clock, CHUNK_SEGMENTS, layout=1)
     head_key = f"{queue_prefix(CLUSTER, BROKER, TOPIC, 0)}/{MANIFEST}"
     archive_all(d, local, [(TOPIC, 0)])
     assert not rec.chunk_puts and d.cold.cached(TOPIC, 0).next_offset == CHUNK_SEGMENTS
@@ -145,7 +146,8 @@ def test_a_crash_between_chunk_write_and_head_commit_loses_nothing(cold_url, ope
     collected = orphan_pass(store)
     assert orphan in collected and store.head(orphan) is None
     # a restarted writer goes on from the bucket: nothing lost, nothing twice
-    d2 = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0, segment_bytes=1)
+    d2 = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0, segment_bytes=1,
+                        layout=1)
     archive_all(d2, local, [(TOPIC, 0)])
     w.close()
     assert_exact(store, local, [(TOPIC, 0)])
@@ -204,7 +206,8 @@ def test_a_lost_head_is_rebuilt_from_the_segments_and_its_old_chunks_collected(
 
 
 def test_a_lost_chunk_stops_its_queue_only_and_repair_rebuilds_it(cold_url, open_cold, tmp_path, clock) -> None:
-    w, local, store, _, d, _ = setup(tmp_path, open_cold, cold_url, clock, 40, queues=2)
+    # layout v1: a chunk is an object of its own (v2 carries it in a segment object)
+    w, local, store, _, d, _ = setup(tmp_path, open_cold, cold_url, clock, 40, queues=2, layout=1)
     archive_all(d, local, [(TOPIC, 0), (TOPIC, 1)])
     old = d.cold.cached(TOPIC, 0)
     lost = sorted(chunk_objects(store, 0))[0]
@@ -213,7 +216,7 @@ def test_a_lost_chunk_stops_its_queue_only_and_repair_rebuilds_it(cold_url, open
     produce(w, TOPIC, 1, 3, clock=clock, body_size=60)
     rec = CountingRecorder()
     d2 = new_dispatcher(store, local, tmp_path / "state-new", clock, recorder=rec, upload_bytes=1, max_delay_ms=0,
-                        segment_bytes=1)
+                        segment_bytes=1, layout=1)
     local.refresh()
     result = d2.run_round()
     assert set(result.errors) == {f"{TOPIC}/0"} and lost in result.errors[f"{TOPIC}/0"]

@@ -13,8 +13,8 @@ from tiered.query.reader import Archive, QueueRef
 from tiered.query.scan import SliceResult, manifest_slices, read_slice
 
 
-def test_cut_object_loses_only_the_records_past_its_end(archived) -> None:
-    store = archived.store
+def test_cut_object_loses_only_the_records_past_its_end(archived_v1) -> None:
+    store = archived_v1.store  # layout 1: the CommitLog object alone is cut
     ref = QueueRef(CLUSTER, BROKER, "Orders", 0)
     m = Archive(store).manifest(ref)
     seg = m.segments[1]
