@@ -41,8 +41,8 @@ write (reput) order, for all the queues of a round's wave:
    every queue whose records it holds (measured 0.19 s more for 64 MiB over
    16 queues). The window's bytes are cut into pieces of whole records
    (a queue's run too: at 16 queues a wave holds a few queues of many MiB)
-   and done on up to ``PassOptions.pass_threads()`` threads, the cores this process may
-   use; a piece that stops at a record the checks refuse ends its queue's
+   and done on up to ``PassOptions.pass_threads()`` threads, the cores this
+   process may use; a piece that stops at a record the checks refuse ends its queue's
    run there, whatever the pieces after it did. The pass's per-queue state
    is kept as arrays (``_Columns``), so a window costs array operations
    over its queues, not Python calls a queue; each builder is handed its
@@ -53,7 +53,9 @@ write (reput) order, for all the queues of a round's wave:
    ConsumeQueue file, a CommitLog file gone), the per-queue read continues
    from that offset with the rest of the budget. It decides tails, races and
    errors as it always has: a corrupt record stops its queue with the typed
-   error naming file and offset, and no other queue.
+   error naming file and offset, and no other queue. ``build_segment`` runs
+   it alone for a job no pass was given (an LMQ queue, a step after a gap):
+   the per-queue read has no other way in.
 
 The segments are those the per-queue build makes: same records, same
 boundaries (the budget rule of ``QueueCursor`` is kept, including "the
