@@ -298,10 +298,8 @@ def test_window_widens_with_the_queues_of_a_pass():
     assert (small.window_bytes(2), small.window_bytes(3), small.window_bytes(9)) == (4096, 8192, 10_000)
 
 
-def test_windows_go_on_the_cores_available_at_most_max_threads(tmp_path, clock, monkeypatch):
-    """The pass hands each window to as many threads as the cores this
-    process may run on (its affinity, not the machine's), at most
-    MAX_THREADS, or ``PassOptions.threads`` when set."""
+def _threads_seen(monkeypatch) -> list[int]:  # noqa: ANN001
+    """The threads each window of every pass from now on is handed to."""
     seen: list[int] = []
     real = commitpass.check_copy_runs
 
@@ -310,6 +308,14 @@ def test_windows_go_on_the_cores_available_at_most_max_threads(tmp_path, clock, 
         return real(*a, **kw)
 
     monkeypatch.setattr(commitpass, "check_copy_runs", check_copy_runs)
+    return seen
+
+
+def test_windows_go_on_the_cores_available_at_most_max_threads(tmp_path, clock, monkeypatch):
+    """The pass hands each window to as many threads as the cores this
+    process may run on (its affinity, not the machine's), at most
+    MAX_THREADS, or ``PassOptions.threads`` when set."""
+    seen = _threads_seen(monkeypatch)
     queues, local, _biggest = _five_queues(tmp_path, clock)
     from dispatcher.commitpass import BuildJob
 
@@ -698,18 +704,11 @@ def test_dispatch_pass_bytes_from_the_configuration_sets_the_waves(tmp_path, clo
 
 def test_the_configured_pass_options_reach_every_pass_of_a_round(tmp_path, clock, monkeypatch):
     """``dispatch.pass_threads`` reaches the round's passes through
-    ``ArchiveOptions.commit_pass``; so do the test-sized windows."""
+    ``ArchiveOptions.commit_pass``."""
     from tiered.cli.wiring import make_dispatcher
     from tiered.config import Settings
 
-    seen: list[int] = []
-    real = commitpass.check_copy_runs
-
-    def check_copy_runs(*a, **kw):  # noqa: ANN002, ANN003, ANN202
-        seen.append(kw["threads"])
-        return real(*a, **kw)
-
-    monkeypatch.setattr(commitpass, "check_copy_runs", check_copy_runs)
+    seen = _threads_seen(monkeypatch)
     queues, local, _biggest = _five_queues(tmp_path, clock)
     settings = Settings(store=tmp_path / "store", cold_url=f"file://{tmp_path / 'cold'}", state_dir=tmp_path / "s",
                         dispatch={"pass_threads": 3, "upload_bytes": 1, "max_delay": 0.001})
