@@ -2,11 +2,10 @@
 the read path's run check in C (tiered/format/_runcheck.c, with the
 CommitLog pass's check-and-copy on POSIX threads) and the key
 index's key scan in C (tiered/format/_keyscan.c), and the CommitLog pass's
-many small ConsumeQueue reads in one call (tiered/store/_preads.c), and a
-file:// object's whole durable write in one call (tiered/archive/_filewrite.c). Optional: an install
+many small ConsumeQueue reads in one call (tiered/store/_preads.c). Optional: an install
 without a C compiler still succeeds and works with numpy instead
-(tiered.format.batch, tiered.format.keyindex, tiered.store.preads and
-tiered.archive.filewrite pick the path at import)."""
+(tiered.format.batch, tiered.format.keyindex and tiered.store.preads pick
+the path at import)."""
 
 from setuptools import Extension, setup
 
@@ -15,6 +14,4 @@ setup(ext_modules=[Extension("tiered.format._runcheck", ["tiered/format/_runchec
                    Extension("tiered.format._keyscan", ["tiered/format/_keyscan.c"], optional=True,
                              extra_compile_args=["-O2"]),
                    Extension("tiered.store._preads", ["tiered/store/_preads.c"], optional=True,
-                             extra_compile_args=["-O2"]),
-                   Extension("tiered.archive._filewrite", ["tiered/archive/_filewrite.c"], optional=True,
                              extra_compile_args=["-O2"])])

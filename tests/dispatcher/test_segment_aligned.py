@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from dispatcher import segment
 from dispatcher.segment import ALIGN, SEGMENT_BUFFERS, BufferPool, SegmentBuilder, fit
-from tiered.archive import filewrite, segmeta
+from tiered.archive import segmeta
 from tiered.archive.filewrite import DIRECT_MIN
 from tiered.archive.storage import open_store
 from tiered.format.batch import RecordBatch
@@ -180,9 +180,6 @@ def test_a_buffer_in_a_direct_write_cannot_be_given_back(tmp_path, monkeypatch) 
         return real(fd, data)
 
     monkeypatch.setattr(os, "write", write)
-    # seen from Python's os.write; the compiled write holds the same references
-    # (the store's frames and its call's arguments) while the kernel reads the pages
-    monkeypatch.setattr(filewrite, "_native", None)
     store = open_store(f"file://{tmp_path}")
     store.put("T/0/obj", buf)
     assert in_flight == [False] and pool._idle == []
