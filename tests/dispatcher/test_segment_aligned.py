@@ -1,5 +1,5 @@
 """Segment buffers start at a page (dispatcher/segment.py ``fit``, the
-compiled ``realign`` of tiered/format/_runcheck.c), so a file:// store can
+compiled ``realign`` of tiered/_native.c), so a file:// store can
 write them around the page cache (O_DIRECT): from the pool, through the
 pass's reserve/buffer/extend and the v2 tail appended in place. Alignment
 never changes a byte: the same segments come out of unaligned buffers, and
@@ -23,8 +23,12 @@ from tiered.archive.storage import open_store
 from tiered.format.batch import RecordBatch
 
 from dispatchkit import direct_opens, extend_like_the_pass, props_batch
+from nativekit import need_native
 
-pytestmark = pytest.mark.skipif(segment._realign is None, reason="the install built no _runcheck.c")
+@pytest.fixture(autouse=True, scope="module")
+def _aligned_buffers() -> None:
+    need_native()  # realign: buffers start at a page only where the native core is built
+    assert segment._realign is not None
 
 PROPS = [b"KEYS\x01k%d a%d\x02UNIQ_KEY\x01u%d" % (i, i % 3, i) for i in range(40)]
 
