@@ -52,7 +52,7 @@ from tiered.retention import load_retention
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DispatchOptions:
     archive: ArchiveOptions = ArchiveOptions()
     parallelism: int = 4
@@ -165,6 +165,7 @@ class Dispatcher:
         # the lag age of a queue whose oldest pending record cannot be read
         self._pending_since: dict[tuple[str, int], tuple[int, int]] = {}
         self._rng = random.Random()
+        self._mode_problem: str | None = None  # the last checkpoint problem logged (controller mode)
         self._fenced: str | None = None
         self._was_fenced = False
         self._round_lock = threading.Lock()
@@ -207,6 +208,7 @@ class Dispatcher:
         self._was_fenced = False
         self._identity_at = None  # the first round reads it again, idle or not
         self.started = True
+        log.info("broker mode %s", self.local.told_mode.describe())
 
     def eligible_queues(self) -> list[tuple[str, int]]:
         unreadable = self.layout.current().unreadable_topics  # a queue type we cannot read
@@ -481,6 +483,12 @@ class Dispatcher:
             log.error("cannot list the local store's queues; lag not refreshed: %s", exc)
             return None
         now_ms = self.clock.now_ms()
+        mode = self.local.broker_mode()
+        self.recorder.confirm_offset(mode.confirm_offset)
+        if mode.problem != self._mode_problem:  # logged when it appears or changes, not every round
+            if mode.problem is not None:
+                log.warning("the archive waits for the cluster to confirm: %s", mode.problem)
+            self._mode_problem = mode.problem
         total = 0
         for key in keys:
             try:

@@ -106,6 +106,7 @@ class _StateCollector(Collector):
         self._committed: dict[tuple[str, int], float] = {}  # queue -> unix time of its last commit
         self._store_up: int | None = None  # None until the first request or probe says
         self._lease: tuple[int, float | None] = (0, None)  # held, expiry (unix s)
+        self._confirm: int | None = None  # the confirm offset the archive waits at; None: no bound
 
     def set_lag(self, topic: str, queue_id: int, lag: _Lag) -> None:
         with self._lock:
@@ -134,6 +135,9 @@ class _StateCollector(Collector):
     def set_lease(self, held: bool, expires_s: float | None) -> None:
         self._lease = (int(held), expires_s if held else None)
 
+    def set_confirm(self, offset: int | None) -> None:
+        self._confirm = offset  # one store: atomic, no lock needed
+
     def set_cold(self, topic: str, queue_id: int, cold: _Cold) -> None:
         with self._lock:
             self._cold[(topic, queue_id)] = cold
@@ -150,7 +154,10 @@ class _StateCollector(Collector):
             committed = dict(self._committed)
         families = self._families()
         (lag_messages, lag_bytes, lag_seconds, cold_bytes, cold_segments, oldest,
-         stuck_family, committed_family, store_up, lease_held, lease_expiry) = families
+         stuck_family, committed_family, store_up, lease_held, lease_expiry, confirm_family) = families
+        confirm = self._confirm
+        if confirm is not None:
+            confirm_family.add_metric([], confirm)
         for (topic, queue), value in sorted(self._lag_rows(lag).items()):
             lag_messages.add_metric([topic, queue], value.messages)
             lag_bytes.add_metric([topic, queue], value.nbytes)
@@ -264,6 +271,11 @@ class _StateCollector(Collector):
                 "tiered_lease_expiry_timestamp_seconds",
                 "Expiry of the write lease this sidecar holds (renewed before writes and by the "
                 "store probe once half its TTL is gone); absent when not held or lapsed.",
+            ),
+            GaugeMetricFamily(
+                "tiered_broker_confirm_offset_bytes",
+                "CommitLog offset the cluster confirmed (controller mode): records ending after it wait "
+                "to be archived; absent where the broker mode binds nothing.",
             ),
         ]
 
@@ -461,6 +473,10 @@ class PrometheusRecorder:
 
     def queue_committed(self, topic: str, queue_id: int, now_s: float) -> None:
         self._state.set_committed(topic, queue_id, now_s)
+
+    def confirm_offset(self, offset: int | None) -> None:
+        """The confirm offset the archive waits at (controller mode), None elsewhere."""
+        self._state.set_confirm(offset)
 
     def gap(self, topic: str, queue_id: int, messages: int) -> None:
         self._seen(topic)

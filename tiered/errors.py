@@ -154,3 +154,14 @@ class CredentialsMissingError(StorageError):
             "or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or a profile (AWS_PROFILE, ~/.aws/credentials), "
             "or web identity (AWS_ROLE_ARN + AWS_WEB_IDENTITY_TOKEN_FILE, as IRSA sets them), "
             "or run where instance metadata serves a role", retriable=False)
+
+
+class UnsupportedStoreError(ConfigError):
+    """A broker store tiered cannot read (a RocksDB ConsumeQueue, a DLedger
+    CommitLog): refused at start-up, exit 2, rather than archiving nothing.
+    ``store_type`` and ``directory`` name what was found where."""
+
+    def __init__(self, store_type: str, directory: str, message: str) -> None:
+        self.store_type = store_type
+        self.directory = directory
+        super().__init__(message)

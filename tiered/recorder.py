@@ -34,6 +34,10 @@ class Recorder(Protocol):
     # the queue committed (an upload or a recorded gap) at now_s
     def queue_committed(self, topic: str, queue_id: int, now_s: float) -> None: ...
 
+    # the CommitLog offset the archive waits at (controller mode's confirm
+    # offset), None where the broker mode binds nothing; once per round
+    def confirm_offset(self, offset: int | None) -> None: ...
+
     # a queue left for the next pass because the other job held it all along
     def skipped_busy(self, job: str, topic: str, queue_id: int) -> None: ...
 
@@ -91,6 +95,9 @@ class NullRecorder:
         pass
 
     def queue_committed(self, topic: str, queue_id: int, now_s: float) -> None:
+        pass
+
+    def confirm_offset(self, offset: int | None) -> None:
         pass
 
     def skipped_busy(self, job: str, topic: str, queue_id: int) -> None:

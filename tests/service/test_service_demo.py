@@ -19,11 +19,11 @@ def test_demo_archives_verifies_expires_and_leaves_data(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert list(cwd.iterdir()) == [] and (root / "cold").is_dir()
-    assert out.startswith(f"demo files: {root} (remove them with: rm -rf {root})\n")
-    assert f"\nthe demo's store, archive and state stay in {root}; remove them with: rm -rf {root}\n" in out
+    assert out.startswith(f"demo files:\n  {root}\nremove them with:\n  rm -rf {root}\n")
+    assert f"\nthe demo's store, archive and state stay in:\n  {root}\nremove them with:\n  rm -rf {root}\n" in out
     assert "archive verified" in out and "OK:" in out
     expired_line = next(line for line in out.splitlines() if "segments expired by the cleaner" in line)
-    assert int(expired_line.split("│")[2].split()[0]) >= 1
+    assert int(expired_line.split("by the cleaner", 1)[1].split()[0]) >= 1
     # the store and the archive stay for the other commands
     status = subprocess.run([sys.executable, "-m", "tiered.cli", "status", "--store", str(root / "store"),
                              "--cold", f"file://{root / 'cold'}", "--broker", "demo-broker", "--json"],

@@ -1,15 +1,19 @@
 """The lookups behind ``tiered cat`` and ``tiered find``: a message id, a
-store-time window, the last N records, following a queue as it grows.
+store-time window, the last N records, following a queue as it grows; the
+same over every queue of a topic, merged by store time.
 
 Pure reading on a :class:`ColdReader`; the commands print.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import heapq
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import islice
 
-from tiered.format.codec import Host, Record, parse_offset_msg_id
+from tiered.format.codec import Host, Record, entry_offset, parse_offset_msg_id
 from tiered.query.reader import ColdReader, QueueRef, ReadStatus
 
 
@@ -39,7 +43,7 @@ def _record_at(reader: ColdReader, ref: QueueRef, offset: int) -> tuple[Record |
     while True:
         res = reader.read(ref, offset, max_count=1)
         if res.status is ReadStatus.FOUND and res.records:
-            return res.records[0], res.records[0].queue_offset
+            return res.records[0], entry_offset(res.records[0], ref.topic)
         if res.status in (ReadStatus.OFFSET_IN_GAP, ReadStatus.OFFSET_TOO_SMALL) and res.next_offset > offset:
             offset = res.next_offset
             continue
@@ -75,11 +79,11 @@ def find_msg_id(reader: ColdReader, msg_id: str, *,
         for ref in reader.archive.queues(topics):
             rec = find_physical(reader, ref, parsed.physical_offset)
             if rec is not None and rec.store_host == parsed.store_host:
-                seen.add((ref, rec.queue_offset))
+                seen.add((ref, entry_offset(rec, ref.topic)))
                 yield ref, rec
     for ref, rec in reader.find_key(msg_id.strip(), topics=topics):
-        if rec.unique_key == msg_id.strip() and (ref, rec.queue_offset) not in seen:
-            seen.add((ref, rec.queue_offset))
+        if rec.unique_key == msg_id.strip() and (ref, entry_offset(rec, ref.topic)) not in seen:
+            seen.add((ref, entry_offset(rec, ref.topic)))
             yield ref, rec
 
 
@@ -121,8 +125,68 @@ def follow(reader: ColdReader, ref: QueueRef, start: int, *, sleep: Callable[[],
     while True:
         for rec in reader.iter_queue(ref, offset):
             yield rec
-            offset = rec.queue_offset + 1
+            offset = entry_offset(rec, ref.topic) + 1
         if stop():
             return
         sleep()
         reader.archive.forget()  # the next manifest GET sees what was archived meanwhile
+
+
+# --- a topic: every archived queue of it, merged by store time --------------------------
+
+
+def _order(item: tuple[QueueRef, Record]) -> tuple[int, int, str, str, int]:
+    ref, rec = item
+    return rec.store_timestamp, ref.queue_id, ref.cluster, ref.broker, entry_offset(rec, ref.topic)
+
+
+def _tagged(ref: QueueRef, records: Iterator[Record]) -> Iterator[tuple[QueueRef, Record]]:
+    for rec in records:
+        yield ref, rec
+
+
+def merged(parts: Iterable[tuple[QueueRef, Iterator[Record]]]) -> Iterator[tuple[QueueRef, Record]]:
+    """Records of several queues as one stream, by store time, then queue id
+    (then broker), then offset. Each queue's records come in offset order,
+    and a broker stores a queue's records in time order, so one pass of each
+    queue is enough."""
+    return heapq.merge(*(_tagged(ref, recs) for ref, recs in parts), key=_order)
+
+
+def topic_records(reader: ColdReader, refs: Iterable[QueueRef], *, since_ms: int | None, until_ms: int | None,
+                  last: int | None, limit: int | None) -> Iterator[tuple[QueueRef, Record]]:
+    """What ``cat --topic T`` prints without ``--queue``: every queue's
+    window (as :func:`window`), merged by store time, each record once; the
+    last ``last`` of the merged stream, at most ``limit``."""
+    parts = []
+    for ref in refs:
+        # each queue's share of the topic's first ``limit`` or last ``last`` is within its own
+        win = window(reader, ref, offset=None, since_ms=since_ms, until_ms=until_ms, last=last, limit=limit)
+        parts.append((ref, reader.iter_queue(ref, win.start, None if win.end is None else win.end - win.start)))
+    stream = merged(parts)
+    if last is not None:
+        stream = iter(deque(stream, maxlen=last))
+    return stream if limit is None else islice(stream, limit)
+
+
+def follow_topic(reader: ColdReader, refs: Callable[[], list[QueueRef]], starts: Mapping[QueueRef, int], *,
+                 sleep: Callable[[], None], stop: Callable[[], bool] = lambda: False,
+                 ) -> Iterator[tuple[QueueRef, Record]]:
+    """Every queue of a topic from ``starts`` on, merged by store time, then
+    what is newly archived in any of them, poll after poll (each poll's new
+    records merged by store time). ``refs()`` lists the topic's queues at
+    each poll: a queue archived for the first time is read from its first
+    offset. Ends when ``stop()`` says so."""
+    positions = dict(starts)
+    while True:
+        for ref in refs():
+            if ref not in positions:
+                m = reader.archive.manifest(ref)
+                positions[ref] = m.first_offset if m is not None else 0
+        for ref, rec in merged((ref, reader.iter_queue(ref, at)) for ref, at in positions.items()):
+            yield ref, rec
+            positions[ref] = entry_offset(rec, ref.topic) + 1
+        if stop():
+            return
+        sleep()
+        reader.archive.forget()  # the next catalog and manifest GETs see what was archived meanwhile

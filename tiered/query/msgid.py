@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from tiered.errors import CorruptRecordError, StorageError
 from tiered.format.codec import CQ_ENTRY_SIZE, MAGIC_V1, MAGIC_V2, Host, parse_offset_msg_id
+from tiered.format.lmq import is_lmq
 from tiered.query.reader import ReadStats, first_at_or_after, get_range
 from tiered.query.scan import Slice
 from tiered.archive.storage import ObjectStore
@@ -101,7 +102,8 @@ class _Probe:
         if len(head) < _HEAD.size:
             raise CorruptRecordError(sl.commitlog_key, pos, "record header beyond the end of the object")
         _size, magic, _crc, _qid, _flag, queue_offset, physical = _HEAD.unpack_from(head, 0)
-        if magic not in (MAGIC_V1, MAGIC_V2) or queue_offset != q:
+        # an LMQ queue holds its parents' records, with their queue offsets
+        if magic not in (MAGIC_V1, MAGIC_V2) or (queue_offset != q and not is_lmq(sl.topic)):
             raise CorruptRecordError(sl.commitlog_key, pos, f"no record of queue offset {q} here")
         return physical
 
@@ -131,7 +133,8 @@ def locate(store: ObjectStore, slices: list[Slice], physical_offset: int, *,
         log.warning("message id search in %s unusable, reading the queue instead: %s", slices[0].ref, exc)
         return list(slices)
     sl, q = probe.at(i)
-    return [Slice(sl.cluster, sl.broker, sl.topic, sl.queue_id, sl.commitlog_key, sl.consumequeue_key,
-                  sl.seg_q_start, sl.seg_q_end, sl.seg_cl_start, sl.seg_cl_end, sl.min_store_ms, sl.max_store_ms,
-                  q, q + 1)]
+    return [Slice(cluster=sl.cluster, broker=sl.broker, topic=sl.topic, queue_id=sl.queue_id,
+                  commitlog_key=sl.commitlog_key, consumequeue_key=sl.consumequeue_key, seg_q_start=sl.seg_q_start,
+                  seg_q_end=sl.seg_q_end, seg_cl_start=sl.seg_cl_start, seg_cl_end=sl.seg_cl_end,
+                  min_store_ms=sl.min_store_ms, max_store_ms=sl.max_store_ms, q_start=q, q_end=q + 1)]
 

@@ -37,7 +37,7 @@ from enum import Enum
 from typing import Any
 
 from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, MAGIC_V1, MAGIC_V2, MIN_RECORD_SIZE, Record, \
-    decode_record
+    decode_record, entry_offset, entry_problem
 from tiered.archive.coldtier import ColdTier
 from tiered.errors import CorruptRecordError, ObjectNotFoundError, StorageError, TieredError
 from tiered.format.keyindex import bloom_may_contain, lookup
@@ -396,12 +396,8 @@ class ColdReader:
                 problem = None
                 if rec.size != size:
                     problem = f"total size {rec.size} != ConsumeQueue size {size}"
-                elif rec.queue_id != ref.queue_id:
-                    problem = f"queue id {rec.queue_id} != {ref.queue_id}"
-                elif rec.queue_offset != q:
-                    problem = f"queue offset {rec.queue_offset} != {q}"
-                elif rec.topic_raw != topic:
-                    problem = f"topic differs from {ref.topic!r}"
+                else:
+                    problem = entry_problem(rec, topic=topic, queue_id=ref.queue_id, queue_offset=q)
                 if problem:
                     raise CorruptRecordError(seg.commitlog_key, pos, problem)
             except CorruptRecordError as exc:
@@ -510,7 +506,7 @@ class ColdReader:
             if seg.q_start <= start and start + count <= seg.q_end:
                 wanted = set(offsets[i:j + 1])
                 for rec in self._read_segment(ref, seg, start, count, 1 << 62)[0]:
-                    if rec.queue_offset in wanted and self._has_key(rec, key):
+                    if entry_offset(rec, ref.topic) in wanted and self._has_key(rec, key):
                         yield rec
             i = j + 1
 
