@@ -122,11 +122,23 @@ def report(best: dict[str, dict[str, list[float]]], names: list[str]) -> dict[st
     return verdicts
 
 
+def markdown(best: dict[str, dict[str, list[float]]], names: list[str]) -> str:
+    """The ratios as the table docs/development.md ("Native code") shows."""
+    rows = ["| without / with (CPU, time) | " + " | ".join(label for label, _s, _a in MEASURES) + " |",
+            "|---|" + "---|" * len(MEASURES)]
+    for name in names:
+        cells = [f"{best[name][label][0] / best[''][label][0]:.2f}x, {best[name][label][1] / best[''][label][1]:.2f}x"
+                 for label, _s, _a in MEASURES]
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def parser() -> argparse.ArgumentParser:
     ap = bench.parser()
     ap.description = __doc__.split("\n\n")[0]
     ap.set_defaults(size_mb=256, commitlog_mb=64)
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--markdown", action="store_true", help="also print the ratios as a Markdown table")
     ap.add_argument("--only", action="append", default=[], help="measure only this module (repeatable)")
     return ap
 
@@ -149,6 +161,8 @@ def main() -> None:
               f"CommitLog cache {100 * meta['huge_share']:.0f} % in 2 MiB pages; best of {args.repeat}", flush=True)
         best = measure(args, work, ["", *names])
         verdicts = report(best, names)
+        if args.markdown:
+            print("\n" + markdown(best, names))
         if args.json:
             Path(args.json).write_text(json.dumps({"cores": os.cpu_count(), "best": best, "verdicts": verdicts},
                                                   indent=1))
