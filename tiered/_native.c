@@ -57,24 +57,25 @@ static inline uint32_t crc32_combine_impl(uint32_t crc1, uint32_t crc2, int64_t 
 #define CRC_MASK 0x7FFFFFFFu
 #define OUTPUTS 6
 
+/* big-endian fields, whatever the machine's order */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define FROM_BE64(v) (v)
+#define FROM_BE32(v) (v)
+#else
+#define FROM_BE64(v) __builtin_bswap64(v)
+#define FROM_BE32(v) __builtin_bswap32(v)
+#endif
+
 static inline uint64_t load64(const uint8_t *p) {
     uint64_t v;
     memcpy(&v, p, 8);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    return v;
-#else
-    return __builtin_bswap64(v);
-#endif
+    return FROM_BE64(v);
 }
 
 static inline uint32_t load32(const uint8_t *p) {
     uint32_t v;
     memcpy(&v, p, 4);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    return v;
-#else
-    return __builtin_bswap32(v);
-#endif
+    return FROM_BE32(v);
 }
 
 typedef struct {
@@ -711,6 +712,18 @@ static Py_ssize_t spans_total(const Py_buffer *src, const Py_buffer *starts, con
     return total;
 }
 
+/* src[s[i]:e[i]] one after the other from out, each behind the byte sep
+ * when sep >= 0 (the bounds checked by spans_total before). */
+static void put_spans(uint8_t *out, const uint8_t *src, const int64_t *s, const int64_t *e, Py_ssize_t n,
+                      int sep) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        size_t len = (size_t)(e[i] - s[i]);
+        if (sep >= 0) *out++ = (uint8_t)sep;
+        memcpy(out, src + s[i], len);
+        out += len;
+    }
+}
+
 /* copy_spans(dst, at, src, starts, ends) -> bytes copied: the spans of src,
  * one after the other, into the writable dst from byte at (the segment
  * builder's buffer: one call per batch instead of one Python operation per
@@ -738,11 +751,7 @@ static PyObject *py_copy_spans(PyObject *self, PyObject *args) {
     const int64_t *s = (const int64_t *)views[2].buf, *e = (const int64_t *)views[3].buf;
     Py_ssize_t n = views[2].len / 8;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        size_t len = (size_t)(e[i] - s[i]);
-        memcpy(out, src + s[i], len);
-        out += len;
-    }
+    put_spans(out, src, s, e, n, -1);
     Py_END_ALLOW_THREADS
     release_all(views, 4);
     return PyLong_FromSsize_t(total);
@@ -770,12 +779,7 @@ static PyObject *py_join_spans(PyObject *self, PyObject *args) {
     const int64_t *s = (const int64_t *)views[1].buf, *e = (const int64_t *)views[2].buf;
     if (n == 0) out[0] = (uint8_t)sep;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        size_t len = (size_t)(e[i] - s[i]);
-        *out++ = (uint8_t)sep;
-        memcpy(out, src + s[i], len);
-        out += len;
-    }
+    put_spans(out, src, s, e, n, sep);
     Py_END_ALLOW_THREADS
     release_all(views, 3);
     return result;
