@@ -5,7 +5,7 @@ It checks a run of CommitLog records (a CRC per record) and copies them into
 their segments, where numpy cannot: no library computes a CRC per row. Every
 function has a Python twin (tiered.format.batch), with the same answers, that
 an install built without a C compiler runs instead; docs/development.md
-("Native code") has the figures either way. ``TIERED_REQUIRE_NATIVE=1`` turns
+("Native code") has the figures either way. ``TIERED_TEST_REQUIRE_NATIVE=1`` turns
 the tests that need the core from skipped into failed where it is absent (CI).
 """
 
@@ -19,7 +19,7 @@ from zlib_ng.zlib_ng import crc32
 
 log = logging.getLogger(__name__)
 
-REQUIRE_ENV = "TIERED_REQUIRE_NATIVE"
+REQUIRE_ENV = "TIERED_TEST_REQUIRE_NATIVE"
 
 
 def _load() -> tuple[ModuleType | None, str]:
@@ -43,7 +43,7 @@ def loaded() -> bool:
 
 
 def required() -> bool:
-    """Whether this environment asks for the core (CI: ``TIERED_REQUIRE_NATIVE=1``)."""
+    """Whether this environment asks for the core (CI: ``TIERED_TEST_REQUIRE_NATIVE=1``)."""
     return os.environ.get(REQUIRE_ENV, "") == "1"
 
 

@@ -12,7 +12,7 @@ from tiered import native
 def need_native() -> ModuleType:
     """``tiered.native.core``; the test skipped, saying why, where the install
     built none, or failed where the environment requires it (CI sets
-    ``TIERED_REQUIRE_NATIVE=1``)."""
+    ``TIERED_TEST_REQUIRE_NATIVE=1``)."""
     if native.core is None:
         if native.required():
             pytest.fail(f"{native.REQUIRE_ENV}=1 and {native.describe()}")

@@ -69,5 +69,5 @@ def test_a_test_needing_the_core_skips_where_absent_and_fails_where_required(
     with pytest.raises(pytest.skip.Exception, match="running the Python path"):
         need_native()
     monkeypatch.setenv(native.REQUIRE_ENV, "1")
-    with pytest.raises(pytest.fail.Exception, match="TIERED_REQUIRE_NATIVE=1 and native core: not built"):
+    with pytest.raises(pytest.fail.Exception, match="TIERED_TEST_REQUIRE_NATIVE=1 and native core: not built"):
         need_native()
