@@ -25,7 +25,8 @@ from tiered.clock import Clock
 from tiered.archive.coldtier import ColdTier, ConflictError
 from tiered.format.codec import crc32
 from tiered.format.lmq import is_lmq
-from tiered.errors import CorruptRecordError, ExpiredLocallyError, FencedError, StoreBehindError, TieredError
+from tiered.errors import (CorruptRecordError, ExpiredLocallyError, FencedError, StoreBehindError, TieredError,
+                           stuck_reason)
 from tiered.store.localstore import LocalStore
 from tiered.archive import segmeta
 from tiered.archive.manifest import Gap, Manifest, Segment, queue_prefix
@@ -61,7 +62,9 @@ class QueueResult:
     gaps: int = 0
     lag_messages: int = 0
     error: str | None = None
-    error_type: str | None = None  # the exception's class name, so the round can tell data from transport
+    # with ``error``: the tiered_queue_stuck reason the error carries (None: the
+    # store failed or a race was lost, so the queue is retried, not stuck)
+    stuck_reason: str | None = None
     committed: bool = False
     skipped_busy: bool = False
     more: bool = False
@@ -188,7 +191,7 @@ class QueueArchiver:
             self._run(topic, queue_id, deadline, max_steps, result)
         except CorruptRecordError as exc:
             result.error = str(exc)
-            result.error_type = type(exc).__name__
+            result.stuck_reason = stuck_reason(exc)
             result.more = False
             at = self._at(topic, queue_id)
             key = (topic, queue_id, at if at is not None else -1)
@@ -203,7 +206,7 @@ class QueueArchiver:
             raise  # stops the whole round: nobody else may write either
         except Exception as exc:  # noqa: BLE001 - the queue's edge: log, count, retry next round
             result.error = f"{type(exc).__name__}: {exc}"
-            result.error_type = type(exc).__name__
+            result.stuck_reason = stuck_reason(exc)
             result.more = False
             self.recorder.queue_error("dispatch", topic, queue_id)
             log.error("archiving %s/%s failed; will retry from offset %s, the first not committed: %s",

@@ -31,7 +31,7 @@ import numpy as np
 
 from dispatcher.segment import BuiltSegment, SegmentBuilder
 from tiered.format.codec import crc32
-from tiered.errors import CorruptRecordError, ExpiredLocallyError, TieredError
+from tiered.errors import CorruptRecordError, ExpiredLocallyError, WorkerError
 from tiered.store.localstore import LocalStore
 
 log = logging.getLogger(__name__)
@@ -153,10 +153,6 @@ def _stop_of(fields: tuple[Any, ...] | None) -> Exception | None:
     if fields[0] == "corrupt":
         return CorruptRecordError(*fields[1:])
     return ExpiredLocallyError(*fields[1:])
-
-
-class WorkerError(TieredError):
-    """A build failed in a worker process for a reason other than the data."""
 
 
 # --- dispatcher side -----------------------------------------------------------------

@@ -110,25 +110,6 @@ class RoundResult:
         return not self.errors and self.fenced is None
 
 
-#: Exception class name -> ``tiered_queue_stuck`` reason. A queue failing for
-#: any other reason than these and a storage error is stuck with "error".
-STUCK_REASONS = {
-    "CorruptRecordError": "corrupt_local_data",
-    "StoreBehindError": "store_behind",
-    "FormatVersionError": "manifest",
-    "UnaccountedObjectsError": "unaccounted_objects",
-}
-#: Failures of the object store itself: the store is down, not the queue.
-TRANSPORT_ERRORS = frozenset({"StorageError", "ObjectNotFoundError", "PreconditionFailedError", "ConflictError"})
-
-
-def stuck_reason(error_type: str | None) -> str | None:
-    """The stuck reason of a failed queue, None for a transport failure."""
-    if error_type in TRANSPORT_ERRORS:
-        return None
-    return STUCK_REASONS.get(error_type or "", "error")
-
-
 class Dispatcher:
     def __init__(
         self,
@@ -451,7 +432,7 @@ class Dispatcher:
                 self._set_stuck(key, None)
             return
         result.errors[f"{r.topic}/{r.queue_id}"] = r.error
-        reason = stuck_reason(r.error_type)
+        reason = r.stuck_reason
         self._failing[key] = reason is None or reason == "error"
         self._set_stuck(key, reason)
         failures = self._failures.get(key, (0, 0.0))[0] + 1

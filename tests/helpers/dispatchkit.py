@@ -44,6 +44,7 @@ class CountingRecorder(NullRecorder):
         self.queue_errors: Counter[tuple[str, int]] = Counter()
         self.archived_messages: Counter[tuple[str, int]] = Counter()
         self.rounds: list[bool] = []
+        self.stuck: dict[tuple[str, int], str | None] = {}
 
     def store_request(self, op: str, outcome: str, seconds: float) -> None:
         with self._lock:
@@ -68,6 +69,10 @@ class CountingRecorder(NullRecorder):
     def queue_error(self, job: str, topic: str, queue_id: int) -> None:
         with self._lock:
             self.queue_errors[(topic, queue_id)] += 1
+
+    def queue_stuck(self, topic: str, queue_id: int, reason: str | None) -> None:
+        with self._lock:
+            self.stuck[(topic, queue_id)] = reason
 
     def archived(self, topic: str, queue_id: int, messages: int, nbytes: int) -> None:
         with self._lock:

@@ -505,7 +505,7 @@ def export_cmd(
 ) -> None:
     """Export the archive to Parquet partitioned by topic and date, incrementally (reruns add only new data)."""
     require_query_extra("pyarrow", *(["pyspark"] if engine == "spark" else []))
-    from tiered.query.export import Exporter, ExportError, run_local, run_spark
+    from tiered.query.export import Exporter, run_local, run_spark
     from tiered.query.reader import Archive
     from tiered.archive.storage import open_store
 
@@ -532,7 +532,7 @@ def export_cmd(
         report = Exporter(store, target, archive=Archive(store, cluster=c, broker=b),
                           topics=(lambda t: t in wanted) if wanted else None, skip_corrupt=skip_corrupt,
                           compression=compression, executor=executor).run()
-    except (TieredError, ExportError) as exc:
+    except TieredError as exc:  # ExportError included
         fail(str(exc), 1)
     finally:
         if created and spark is not None:

@@ -36,7 +36,7 @@ import numpy as np
 
 from tiered import native
 from tiered.format.batch import gather, join_spans
-from tiered.errors import CorruptRecordError
+from tiered.errors import BadProperties, CorruptRecordError
 
 log = logging.getLogger(__name__)
 
@@ -99,15 +99,6 @@ def hash_spans(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 
 _KEYS, _UNIQ = np.void(b"KEYS\x01"), np.void(b"UNIQ_KEY\x01")
-
-
-class BadProperties(ValueError):
-    """Properties of record ``record`` are not UTF-8, from byte ``at`` of them."""
-
-    def __init__(self, record: int, at: int) -> None:
-        super().__init__(f"properties of record {record} are not valid UTF-8 at byte {at}")
-        self.record = record
-        self.at = at
 
 
 def batch_keys(

@@ -57,7 +57,7 @@ from pathlib import Path
 
 from tiered.format.codec import BLANK_LENGTH, CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, Record, decode_record, encode_blank, \
     entry_offset, entry_problem
-from tiered.errors import CorruptRecordError, TieredError
+from tiered.errors import CorruptRecordError, RestoreCheckError, TargetNotEmptyError, TieredError
 from tiered.format.jsonfile import write_json
 from tiered.format.lmq import is_lmq
 from tiered.store.indexfile import DEFAULT_ENTRIES, DEFAULT_HASH_SLOTS, IndexWriter
@@ -78,19 +78,6 @@ _FLUSH_BYTES = 8 << 20
 _FILLER_ENTRY = CQ_ENTRY.pack(0, CQ_FILLER_SIZE, 0)
 _CHECKPOINT_SIZE = 4096  # the broker maps one OS page
 _CHECKPOINT_INDEX_AT = 16  # physicMsgTimestamp, logicsMsgTimestamp, indexMsgTimestamp, ...
-
-
-class TargetNotEmptyError(TieredError):
-    """The restore target exists and holds something: nothing was written."""
-
-    def __init__(self, path: str, entries: list[str]) -> None:
-        shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
-        super().__init__(f"{path}: not empty ({shown}); restore writes only into an empty or new directory")
-        self.path = path
-
-
-class RestoreCheckError(TieredError):
-    """The restored store differs from the archive (named queue and offset)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
