@@ -74,6 +74,9 @@ class QueueCursor:
         self.topic = topic
         self.queue_id = queue_id
         self.topic_raw = topic.encode("utf-8")
+        # a BatchCQ queue: offsets number its entries, each record's queue
+        # offset is its entry's base offset (checked record by record)
+        self.batch = self.files.is_batch
         self.verify_crc = verify_crc
         confirmed = store.confirmed_offset()
         self.phys_limit = confirmed if confirmed is not None else NO_LIMIT
@@ -175,7 +178,7 @@ class QueueCursor:
         last whose records lie in the window, checked at once; None when
         not even the first qualifies."""
         j = min(chunk.count - 1, i + _RUN)
-        if j <= i or self.cl_view is EMPTY:
+        if j <= i or self.cl_view is EMPTY or self.batch:
             return None
         run = chunk.entries[i:j]
         phys = run["phys"].astype(np.int64)
@@ -227,7 +230,8 @@ class QueueCursor:
                 if not self._move_window(phys, size, offset == chunk.last, offset):
                     return None
                 pos = phys - self.cl_start
-            rec = decode_and_check(self.cl_view, pos, self.cl_source, self.topic_raw, self.queue_id, offset, phys,
+            expect = self.files.unit(offset).base_offset if self.batch else offset  # type: ignore[attr-defined]
+            rec = decode_and_check(self.cl_view, pos, self.cl_source, self.topic_raw, self.queue_id, expect, phys,
                                    size, self.verify_crc)
         except NotWrittenYetError:
             if offset != chunk.last:
