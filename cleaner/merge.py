@@ -156,6 +156,7 @@ def _pack(run: MergeRun, prefix: str, cl: bytearray, cq: bytearray, keys: list[t
         min_store_ms=min_store, max_store_ms=max_store, min_born_ms=min_born, max_born_ms=max_born,
         commitlog_key=keys3[0], consumequeue_key=keys3[1], index_key=keys3[2] if index is not None else None,
         commitlog_crc=crc32(cl), consumequeue_crc=crc32(cq), created_ms=now_ms, bloom=bloom,
+        msg_start=first.msg_start, msg_end=last.msg_end,
     )
     desc = describe(seg)
     if seg.layout == 2:

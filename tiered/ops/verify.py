@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from tiered.archive import segmeta
 from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record
+from tiered.format.innerbatch import batch_size
 from tiered.archive.coldtier import ColdTier
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, TieredError
 from tiered.format.keyindex import lookup
@@ -79,6 +80,7 @@ def verify_segment(cold: ColdTier, m: Manifest, seg: Segment, report: VerifyRepo
         except TieredError:
             local_iter = None
     expected_pos = seg.cl_start
+    next_msg = seg.msg_start  # a BatchCQ segment: the queue offset its next record starts at
     for i in range(seg.messages):
         off, size, _tags = CQ_ENTRY.unpack_from(cq, i * CQ_ENTRY_SIZE)
         q = seg.q_start + i
@@ -91,9 +93,16 @@ def verify_segment(cold: ColdTier, m: Manifest, seg: Segment, report: VerifyRepo
         except TieredError as exc:
             report.problems.append(f"{where}: offset {q}: {exc}")
             return
-        if rec.size != size or rec.queue_offset != q or rec.queue_id != m.queue_id or rec.topic_raw != topic_raw:
+        if rec.size != size or rec.queue_offset != (q if next_msg is None else next_msg) \
+                or rec.queue_id != m.queue_id or rec.topic_raw != topic_raw:
             report.problems.append(f"{where}: offset {q}: record does not match its cold ConsumeQueue entry")
             return
+        if next_msg is not None:
+            try:
+                next_msg += batch_size(rec)
+            except TieredError as exc:
+                report.problems.append(f"{where}: offset {q}: {exc}")
+                return
         report.records += 1
         if local_iter is None:
             report.expired_locally += 1
@@ -116,6 +125,9 @@ def verify_segment(cold: ColdTier, m: Manifest, seg: Segment, report: VerifyRepo
                                    f"local {item.tags_code}")
             return
         report.compared_locally += 1
+    if next_msg is not None and next_msg != seg.msg_end:
+        report.problems.append(f"{where}: records end at queue offset {next_msg}, the segment at {seg.msg_end}")
+        return
     if expected_pos != seg.cl_end:
         report.problems.append(f"{where}: records end at cold CommitLog byte {expected_pos}, the segment at "
                                f"{seg.cl_end}")

@@ -398,7 +398,8 @@ class ColdReader:
                     problem = f"total size {rec.size} != ConsumeQueue size {size}"
                 elif rec.queue_id != ref.queue_id:
                     problem = f"queue id {rec.queue_id} != {ref.queue_id}"
-                elif rec.queue_offset != q:
+                elif rec.queue_offset != q if not seg.batch else not (
+                        seg.msg_start <= rec.queue_offset < seg.msg_end):  # type: ignore[operator]
                     problem = f"queue offset {rec.queue_offset} != {q}"
                 elif rec.topic_raw != topic:
                     problem = f"topic differs from {ref.topic!r}"
