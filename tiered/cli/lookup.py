@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tiered.format.codec import Host, Record, parse_offset_msg_id
+from tiered.format.innerbatch import inner_records
 from tiered.query.reader import ColdReader, QueueRef, ReadStatus
 
 
@@ -39,7 +40,8 @@ def _record_at(reader: ColdReader, ref: QueueRef, offset: int) -> tuple[Record |
     while True:
         res = reader.read(ref, offset, max_count=1)
         if res.status is ReadStatus.FOUND and res.records:
-            return res.records[0], res.records[0].queue_offset
+            # where the read began: a BatchCQ record's queue offset is its first message's, not its entry
+            return res.records[0], res.next_offset - 1
         if res.status in (ReadStatus.OFFSET_IN_GAP, ReadStatus.OFFSET_TOO_SMALL) and res.next_offset > offset:
             offset = res.next_offset
             continue
@@ -75,8 +77,9 @@ def find_msg_id(reader: ColdReader, msg_id: str, *,
         for ref in reader.archive.queues(topics):
             rec = find_physical(reader, ref, parsed.physical_offset)
             if rec is not None and rec.store_host == parsed.store_host:
-                seen.add((ref, rec.queue_offset))
-                yield ref, rec
+                for msg in inner_records(rec):  # an inner batch: each of its messages shares the id
+                    seen.add((ref, msg.queue_offset))
+                    yield ref, msg
     for ref, rec in reader.find_key(msg_id.strip(), topics=topics):
         if rec.unique_key == msg_id.strip() and (ref, rec.queue_offset) not in seen:
             seen.add((ref, rec.queue_offset))

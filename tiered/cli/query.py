@@ -33,6 +33,7 @@ from tiered.format.codec import Record
 from tiered.format.compression import BodyDecompressError, codec_name, decompress
 from tiered.config import Settings
 from tiered.errors import TieredError
+from tiered.query import batchread
 from tiered.query.reader import ColdReader, QueueRef, ReadStatus
 from tiered.timeparse import format_time_ms, parse_time_ms
 
@@ -170,12 +171,20 @@ def cat(
         ref = reader.queue(topic, queue)
         if ref is None:
             fail(f"{topic}/{queue}: not in the archive at {settings.cold_url}", 1)
-        win = window(reader, ref, offset=offset, since_ms=since_ms, until_ms=until_ms, last=last, limit=limit)
         m = reader.archive.manifest(ref)
-        if m is not None and offset is not None and offset < m.first_offset and not as_json:
-            note(f"offsets below {m.first_offset} are no longer archived; starting there")
-        records = (follow(reader, ref, win.start, sleep=lambda: time.sleep(poll_s)) if follow_ else
-                   reader.iter_queue(ref, win.start, None if win.end is None else win.end - win.start))
+        if m is not None and batchread.is_batch(m):  # offsets count the messages inside its records
+            first = batchread.message_bounds(m)[0]
+            start, end = batchread.message_window(reader, ref, m, offset=offset, since_ms=since_ms,
+                                                  until_ms=until_ms, last=last, limit=limit)
+            records = (batchread.follow_messages(reader, ref, start, sleep=lambda: time.sleep(poll_s)) if follow_
+                       else batchread.iter_messages(reader, ref, m, start, None if end is None else end - start))
+        else:
+            first = m.first_offset if m is not None else 0
+            win = window(reader, ref, offset=offset, since_ms=since_ms, until_ms=until_ms, last=last, limit=limit)
+            records = (follow(reader, ref, win.start, sleep=lambda: time.sleep(poll_s)) if follow_ else
+                       reader.iter_queue(ref, win.start, None if win.end is None else win.end - win.start))
+        if m is not None and offset is not None and offset < first and not as_json:
+            note(f"offsets below {first} are no longer archived; starting there")
         for rec in records:
             out(_record_json(rec, body, raw_body) if as_json
                 else _record_line(ref, rec, body, show_broker=False, raw=raw_body))

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
 
 from tiered.errors import CorruptRecordError
-from tiered.format.codec import Record, decode_properties
-from tiered.format.compression import decompress, is_compressed
+from tiered.format.codec import Message, Record, decode_properties, decode_record, encode_record
+from tiered.format.compression import COMPRESSED_FLAG, COMPRESSION_TYPE_MASK, decompress, is_compressed
 
 INNER_BATCH_FLAG = 0x80
 NEED_UNWRAP_FLAG = 0x40
@@ -120,20 +119,26 @@ def unwrap(rec: Record) -> list[InnerMessage]:
     return inner
 
 
-def inner_dict(rec: Record, msg: InnerMessage) -> dict[str, Any]:
-    """``Record.to_dict`` for one inner message: the outer record's header
-    fields with the inner message's offset, flag, properties and body."""
-    d = rec.to_dict()
-    props = msg.properties
-    d.update({
-        "queue_offset": msg.queue_offset,
-        "batch_index": msg.index,
-        "flag": msg.flag,
-        "tags": props.get("TAGS"),
-        "keys": [k for k in props.get("KEYS", "").split(" ") if k],
-        "unique_key": props.get("UNIQ_KEY"),
-        "msg_id": msg.msg_id or d["msg_id"],
-        "properties": props,
-        "body_length": len(msg.body),
-    })
-    return d
+def inner_records(rec: Record) -> list[Record]:
+    """Each message of an inner-batch record as a record of its own, the way
+    ``MessageDecoder.decodeMessage`` hands it to a consumer: the outer
+    record's header (topic, queue, hosts, times, sys flag, CommitLog offset)
+    with the message's queue offset, flag, body and properties. Made, not
+    archived: never compare their bytes. A single message gives itself."""
+    if not is_inner_batch(rec.sys_flag):
+        return [rec]
+    sys_flag = rec.sys_flag
+    if is_compressed(sys_flag):  # the inner bodies come out of the decompressed batch
+        sys_flag &= ~(COMPRESSED_FLAG | COMPRESSION_TYPE_MASK)
+    out = []
+    for msg in unwrap(rec):
+        raw = encode_record(Message(
+            topic=rec.topic, queue_id=rec.queue_id, body=msg.body, properties=msg.properties, flag=msg.flag,
+            sys_flag=sys_flag, born_timestamp=rec.born_timestamp, born_host=rec.born_host,
+            store_timestamp=rec.store_timestamp, store_host=rec.store_host, reconsume_times=rec.reconsume_times,
+            prepared_transaction_offset=rec.prepared_transaction_offset, queue_offset=msg.queue_offset,
+            physical_offset=rec.physical_offset, version=rec.version))
+        made = decode_record(memoryview(raw), 0, rec.source, verify_crc=False)
+        made.position = rec.position
+        out.append(made)
+    return out

@@ -245,7 +245,7 @@ def entry_of(files: BatchQueueFiles, queue_offset: int, lo: int, hi: int) -> int
 
 def batch_record_dict(rec: Record, entry: BatchEntry | None) -> dict[str, Any]:
     """What ``tiered inspect --json`` prints for a BatchCQ record: the record,
-    its entry, and its messages unwrapped (``innerbatch.inner_dict``)."""
+    its entry, and its messages unwrapped (``innerbatch.unwrap``)."""
     d = rec.to_dict()
     if entry is not None:
         d.update(cq_type="batch", cq_offset=entry.base_offset, cq_batch_num=entry.batch_size,

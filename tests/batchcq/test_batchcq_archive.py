@@ -1,0 +1,135 @@
+"""BatchCQ queues of the store RocketMQ 5.3.3 wrote, archived and read back:
+``dispatch`` + ``verify`` to the queues' end, ``cat`` and ``find`` giving
+one row per inner message as RocketMQ's read-back has them, and a
+BatchConsumeQueue file cut mid-entry stopping that queue alone."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from test_batchcq_read import TOPIC, batch_lines, unconfirmed
+from tiered.cli import app
+
+runner = CliRunner()
+
+
+def env(tmp_path: Path) -> dict[str, str]:
+    return {"TIERED_STATE_DIR": str(tmp_path / "state"), "TIERED_CLUSTER": "DevCluster",
+            "TIERED_BROKER": "broker-dev", "TIERED_LOG__LEVEL": "WARNING"}
+
+
+def run(tmp_path: Path, *args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args), env=env(tmp_path))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def messages_by_queue(expected: list[dict]) -> dict[int, list[dict]]:
+    """RocketMQ's read-back per queue, one dict per message (singles as themselves)."""
+    out: dict[int, list[dict]] = defaultdict(list)
+    for e in batch_lines(expected):
+        for m in e.get("inner_messages") or [{"queue_offset": e["queue_offset"], "flag": e["flag"],
+                                               "msg_id": e["unique_key"], "properties": e["properties"],
+                                               "body_b64": e["body_b64"]}]:
+            out[e["cq_queue_id"]].append({**m, "commitlog_offset": e["commitlog_offset"],
+                                          "store_timestamp": e["store_timestamp"], "born_host": e["born_host"]})
+    return out
+
+
+@pytest.fixture
+def archived(rmq5_store: Path, tmp_path: Path) -> tuple[Path, str]:
+    store, cold = unconfirmed(rmq5_store), f"file://{tmp_path}/cold"
+    code, _out, err = run(tmp_path, "dispatch", "--all", "--store", str(store), "--cold", cold, "--topic", TOPIC)
+    assert code == 0, err
+    return store, cold
+
+
+def test_dispatch_and_verify_to_the_end(archived: tuple[Path, str], tmp_path: Path,
+                                        rmq5_expected: list[dict]) -> None:
+    store, cold = archived
+    code, out, err = run(tmp_path, "verify", "--store", str(store), "--cold", cold, "--topic", TOPIC)
+    assert code == 0, out + err
+    lines = batch_lines(rmq5_expected)
+    for qid in (0, 1, 2):
+        entries = [e for e in lines if e["cq_queue_id"] == qid]
+        manifest = json.loads((tmp_path / "cold" / "DevCluster" / "broker-dev" / TOPIC / str(qid)
+                               / "manifest.json").read_text())
+        assert manifest["next_offset"] == len(entries)  # one archived record per entry
+        segs = manifest["segments"]
+        assert (segs[0]["msg_start"], segs[-1]["msg_end"]) == (
+            0, entries[-1]["cq_offset"] + entries[-1]["cq_batch_num"])
+        obj = next((tmp_path / "cold" / "DevCluster" / "broker-dev" / TOPIC / str(qid) / "segment").iterdir())
+        records = obj.read_bytes()[:segs[0]["cl_end"]]
+        # byte-identical: the records are the broker's bytes, laid end to end
+        raw = b"".join(_commitlog(store, e["commitlog_offset"], e["cq_size"]) for e in entries)
+        assert records == raw
+
+
+def _commitlog(store: Path, offset: int, size: int) -> bytes:
+    start = offset // 1048576 * 1048576
+    with open(store / "commitlog" / f"{start:020d}", "rb") as fh:
+        fh.seek(offset - start)
+        return fh.read(size)
+
+
+def test_cat_gives_each_message_as_rocketmq_reads_it(archived: tuple[Path, str], tmp_path: Path,
+                                                    rmq5_expected: list[dict]) -> None:
+    _store, cold = archived
+    for qid, want in messages_by_queue(rmq5_expected).items():
+        code, out, err = run(tmp_path, "cat", "--topic", TOPIC, "--queue", str(qid), "--cold", cold, "--json",
+                             "--body")
+        assert code == 0, err
+        got = [json.loads(line) for line in out.splitlines()]
+        assert [(g["queue_offset"], g["flag"], g["unique_key"], g["properties"], g["commitlog_offset"],
+                 g["store_timestamp"]) for g in got] == [
+            (w["queue_offset"], w["flag"], w["msg_id"], w["properties"], w["commitlog_offset"], w["store_timestamp"])
+            for w in want]
+        assert [g["body"].encode() if g["body_encoding"] == "utf-8" else base64.b64decode(g["body"])
+                for g in got] == [base64.b64decode(w["body_b64"]) for w in want]
+        assert len({g["born_host"] for g in got}) >= 1 and all(g["topic"] == TOPIC for g in got)
+
+
+def test_cat_windows_count_messages(archived: tuple[Path, str], tmp_path: Path) -> None:
+    _store, cold = archived
+
+    def offsets(*args: str) -> list[int]:
+        code, out, err = run(tmp_path, "cat", "--topic", TOPIC, "--queue", "0", "--cold", cold, "--json", *args)
+        assert code == 0, err
+        return [json.loads(line)["queue_offset"] for line in out.splitlines()]
+
+    assert offsets("--offset", "7", "--limit", "4") == [7, 8, 9, 10]  # across two batches
+    assert offsets("--last", "3") == [34, 35, 36]
+    assert offsets("--offset", "36") == [36]
+    assert offsets("--offset", "37") == []
+
+
+def test_find_by_an_inner_key_and_by_offset_id(archived: tuple[Path, str], tmp_path: Path) -> None:
+    _store, cold = archived
+    code, out, err = run(tmp_path, "find", "--key", "BLK-6-2", "--cold", cold, "--json")
+    assert code == 0, err
+    assert [(d["queue_id"], d["queue_offset"], d["keys"]) for d in map(json.loads, out.splitlines())] == [
+        (0, 11, ["BLK-6-2"])]
+    # the broker's offset id names the batch record: each of its messages
+    code, out, err = run(tmp_path, "find", "--msg-id", "AC14050900002A9F000000000019BDA1", "--cold", cold, "--json")
+    assert code == 0, err
+    assert [json.loads(line)["queue_offset"] for line in out.splitlines()] == [9, 10, 11, 12]
+
+
+def test_a_file_cut_mid_entry_stops_that_queue_alone(rmq5_store: Path, tmp_path: Path) -> None:
+    store, cold = unconfirmed(rmq5_store), f"file://{tmp_path}/cold"
+    cut = store / "batchconsumequeue" / TOPIC / "1" / f"{0:020d}"
+    with open(cut, "r+b") as fh:
+        fh.truncate(5 * 46 + 23)  # inside entry 5
+    code, _out, err = run(tmp_path, "dispatch", "--all", "--store", str(store), "--cold", cold, "--topic", TOPIC)
+    assert f"{cut} @ 230: BatchConsumeQueue file ends inside entry 5 (253 bytes): truncated" in err
+    code, out, err = run(tmp_path, "ls", "--cold", cold, "--json")
+    assert sorted((r["queue_id"], r["next_offset"]) for r in map(json.loads, out.splitlines())) == [
+        (0, 10), (1, 5), (2, 8)]
+    code, out, err = run(tmp_path, "status", "--store", str(store), "--cold", cold, "--topic", TOPIC)
+    assert code == 1
+    assert f"{cut} @ 230: BatchConsumeQueue file ends inside entry 5" in out + err
