@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from test_batchcq_read import TOPIC, batch_lines, unconfirmed
 from tiered.cli import app
+from tiered.store.batchcq import BCQ_ENTRY_SIZE, BatchEntry
 
 runner = CliRunner()
 
@@ -133,3 +134,34 @@ def test_a_file_cut_mid_entry_stops_that_queue_alone(rmq5_store: Path, tmp_path:
     code, out, err = run(tmp_path, "status", "--store", str(store), "--cold", cold, "--topic", TOPIC)
     assert code == 1
     assert f"{cut} @ 230: BatchConsumeQueue file ends inside entry 5" in out + err
+
+
+def test_restore_writes_the_brokers_batchconsumequeue(archived: tuple[Path, str], tmp_path: Path) -> None:
+    """Restored entries equal RocketMQ's byte for byte but the CommitLog
+    offset, which restore moves (every record goes to a new position) and
+    which then points at the same record bytes."""
+    store, cold = archived
+    target = tmp_path / "restored"
+    code, out, err = run(tmp_path, "restore", "--to", str(target), "--cold", cold, "--topic", TOPIC,
+                         "--commitlog-file-size", "1048576", "--cq-entries", "250", "--bcq-entries", "30")
+    assert code == 0, out + err
+    topics = json.loads((target / "config" / "topics.json").read_text())["topicConfigTable"]
+    assert topics[TOPIC]["attributes"] == {"queue.type": "BatchCQ"} and topics[TOPIC]["readQueueNums"] == 3
+    for qid in (0, 1, 2):
+        name = Path("batchconsumequeue") / TOPIC / str(qid) / f"{0:020d}"
+        old, new = (store / name).read_bytes(), (target / name).read_bytes()
+        assert len(new) == len(old) == 1380
+        written = 0
+        for at in range(0, len(old), BCQ_ENTRY_SIZE):
+            a, b = BatchEntry.unpack(old, at), BatchEntry.unpack(new, at)
+            assert b.pack()[8:] == a.pack()[8:]
+            if a.written:
+                written += 1
+                assert _commitlog(target, b.commitlog_offset, b.size)[36:] == \
+                    _commitlog(store, a.commitlog_offset, a.size)[36:]
+            else:
+                assert b.commitlog_offset == 0
+        assert written == {0: 10, 1: 8, 2: 8}[qid]
+    result = runner.invoke(app, ["inspect", "--store", str(target), "--topic", TOPIC, "--json"])
+    again = [m["queue_offset"] for line in result.stdout.splitlines() for m in json.loads(line)["inner_messages"]]
+    assert result.exit_code == 0 and len(again) == 111

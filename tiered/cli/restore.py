@@ -33,10 +33,11 @@ def restore(
     until: Annotated[Optional[str], typer.Option("--until", help="Records stored at or before (ISO 8601 or epoch ms).")] = None,
     commitlog_file_size: Annotated[int, typer.Option(min=4096, help="CommitLog file size: the broker's mappedFileSizeCommitLog.")] = DEFAULT_COMMITLOG_FILE_SIZE,
     cq_entries: Annotated[int, typer.Option(min=1, help="Entries per ConsumeQueue file: the broker's mappedFileSizeConsumeQueue / 20.")] = DEFAULT_CQ_ENTRIES,
+    bcq_entries: Annotated[int, typer.Option(min=1, help="Entries per BatchConsumeQueue file: the broker's mapperFileSizeBatchConsumeQueue / 46.")] = DEFAULT_CQ_ENTRIES,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as one JSON object.")] = False,
     config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
 ) -> None:
-    """Write a broker store (commitlog/, consumequeue/, config/topics.json) from the archive,
+    """Write a broker store (commitlog/, consumequeue/, batchconsumequeue/, config/topics.json) from the archive,
     then check it record by record against the archive. Exit 1 on any problem."""
     try:
         check_target(to)  # before anything else: a non-empty target is never touched
@@ -46,7 +47,7 @@ def restore(
     given = settings.model_fields_set
     try:
         options = RestoreOptions(
-            commitlog_file_size=commitlog_file_size, cq_entries_per_file=cq_entries,
+            commitlog_file_size=commitlog_file_size, cq_entries_per_file=cq_entries, bcq_entries_per_file=bcq_entries,
             topics=frozenset(topic) if topic else None,
             since_ms=parse_time_ms(since) if since else None, until_ms=parse_time_ms(until) if until else None)
     except ValueError as exc:

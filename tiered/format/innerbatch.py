@@ -142,3 +142,17 @@ def inner_records(rec: Record) -> list[Record]:
         made.position = rec.position
         out.append(made)
     return out
+
+
+def base_offset(rec: Record) -> int:
+    """The base offset a BatchConsumeQueue entry of this record holds:
+    ``INNER_BASE`` with ``INNER_NUM`` present, else the record's queue offset
+    (``DispatchRequest`` as ``CommitLog.checkMessageAndReturnSize`` fills it)."""
+    props = rec.properties
+    if PROPERTY_INNER_NUM in props and PROPERTY_INNER_BASE in props:
+        try:
+            return int(props[PROPERTY_INNER_BASE])
+        except ValueError:
+            raise CorruptRecordError(rec.source, rec.position,
+                                     f"INNER_BASE {props[PROPERTY_INNER_BASE][:20]!r} is not a number") from None
+    return rec.queue_offset

@@ -25,6 +25,9 @@ load/recover, ``ConsumeQueue.recover`` and ``correctMinOffset``):
   itself writes them (``fillPreBlank``). The tags code is the archived one.
   A recorded gap inside the restored range becomes filler entries too (a
   ConsumeQueue cannot have holes) and is reported.
+- ``batchconsumequeue/{topic}/{qid}/{start:020d}``: a BatchCQ queue's
+  46-byte entries (``tiered.ops.restorebatch``); its topic keeps
+  ``"attributes":{"queue.type":"BatchCQ"}`` in topics.json.
 - ``config/topics.json`` lists the restored topics.
 
 The target must be empty (or absent): anything else is refused before a
@@ -48,7 +51,10 @@ from tiered.errors import CorruptRecordError, TieredError
 from tiered.format.jsonfile import write_json
 from tiered.store.localstore import LocalStore
 from tiered.archive.manifest import Manifest
+from tiered.query.batchread import is_batch
 from tiered.query.reader import ColdReader, QueueRef, get_range
+from tiered.ops.restorebatch import BatchQueueWriter, check_batch
+from tiered.store.batchcq import BCQ_ENTRY_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +86,7 @@ class RestoreCheckError(TieredError):
 class RestoreOptions:
     commitlog_file_size: int = DEFAULT_COMMITLOG_FILE_SIZE
     cq_entries_per_file: int = DEFAULT_CQ_ENTRIES
+    bcq_entries_per_file: int = DEFAULT_CQ_ENTRIES  # mapperFileSizeBatchConsumeQueue / 46
     topics: frozenset[str] | None = None  # None: every archived topic
     since_ms: int | None = None  # first record stored at or after
     until_ms: int | None = None  # last record stored at or before
@@ -87,7 +94,7 @@ class RestoreOptions:
     def __post_init__(self) -> None:
         if self.commitlog_file_size < 4096:
             raise ValueError("CommitLog files must hold at least 4096 bytes")
-        if self.cq_entries_per_file < 1:
+        if self.cq_entries_per_file < 1 or self.bcq_entries_per_file < 1:
             raise ValueError("a ConsumeQueue file holds at least one entry")
 
 
@@ -100,6 +107,7 @@ class QueuePlan:
     first: int
     end: int
     last_original_end: int  # original CommitLog position after the queue's last restored record
+    batch: bool = False  # a BatchCQ queue: offsets number its entries (tiered.ops.restorebatch)
 
     @property
     def gaps(self) -> list[tuple[int, int]]:
@@ -183,12 +191,14 @@ def plan_restore(reader: ColdReader, options: RestoreOptions) -> RestorePlan:
             end -= 1  # never end on a gap: the last entry must point at a record
         if end <= first:
             continue
-        last = next(iter(reader.iter_queue(ref, end - 1, 1)), None)
-        if last is None or last.queue_offset != end - 1:
+        batch = is_batch(m)
+        res = reader.read(ref, end - 1, max_count=1)
+        last = res.records[0] if res.records and res.next_offset == end else None
+        if last is None or (last.queue_offset != end - 1 and not batch):
             raise CorruptRecordError(f"{ref.prefix}/manifest.json", end - 1,
                                      "the archive's last record of the range cannot be read")
         plans.append(QueuePlan(ref=ref, manifest=m, first=first, end=end,
-                               last_original_end=last.physical_offset + last.size))
+                               last_original_end=last.physical_offset + last.size, batch=batch))
     size = options.commitlog_file_size
     orig_end = max((p.last_original_end for p in plans), default=0)
     start = (orig_end // size + 1) * size
@@ -199,9 +209,10 @@ def plan_restore(reader: ColdReader, options: RestoreOptions) -> RestorePlan:
 # --- reading the archive with the tags codes ----------------------------------------
 
 
-def _archived(reader: ColdReader, plan: QueuePlan) -> Iterator[tuple[Record, int]]:
-    """(record, cold tags code) of ``plan``'s range in queue-offset order,
-    checked as ``ColdReader`` checks them; gaps are simply absent."""
+def _archived(reader: ColdReader, plan: QueuePlan) -> Iterator[tuple[Record, int, int]]:
+    """(record, cold tags code, queue offset) of ``plan``'s range in
+    queue-offset order, checked as ``ColdReader`` checks them; gaps are
+    simply absent. A BatchCQ queue's offsets number its entries."""
     store = reader.store
     topic = plan.ref.topic.encode("utf-8")
     for seg in plan.manifest.segments:
@@ -232,11 +243,12 @@ def _archived(reader: ColdReader, plan: QueuePlan) -> Iterator[tuple[Record, int
                 q = offset + i
                 pos = off - seg.cl_start - cl_lo
                 rec = decode_record(cl, pos, seg.commitlog_key)
-                if rec.size != size or rec.queue_offset != q or rec.queue_id != plan.ref.queue_id \
-                        or rec.topic_raw != topic:
+                in_place = rec.queue_offset == q if not seg.batch else \
+                    seg.msg_start <= rec.queue_offset < seg.msg_end  # type: ignore[operator]
+                if rec.size != size or not in_place or rec.queue_id != plan.ref.queue_id or rec.topic_raw != topic:
                     raise CorruptRecordError(seg.commitlog_key, off - seg.cl_start,
                                              f"queue offset {q}: record does not match its cold ConsumeQueue entry")
-                yield rec, tags
+                yield rec, tags, q
             offset += len(entries)
 
 
@@ -326,23 +338,23 @@ class _CommitLogWriter:
         return phys
 
 
-def _merged(reader: ColdReader, plan: RestorePlan) -> Iterator[tuple[int, Record, int]]:
-    """(queue index, record, tags code) of every queue, in original CommitLog order."""
+def _merged(reader: ColdReader, plan: RestorePlan) -> Iterator[tuple[int, Record, int, int]]:
+    """(queue index, record, tags code, queue offset) of every queue, in original CommitLog order."""
     iters = [_archived(reader, q) for q in plan.queues]
-    heap: list[tuple[int, int, Record, int]] = []
+    heap: list[tuple[int, int, Record, int, int]] = []
     for i, it in enumerate(iters):
         nxt = next(it, None)
         if nxt is not None:
-            heap.append((nxt[0].physical_offset, i, nxt[0], nxt[1]))
+            heap.append((nxt[0].physical_offset, i, *nxt))
     heapq.heapify(heap)
     while heap:
-        _, i, rec, tags = heap[0]
-        yield i, rec, tags
+        _, i, rec, tags, q = heap[0]
+        yield i, rec, tags, q
         nxt = next(iters[i], None)
         if nxt is None:
             heapq.heappop(heap)
         else:
-            heapq.heapreplace(heap, (nxt[0].physical_offset, i, nxt[0], nxt[1]))
+            heapq.heapreplace(heap, (nxt[0].physical_offset, i, *nxt))
 
 
 def write_store(reader: ColdReader, plan: RestorePlan, target: Path, options: RestoreOptions,
@@ -352,22 +364,27 @@ def write_store(reader: ColdReader, plan: RestorePlan, target: Path, options: Re
     target.mkdir(parents=True, exist_ok=True)
     cq_bytes = options.cq_entries_per_file * CQ_ENTRY_SIZE
     cl = _CommitLogWriter(target, options.commitlog_file_size, plan.commitlog_start)
-    queues = [_QueueWriter(target, q.ref.topic, q.ref.queue_id, cq_bytes, q.first) for q in plan.queues]
+    bcq_bytes = options.bcq_entries_per_file * BCQ_ENTRY_SIZE
+    queues = [BatchQueueWriter(_Files(bcq_bytes), target, q.ref.topic, q.ref.queue_id, q.first) if q.batch else
+              _QueueWriter(target, q.ref.topic, q.ref.queue_id, cq_bytes, q.first) for q in plan.queues]
     fillers: list[tuple[str, int, int, int]] = []
     messages = nbytes = 0
     try:
-        for i, rec, tags in _merged(reader, plan):
+        for i, rec, tags, offset in _merged(reader, plan):
             qw = queues[i]
-            if rec.queue_offset > qw.next:  # a recorded gap: the broker's filler entries keep offsets in place
+            if offset > qw.next:  # a recorded gap: the broker's filler entries keep offsets in place
                 q = plan.queues[i]
-                fillers.append((q.ref.topic, q.ref.queue_id, qw.next, rec.queue_offset))
+                fillers.append((q.ref.topic, q.ref.queue_id, qw.next, offset))
                 log.warning("%s/%d: offsets %d..%d are a recorded gap in the archive; restored as filler entries "
                             "(the broker may report the minimum offset after them)",
-                            q.ref.topic, q.ref.queue_id, qw.next, rec.queue_offset - 1)
-                while qw.next < rec.queue_offset:
+                            q.ref.topic, q.ref.queue_id, qw.next, offset - 1)
+                while isinstance(qw, _QueueWriter) and qw.next < offset:
                     qw.add(_FILLER_ENTRY)
             phys = cl.append(rec.raw)
-            qw.add(CQ_ENTRY.pack(phys, rec.size, tags))
+            if isinstance(qw, BatchQueueWriter):
+                qw.add_record(rec, phys, tags, offset)
+            else:
+                qw.add(CQ_ENTRY.pack(phys, rec.size, tags))
             messages += 1
             nbytes += rec.size
             if progress is not None and messages % 1024 == 0:
@@ -384,9 +401,11 @@ def write_store(reader: ColdReader, plan: RestorePlan, target: Path, options: Re
 
 
 def _write_topics(target: Path, plan: RestorePlan) -> None:
+    batch = {q.ref.topic for q in plan.queues if q.batch}
     table = {
         topic: {"topicName": topic, "readQueueNums": n, "writeQueueNums": n, "perm": 6,
-                "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": False, "attributes": {}}
+                "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": False,
+                "attributes": {"queue.type": "BatchCQ"} if topic in batch else {}}
         for topic, n in sorted(plan.read_queue_nums.items())
     }
     write_json(target / "config" / "topics.json",
@@ -405,6 +424,9 @@ def check(reader: ColdReader, result: RestoreResult, target: Path) -> int:
     filler = {(t, q): (a, b) for t, q, a, b in result.filler_gaps}
     with LocalStore(target) as local:
         for q in result.plan.queues:
+            if q.batch:
+                compared += check_batch(local, _archived(reader, q), q.ref.topic, q.ref.queue_id)
+                continue
             name = f"{q.ref.topic}/{q.ref.queue_id}"
             rng = local.queue_range(q.ref.topic, q.ref.queue_id)
             if rng.max_offset != q.end or ((q.ref.topic, q.ref.queue_id) not in filler and rng.min_offset != q.first):
@@ -412,7 +434,7 @@ def check(reader: ColdReader, result: RestoreResult, target: Path) -> int:
                                         f"expected {q.first}..{q.end}")
             local_iter: Iterator | None = None
             expect = -1
-            for rec, tags in _archived(reader, q):
+            for rec, tags, _offset in _archived(reader, q):
                 if rec.queue_offset != expect:  # start, or after a gap
                     run_end = min([a for a, _ in q.gaps if a > rec.queue_offset] + [q.end])
                     local_iter = iter(local.iter_queue(q.ref.topic, q.ref.queue_id, rec.queue_offset,
