@@ -119,3 +119,31 @@ def test_archive_read_back_and_restore(tmp_path: Path) -> None:
                     # every field as the broker wrote it but the record's new CommitLog position
                     assert new.pack()[8:] == old.pack()[8:]
                     assert restored.read_at(new.commitlog_offset).size == new.size
+
+
+def test_status_and_verify_count_messages(tmp_path: Path) -> None:
+    """Archived, then two batches of 3 and 4 messages more: status and verify
+    speak of the 7 messages from the archive's end, not of 2 entries."""
+    store = tmp_path / "store"
+    want = build(store)
+    cold = f"file://{tmp_path}/cold"
+    result = runner.invoke(app, ["dispatch", "--all", "--store", str(store), "--cold", cold], env=env(tmp_path))
+    assert result.exit_code == 0, result.output
+    end = len(want[0])
+    with StoreWriter(store) as w:
+        bw = BatchWriter(w, bcq_entries_per_file=PER_FILE)
+        bw.start_at("Bulk", 0, entry=11, offset=end)
+        for n in (3, 4):
+            bw.put_batch("Bulk", 0, [InnerDraft(body=b"more %d" % j) for j in range(n)], store_timestamp=T0 + 999)
+    result = runner.invoke(app, ["status", "--store", str(store), "--cold", cold, "--topic", "Bulk", "--json"],
+                           env=env(tmp_path))
+    rows = {r["queue_id"]: r for r in map(json.loads, result.stdout.splitlines())}
+    assert {k: rows[0][k] for k in ("local_min_offset", "local_max_offset", "archived_first_offset",
+                                    "archived_next_offset", "lag_messages", "batch")} == {
+        "local_min_offset": 0, "local_max_offset": end + 7, "archived_first_offset": 0,
+        "archived_next_offset": end, "lag_messages": 7, "batch": True}
+    assert (rows[1]["local_min_offset"], rows[1]["archived_first_offset"], rows[1]["lag_messages"]) == (1000, 1000, 0)
+    result = runner.invoke(app, ["verify", "--store", str(store), "--cold", cold, "--topic", "Bulk"],
+                           env=env(tmp_path))
+    assert result.exit_code == 1
+    assert f"Bulk/0: 7 messages from offset {end} not archived" in result.output

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from tiered.archive.coldtier import ColdTier
+from tiered.archive.manifest import Manifest
 from tiered.errors import CorruptRecordError, StoreBehindError, TieredError
+from tiered.query.batchread import is_batch, message_bounds
 from tiered.store.localstore import LocalStore
 
 
@@ -28,6 +30,8 @@ class QueueStatus:
     problem: str | None = None  # why the queue is not archiving (its manifest cannot be read...)
     # record bytes per stored byte (layout v2 segments; > 1 with zstd); None: not recorded
     compression_ratio: float | None = None
+    # a BatchCQ queue: offsets and lag count messages, as RocketMQ does (docs/batchcq.md)
+    batch: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,14 +75,37 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None,
                 problem = str(StoreBehindError(topic, qid, lmax, m.next_offset))
             elif problem is None and (lag or local.truncated(topic, qid)):
                 problem = _local_problem(local, topic, qid, nxt)
-        rows.append(QueueStatus(
+        row = QueueStatus(
             topic, qid, lmin, lmax,
             m.first_offset if m else None, m.next_offset if m else None, lag,
             m.min_store_ms if m else None, m.max_store_ms if m else None,
             len(m.segments) if m else 0, m.nbytes if m else 0, len(m.gaps) if m else 0,
             problem=problem, compression_ratio=m.compression_ratio if m else None,
-        ))
+        )
+        if is_batch(m) or (local is not None and local.is_batch(topic)):
+            row = _in_messages(row, m, local)
+        rows.append(row)
     return rows
+
+
+def _in_messages(row: QueueStatus, m: Manifest | None, local: LocalStore | None) -> QueueStatus:
+    """A BatchCQ queue's row in message offsets: its entries' base offsets
+    and batch sizes (local), its segments' message ranges (archived)."""
+    first = nxt = lmin = lmax = lag = None
+    if m is not None and is_batch(m):
+        first, nxt = message_bounds(m)
+    if local is not None and row.local_max_offset is not None:
+        try:
+            rng = local.batch_offset_range(row.topic, row.queue_id)
+            lmin, lmax = rng.min_offset, rng.max_offset
+            if row.lag_messages is not None:
+                pending = local.batch_entry(row.topic, row.queue_id, max(row.archived_next_offset or 0,
+                                                                         row.local_min_offset or 0))
+                lag = 0 if pending is None else max(0, lmax - pending.base_offset)
+        except (OSError, TieredError):
+            pass
+    return replace(row, local_min_offset=lmin, local_max_offset=lmax, archived_first_offset=first,
+                   archived_next_offset=nxt, lag_messages=lag, batch=True)
 
 
 def _local_problem(local: LocalStore, topic: str, qid: int, offset: int) -> str | None:

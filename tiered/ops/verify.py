@@ -188,10 +188,21 @@ def check_pending(manifests: dict[tuple[str, int], Manifest], local: LocalStore,
             age_ms = check.now_ms - oldest.record.store_timestamp
             if age_ms < check.max_delay_ms:
                 continue
-            where = "never archived (no manifest)" if m is None else f"archive ends at offset {m.next_offset}"
+            first, count, end = start, rng.max_offset - start, m.next_offset if m is not None else 0
+            if local.is_batch(topic):  # offsets and counts of messages, not of BatchConsumeQueue entries
+                first, count = _batch_pending(local, topic, qid, start)
+                end = first
+            where = "never archived (no manifest)" if m is None else f"archive ends at offset {end}"
             report.pending[f"{topic}/{qid}"] = (
-                f"{rng.max_offset - start} messages from offset {start} not archived, the oldest stored "
+                f"{count} messages from offset {first} not archived, the oldest stored "
                 f"{age_ms // 1000} s ago (max delay {check.max_delay_ms // 1000} s); {where}")
+
+
+def _batch_pending(local: LocalStore, topic: str, qid: int, entry: int) -> tuple[int, int]:
+    """(first queue offset, messages) of a BatchCQ queue from ``entry`` on."""
+    unit = local.batch_entry(topic, qid, entry)
+    end = local.batch_offset_range(topic, qid).max_offset
+    return (end, 0) if unit is None else (unit.base_offset, end - unit.base_offset)
 
 
 def verify(cold: ColdTier, local: LocalStore | None = None, *, orphans: bool = True,
@@ -245,6 +256,8 @@ def verify(cold: ColdTier, local: LocalStore | None = None, *, orphans: bool = T
         if local is not None:
             try:
                 ahead = local.max_offset(topic, qid) - m.next_offset
+                if ahead > 0 and local.is_batch(topic):
+                    ahead = _batch_pending(local, topic, qid, m.next_offset)[1]
             except (OSError, TieredError):
                 ahead = 0
             if ahead > 0:
