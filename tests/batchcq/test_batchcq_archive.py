@@ -7,47 +7,15 @@ from __future__ import annotations
 
 import base64
 import json
-from collections import defaultdict
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
-from test_batchcq_read import TOPIC, batch_lines, unconfirmed
+from bcqkit import TOPIC, batch_lines, messages_by_queue, run, unconfirmed
 from tiered.cli import app
 from tiered.store.batchcq import BCQ_ENTRY_SIZE, BatchEntry
 
 runner = CliRunner()
-
-
-def env(tmp_path: Path) -> dict[str, str]:
-    return {"TIERED_STATE_DIR": str(tmp_path / "state"), "TIERED_CLUSTER": "DevCluster",
-            "TIERED_BROKER": "broker-dev", "TIERED_LOG__LEVEL": "WARNING"}
-
-
-def run(tmp_path: Path, *args: str) -> tuple[int, str, str]:
-    result = runner.invoke(app, list(args), env=env(tmp_path))
-    return result.exit_code, result.stdout, result.stderr
-
-
-def messages_by_queue(expected: list[dict]) -> dict[int, list[dict]]:
-    """RocketMQ's read-back per queue, one dict per message (singles as themselves)."""
-    out: dict[int, list[dict]] = defaultdict(list)
-    for e in batch_lines(expected):
-        for m in e.get("inner_messages") or [{"queue_offset": e["queue_offset"], "flag": e["flag"],
-                                               "msg_id": e["unique_key"], "properties": e["properties"],
-                                               "body_b64": e["body_b64"]}]:
-            out[e["cq_queue_id"]].append({**m, "commitlog_offset": e["commitlog_offset"],
-                                          "store_timestamp": e["store_timestamp"], "born_host": e["born_host"]})
-    return out
-
-
-@pytest.fixture
-def archived(rmq5_store: Path, tmp_path: Path) -> tuple[Path, str]:
-    store, cold = unconfirmed(rmq5_store), f"file://{tmp_path}/cold"
-    code, _out, err = run(tmp_path, "dispatch", "--all", "--store", str(store), "--cold", cold, "--topic", TOPIC)
-    assert code == 0, err
-    return store, cold
 
 
 def test_dispatch_and_verify_to_the_end(archived: tuple[Path, str], tmp_path: Path,

@@ -6,34 +6,17 @@ from __future__ import annotations
 
 import base64
 import json
-import struct
 from pathlib import Path
 
 from typer.testing import CliRunner
 
+from bcqkit import TOPIC, batch_lines, unconfirmed
 from tiered.cli import app
 from tiered.format.innerbatch import unwrap
 from tiered.store.batchcq import BCQ_ENTRY_SIZE, BatchEntry
 from tiered.store.localstore import LocalStore
 
 runner = CliRunner()
-TOPIC = "BulkEvents"
-
-
-def unconfirmed(store: Path) -> Path:
-    """The store with checkpoint's confirm offset zeroed: in default mode the
-    broker does not honour it (issue 30 item 1), and its stale value would
-    hold back the last entries this test reads."""
-    with open(store / "checkpoint", "r+b") as fh:
-        fh.seek(32)
-        fh.write(struct.pack(">q", 0))
-    return store
-
-
-def batch_lines(expected: list[dict]) -> list[dict]:
-    lines = [e for e in expected if e["cq_type"] == "batch"]
-    assert len(lines) == 26 and sum(e["cq_batch_num"] for e in lines) == 111
-    return lines
 
 
 def test_entries_read_exactly(rmq5_store: Path, rmq5_expected: list[dict]) -> None:
