@@ -147,3 +147,28 @@ def test_status_and_verify_count_messages(tmp_path: Path) -> None:
                            env=env(tmp_path))
     assert result.exit_code == 1
     assert f"Bulk/0: 7 messages from offset {end} not archived" in result.output
+
+
+def test_consumer_positions_are_message_offsets(tmp_path: Path) -> None:
+    """Consumers commit message offsets: a BatchCQ queue's ranges against
+    them are its messages' (1000.. for queue 1), never its entries'."""
+    from tiered.archive.manifest import Manifest
+    from tiered.store.consumeroffsets import PositionState, archived_ranges, store_positions
+
+    store = tmp_path / "store"
+    want = build(store)
+    cold = f"file://{tmp_path}/cold"
+    result = runner.invoke(app, ["dispatch", "--all", "--store", str(store), "--cold", cold], env=env(tmp_path))
+    assert result.exit_code == 0, result.output
+    (store / "config" / "consumerOffset.json").write_text(json.dumps(
+        {"offsetTable": {"Bulk@g": {"0": 3, "1": 1002}}}))
+    manifests = {}
+    for qid in (0, 1):
+        manifests[("Bulk", qid)] = Manifest.from_bytes(
+            (tmp_path / "cold" / "C" / "b" / "Bulk" / str(qid) / "manifest.json").read_bytes())
+    with LocalStore(store) as local:
+        rows = {p.queue_id: p for p in store_positions(local, archived_ranges(manifests))}
+    assert (rows[1].local_min_offset, rows[1].local_max_offset, rows[1].archived_first_offset,
+            rows[1].archived_next_offset, rows[1].state) == (1000, want[1][-1][0] + 1, 1000, want[1][-1][0] + 1,
+                                                             PositionState.LOCAL)
+    assert (rows[0].local_max_offset, rows[0].archived_next_offset) == (len(want[0]), len(want[0]))
