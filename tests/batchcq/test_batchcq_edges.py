@@ -172,3 +172,21 @@ def test_consumer_positions_are_message_offsets(tmp_path: Path) -> None:
             rows[1].archived_next_offset, rows[1].state) == (1000, want[1][-1][0] + 1, 1000, want[1][-1][0] + 1,
                                                              PositionState.LOCAL)
     assert (rows[0].local_max_offset, rows[0].archived_next_offset) == (len(want[0]), len(want[0]))
+
+
+def test_cat_group_from_committed_message_offsets(tmp_path: Path) -> None:
+    """``cat --group``: queue 0's first BatchConsumeQueue file deleted by the
+    broker, its committed offset 3 is read from the archive up to the local
+    store's first message, then locally; queue 1 from 1002, inside a batch."""
+    store = tmp_path / "store"
+    want = build(store)
+    cold = f"file://{tmp_path}/cold"
+    result = runner.invoke(app, ["dispatch", "--all", "--store", str(store), "--cold", cold], env=env(tmp_path))
+    assert result.exit_code == 0, result.output
+    (store / "batchconsumequeue" / "Bulk" / "0" / f"{0:020d}").unlink()
+    (store / "config" / "consumerOffset.json").write_text(json.dumps({"offsetTable": {"Bulk@g": {"0": 3, "1": 1002}}}))
+    result = runner.invoke(app, ["cat", "--topic", "Bulk", "--group", "g", "--store", str(store), "--cold", cold,
+                                 "--json"], env=env(tmp_path))
+    assert result.exit_code == 0, result.output
+    got = [(d["queue_id"], d["queue_offset"], d["keys"][0]) for d in map(json.loads, result.stdout.splitlines())]
+    assert got == [(0, o, k) for o, k in want[0] if o >= 3] + [(1, o, k) for o, k in want[1] if o >= 1002]
