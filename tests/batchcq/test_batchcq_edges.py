@@ -190,3 +190,13 @@ def test_cat_group_from_committed_message_offsets(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     got = [(d["queue_id"], d["queue_offset"], d["keys"][0]) for d in map(json.loads, result.stdout.splitlines())]
     assert got == [(0, o, k) for o, k in want[0] if o >= 3] + [(1, o, k) for o, k in want[1] if o >= 1002]
+
+
+def test_an_unreadable_topics_json_leaves_the_directories_to_tell(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    build(store)
+    (store / "config" / "topics.json").write_text("{not json")
+    (store / "config" / "topics.json.bak").write_text("[1]")
+    with LocalStore(store) as local:
+        assert local.topics() == ["Bulk", "Plain"] and local.is_batch("Bulk") and not local.is_batch("Plain")
+        assert local.batch_offset_range("Bulk", 1).min_offset == 1000

@@ -61,14 +61,26 @@ def batch_size(rec: Record) -> int:
     """Messages this record stands for in a BatchCQ queue: ``INNER_NUM`` of an
     inner batch (as ``CommitLog.checkMessageAndReturnSize`` takes it, with
     ``INNER_BASE`` present), 1 for a single message."""
+    return _dispatched(rec, PROPERTY_INNER_NUM, 1)
+
+
+def base_offset(rec: Record) -> int:
+    """The base offset a BatchConsumeQueue entry of this record holds:
+    ``INNER_BASE`` with ``INNER_NUM`` present, else the record's queue offset
+    (``DispatchRequest`` as ``CommitLog.checkMessageAndReturnSize`` fills it)."""
+    return _dispatched(rec, PROPERTY_INNER_BASE, rec.queue_offset)
+
+
+def _dispatched(rec: Record, name: str, default: int) -> int:
+    """Property ``name`` as a number where the broker's dispatch reads it (both
+    INNER_NUM and INNER_BASE set), else ``default``."""
     props = rec.properties
-    if PROPERTY_INNER_NUM in props and PROPERTY_INNER_BASE in props:
-        try:
-            return int(props[PROPERTY_INNER_NUM])
-        except ValueError:
-            raise CorruptRecordError(rec.source, rec.position,
-                                     f"INNER_NUM {props[PROPERTY_INNER_NUM][:20]!r} is not a number") from None
-    return 1
+    if PROPERTY_INNER_NUM not in props or PROPERTY_INNER_BASE not in props:
+        return default
+    try:
+        return int(props[name])
+    except ValueError:
+        raise CorruptRecordError(rec.source, rec.position, f"{name} {props[name][:20]!r} is not a number") from None
 
 
 def decode_inner(body: bytes | memoryview, base_offset: int, source: str = "<buffer>",
@@ -143,16 +155,3 @@ def inner_records(rec: Record) -> list[Record]:
         out.append(made)
     return out
 
-
-def base_offset(rec: Record) -> int:
-    """The base offset a BatchConsumeQueue entry of this record holds:
-    ``INNER_BASE`` with ``INNER_NUM`` present, else the record's queue offset
-    (``DispatchRequest`` as ``CommitLog.checkMessageAndReturnSize`` fills it)."""
-    props = rec.properties
-    if PROPERTY_INNER_NUM in props and PROPERTY_INNER_BASE in props:
-        try:
-            return int(props[PROPERTY_INNER_BASE])
-        except ValueError:
-            raise CorruptRecordError(rec.source, rec.position,
-                                     f"INNER_BASE {props[PROPERTY_INNER_BASE][:20]!r} is not a number") from None
-    return rec.queue_offset

@@ -265,7 +265,11 @@ class LocalStore:
             names = set()
         from tiered.store.batchcq import batch_topics  # it builds on this module
 
-        self._batch = batch_topics(self.root, self.topic_configs(), names)
+        try:
+            configs = self.topic_configs()
+        except (OSError, CorruptRecordError):
+            configs = {}  # unreadable: the directories alone tell (status reports the file)
+        self._batch = batch_topics(self.root, configs, names)
         return sorted(names | self._batch)
 
     def is_batch(self, topic: str) -> bool:
