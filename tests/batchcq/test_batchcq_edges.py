@@ -227,3 +227,14 @@ def test_many_small_segments(tmp_path: Path) -> None:
                 (o, k) for o, k in want[qid] if o >= start][:2]
     result = runner.invoke(app, ["find", "--key", "K-0-9-3", "--cold", cold, "--json"], env=env(tmp_path))
     assert [json.loads(line)["queue_offset"] for line in result.stdout.splitlines()] == [23]
+    # the cleaner merges them: one segment, its message range the run's, its key index the messages' keys
+    merging = {**env(tmp_path), "TIERED_RETENTION__DEFAULT_HOURS": "forever", "TIERED_CLEANER__MERGE_MIN_BYTES": "3KiB",
+               "TIERED_CLEANER__MERGE_TARGET_BYTES": "1MiB"}
+    result = runner.invoke(app, ["clean", "--store", str(store), "--cold", cold], env=merging)
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "cold" / "C" / "b" / "Bulk" / "0" / "manifest.json").read_text())
+    assert [(s["q_start"], s["q_end"], s["msg_start"], s["msg_end"]) for s in manifest["segments"]] == [
+        (0, 11, 0, len(want[0]))]
+    assert runner.invoke(app, ["verify", "--store", str(store), "--cold", cold], env=env(tmp_path)).exit_code == 0
+    result = runner.invoke(app, ["find", "--key", "K-0-9-3", "--cold", cold, "--json"], env=env(tmp_path))
+    assert [json.loads(line)["queue_offset"] for line in result.stdout.splitlines()] == [23]
