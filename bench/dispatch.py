@@ -134,7 +134,16 @@ def commitlog_bytes(store: Path) -> int:
 # --- phases (each runs in its own process) --------------------------------------------
 
 
+# A 5.x broker's store: records of a topic longer than 127 bytes are magic
+# V2 (2-byte topic length), hosts may be IPv6, and after a restart in default
+# mode the checkpoint's confirm offset is stale (the start of the last record
+# recovered), which binds nothing (tiered/store/brokermode.py).
+TOPIC_5X = "BenchTopic5x-" + "v2" * 60
+STORE_HOST_5X = ("fd12:3456:789a::9", 10911)
+
+
 def phase_generate(args: argparse.Namespace) -> dict:
+    from tiered.format.codec import Host
     from tiered.store.storewriter import StoreWriter
 
     store = Path(args.workdir) / args.store_name
@@ -143,13 +152,21 @@ def phase_generate(args: argparse.Namespace) -> dict:
     queues = args.queues
     body = os.urandom(1024)
     target = args.size_mb * MiB
+    five = getattr(args, "flavor", "4x") == "5x"
+    topic, host = (TOPIC_5X, Host(*STORE_HOST_5X)) if five else (TOPIC, Host("127.0.0.1", 10911))
     started = time.perf_counter()
     n = 0
-    with StoreWriter(store, commitlog_file_size=args.commitlog_mb * MiB, buffer_bytes=8 * MiB) as w:
+    confirm = 0
+    with StoreWriter(store, commitlog_file_size=args.commitlog_mb * MiB, buffer_bytes=8 * MiB,
+                     store_host=host) as w:
         while w.position < target:
             # vary the first bytes so bodies (and CRCs) differ; no copy of the rest
-            w.put(TOPIC, n % queues, n.to_bytes(8, "big") + body[8:], keys=[f"k{n}"])
+            at = w.put(topic, n % queues, n.to_bytes(8, "big") + body[8:], keys=[f"k{n}"])
+            if w.position < target // 2:
+                confirm = at.commitlog_offset  # a restart half-way, as recoverNormally leaves it
             n += 1
+        if five:
+            w.write_checkpoint(confirm_offset=confirm)
     return {"messages": n, "bytes": commitlog_bytes(store), "seconds": time.perf_counter() - started}
 
 
@@ -639,9 +656,42 @@ def parser() -> argparse.ArgumentParser:
                          "(default 3); memory comes from one more run, sampled")
     ap.add_argument("--sample", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--pass-alone", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--flavor", choices=("4x", "5x"), default="4x", help=argparse.SUPPRESS)
+    ap.add_argument("--compare-5x", action="store_true",
+                    help="only compare a 5.x store with a 4.x one of the same bytes (CPU per GB, ratio)")
     ap.add_argument("--seaweedfs", type=int, default=1,
                     help="also measure on a real SeaweedFS (weed, from the test extra) beside moto (default 1)")
     return ap
+
+
+def compare_5x(args: argparse.Namespace, work: Path) -> None:
+    """Goal (issue 30): a 5.x store costs no more per GB to archive than a
+    4.x one of the same bytes. Both stores made here, read back into the page
+    cache alike, each dispatched to file:// (best of --repeat) and its round's
+    passes replayed alone; the ratios are 5.x over 4.x."""
+    stores = {"4x": "store-4x", "5x": "store-5x"}
+    gen = {flavor: run_phase("generate", args, store_name=name, flavor=flavor) for flavor, name in stores.items()}
+    for name in stores.values():
+        for f in sorted((work / name / "commitlog").iterdir()):
+            reread(f)
+    print(f"{os.cpu_count()} cores; {args.size_mb} MiB of 1 KiB messages over {args.queues} queues; "
+          f"4.x {gen['4x']['bytes'] / MiB:.0f} MiB, 5.x {gen['5x']['bytes'] / MiB:.0f} MiB of records", flush=True)
+    cold = work / "cold-file"
+    runs = {flavor: (measure_dispatch(args, cold, store_name=name),
+                     measure_pass_alone(args, cold, store_name=name)) for flavor, name in stores.items()}
+    per_gb: dict[str, tuple[float, float]] = {}
+    for flavor, (round_, alone) in runs.items():
+        if round_["bytes"] != gen[flavor]["bytes"]:
+            raise SystemExit(f"{flavor}: archived {round_['bytes']} of {gen[flavor]['bytes']} bytes")
+        gb = round_["bytes"] / 1e9
+        per_gb[flavor] = (round_["cpu_seconds"] / gb, alone["pass_cpu_seconds"] / gb)
+        print(f"{flavor}: round CPU {per_gb[flavor][0]:.3f} s/GB, read+build alone CPU {per_gb[flavor][1]:.3f} s/GB, "
+              f"peak PSS {round_['pss_peak_mib']:.0f} MiB", flush=True)
+    for i, what in enumerate(("round CPU per GB", "read+build CPU per GB alone")):
+        r = per_gb["5x"][i] / per_gb["4x"][i]
+        print(f"5.x vs 4.x, {what}: {r:.3f} (goal <= 1.0 within noise; {'OK' if r <= 1.1 else 'MISS'})")
+    for name in stores.values():
+        shutil.rmtree(work / name, ignore_errors=True)
 
 
 def main() -> None:
@@ -662,6 +712,14 @@ def main() -> None:
         args.workdir = tmp
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
+    if args.compare_5x:
+        try:
+            compare_5x(args, work)
+        finally:
+            shutil.rmtree(work / "state", ignore_errors=True)
+            if tmp and not args.keep:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return
     try:
         marker = work / "store.json"
         meta = json.loads(marker.read_text()) if marker.exists() else {}

@@ -2,7 +2,7 @@
 
 Nothing here performs I/O; ``execute`` carries a plan out. Tests check plans.
 
-Expiry (DESIGN.md section 4, invariant 4)
+Expiry (docs/design.md section 4, invariant 4)
     A segment is *expired* only when it holds data (messages > 0, bytes > 0),
     its store timestamps are real times (see ``verdict``), none lies beyond
     ``now + skew_tolerance``, and its maximum store timestamp is older than

@@ -123,13 +123,14 @@ def _watch_parent(pid: int) -> None:
     threading.Thread(target=run, name="parent-watch", daemon=True).start()
 
 
-def _run_job(root: str, job: BuildJob, now_ms: int) -> tuple[Any, ...]:
+def _run_job(root: str, job: BuildJob, now_ms: int, broker_mode: str) -> tuple[Any, ...]:
     # A store opened for each job: it sees the files on disk now, as the
     # dispatcher's reads do at the start of a round (a file the broker
     # deleted or replaced is never read through an older mapping). Cheap:
     # mapping is lazy, and the pages read are given back after each read.
     try:
-        with LocalStore(root) as local:
+        # the mode the dispatcher told, not told again: its confirm offset binds here too
+        with LocalStore(root, broker_mode=broker_mode) as local:
             built, stop, spans = _build(local, job, now_ms, want_spans=True)
     except Exception as exc:  # noqa: BLE001 - handed to the dispatcher, which reports it for the queue
         return ("error", type(exc).__name__, str(exc))
@@ -180,7 +181,8 @@ class ProcessBuilds:
             with self._lock:
                 return build_segment(local, job, now_ms)
         try:
-            outcome = self._pool.submit(_run_job, str(local.root), job, now_ms).result()
+            outcome = self._pool.submit(_run_job, str(local.root), job, now_ms,
+                                        local.told_mode.mode).result()
         except BrokenExecutor as exc:
             # Workers that cannot start (a __main__ module that is not import
             # safe, a memory limit) must not stop archiving: build here.

@@ -1,7 +1,9 @@
-"""Which topics the dispatcher archives.
+"""Which topics the dispatcher archives, and why a topic is not.
 
 System topics the broker uses internally are skipped unless asked for:
 an explicit include pattern naming one (no wildcard) archives it anyway.
+A few broker topics hold data found nowhere else and are archived like an
+application's (``systopics.KNOWN`` says which, and why).
 ``%RETRY%{group}`` and ``%DLQ%{group}`` are ordinary topics here: the DLQ is
 what people most want to analyse later.
 """
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+
+from dispatcher.systopics import classify
 
 SYSTEM_TOPICS = frozenset({
     "SCHEDULE_TOPIC_XXXX", "TBW102", "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC",
@@ -31,8 +35,33 @@ class TopicFilter:
     extra_system: frozenset[str] = frozenset()
 
     def accepts(self, topic: str) -> bool:
-        if any(fnmatchcase(topic, p) for p in self.exclude):
-            return False
-        if is_system_topic(topic, self.extra_system) and not self.include_system:
-            return topic in self.include  # named explicitly, not through a wildcard
-        return any(fnmatchcase(topic, p) for p in self.include)
+        return self.verdict(topic).archived
+
+    def verdict(self, topic: str) -> TopicVerdict:
+        """Whether the dispatcher archives ``topic``, with the reason where
+        there is one to tell (a broker topic, or one the config leaves out)."""
+        known = classify(topic, self.extra_system, system=is_system_topic(topic, self.extra_system))
+        hit = next((p for p in self.exclude if fnmatchcase(topic, p)), None)
+        if hit is not None:
+            why = f"topics.exclude matches {hit!r}"
+            return TopicVerdict(topic=topic, archived=False, system=known is not None,
+                                reason=why if known is None else f"{known.reason}; {why}")
+        included = any(fnmatchcase(topic, p) for p in self.include)
+        if known is None:
+            return TopicVerdict(topic=topic, archived=included, system=False,
+                                reason=None if included else "no topics.include pattern matches")
+        if known.archive or self.include_system:
+            return TopicVerdict(topic=topic, archived=included, system=True, reason=known.reason if included
+                                else f"{known.reason}; no topics.include pattern matches")
+        if topic in self.include:  # named explicitly, not through a wildcard
+            return TopicVerdict(topic=topic, archived=True, system=True,
+                                reason=f"{known.reason}; archived: named in topics.include")
+        return TopicVerdict(topic=topic, archived=False, system=True, reason=known.reason)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopicVerdict:
+    topic: str
+    archived: bool
+    system: bool  # a topic the broker made for itself
+    reason: str | None  # None: an application's topic the include patterns take

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from dispatcher.archiver import ArchiveOptions, QueueArchiver, QueueResult
 from dispatcher.buildpool import shared_builds
 from dispatcher.filters import TopicFilter
+from dispatcher.layoutwatch import LayoutWatch
 from tiered.clock import Clock, SystemClock
 from tiered.archive.coldtier import ColdTier
 from tiered.config import RetentionSettings
@@ -154,6 +155,7 @@ class Dispatcher:
             before_write=self._before_write, on_bytes=on_bytes,
             builds=shared_builds(processes) if processes > 1 else None,
         )
+        self.layout = LayoutWatch(local, self.recorder, self.clock)
         self._failures: dict[tuple[str, int], tuple[int, float]] = {}
         # queues failing now, with whether that fails the round (not a data stop)
         self._failing: dict[tuple[str, int], bool] = {}
@@ -163,6 +165,7 @@ class Dispatcher:
         # the lag age of a queue whose oldest pending record cannot be read
         self._pending_since: dict[tuple[str, int], tuple[int, int]] = {}
         self._rng = random.Random()
+        self._mode_problem: str | None = None  # the last checkpoint problem logged (controller mode)
         self._fenced: str | None = None
         self._was_fenced = False
         self._round_lock = threading.Lock()
@@ -205,9 +208,12 @@ class Dispatcher:
         self._was_fenced = False
         self._identity_at = None  # the first round reads it again, idle or not
         self.started = True
+        log.info("broker mode %s", self.local.told_mode.describe())
 
     def eligible_queues(self) -> list[tuple[str, int]]:
-        return [(t, q) for t in self.local.topics() if self.filter.accepts(t) for q in self.local.queue_ids(t)]
+        unreadable = self.layout.current().unreadable_topics  # a queue type we cannot read
+        return [(t, q) for t in self.local.topics() if t not in unreadable and self.filter.accepts(t)
+                for q in self.local.queue_ids(t)]
 
     def run_round(self) -> RoundResult:
         """One round over every eligible queue. Never two at once: a call made
@@ -477,6 +483,12 @@ class Dispatcher:
             log.error("cannot list the local store's queues; lag not refreshed: %s", exc)
             return None
         now_ms = self.clock.now_ms()
+        mode = self.local.broker_mode()
+        self.recorder.confirm_offset(mode.confirm_offset)
+        if mode.problem != self._mode_problem:  # logged when it appears or changes, not every round
+            if mode.problem is not None:
+                log.warning("the archive waits for the cluster to confirm: %s", mode.problem)
+            self._mode_problem = mode.problem
         total = 0
         for key in keys:
             try:

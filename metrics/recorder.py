@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
@@ -43,6 +43,7 @@ from prometheus_client.registry import Collector
 
 from metrics.consumers import ConsumerPositionCollector
 from tiered import __version__
+from tiered.store.survey import KINDS as LAYOUT_KINDS
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ class _StateCollector(Collector):
         self._committed: dict[tuple[str, int], float] = {}  # queue -> unix time of its last commit
         self._store_up: int | None = None  # None until the first request or probe says
         self._lease: tuple[int, float | None] = (0, None)  # held, expiry (unix s)
+        self._confirm: int | None = None  # the confirm offset the archive waits at; None: no bound
 
     def set_lag(self, topic: str, queue_id: int, lag: _Lag) -> None:
         with self._lock:
@@ -133,6 +135,9 @@ class _StateCollector(Collector):
     def set_lease(self, held: bool, expires_s: float | None) -> None:
         self._lease = (int(held), expires_s if held else None)
 
+    def set_confirm(self, offset: int | None) -> None:
+        self._confirm = offset  # one store: atomic, no lock needed
+
     def set_cold(self, topic: str, queue_id: int, cold: _Cold) -> None:
         with self._lock:
             self._cold[(topic, queue_id)] = cold
@@ -149,7 +154,10 @@ class _StateCollector(Collector):
             committed = dict(self._committed)
         families = self._families()
         (lag_messages, lag_bytes, lag_seconds, cold_bytes, cold_segments, oldest,
-         stuck_family, committed_family, store_up, lease_held, lease_expiry) = families
+         stuck_family, committed_family, store_up, lease_held, lease_expiry, confirm_family) = families
+        confirm = self._confirm
+        if confirm is not None:
+            confirm_family.add_metric([], confirm)
         for (topic, queue), value in sorted(self._lag_rows(lag).items()):
             lag_messages.add_metric([topic, queue], value.messages)
             lag_bytes.add_metric([topic, queue], value.nbytes)
@@ -264,6 +272,11 @@ class _StateCollector(Collector):
                 "Expiry of the write lease this sidecar holds (renewed before writes and by the "
                 "store probe once half its TTL is gone); absent when not held or lapsed.",
             ),
+            GaugeMetricFamily(
+                "tiered_broker_confirm_offset_bytes",
+                "CommitLog offset the cluster confirmed (controller mode): records ending after it wait "
+                "to be archived; absent where the broker mode binds nothing.",
+            ),
         ]
 
 
@@ -348,6 +361,12 @@ class PrometheusRecorder:
         )
         for job in JOBS:
             self._skipped_busy.labels(job)
+        # what the last survey of the broker store did not understand: 0 per kind until one says otherwise
+        layout_help = ("Entries of the broker store tiered does not understand, by kind (directory | file | "
+                       "magic | queue_type), from the last survey; `tiered status` names each.")
+        self._unknown_layout = Gauge("tiered_store_unknown_layout", layout_help, ["kind"], registry=r)
+        for kind in LAYOUT_KINDS:
+            self._unknown_layout.labels(kind).set(0)
 
     def _declare_jobs(self, r: CollectorRegistry, started: float) -> None:
         """Per task (dispatch, clean): rounds, their duration and last success."""
@@ -432,6 +451,10 @@ class PrometheusRecorder:
         self._seen(topic)
         self._state.set_lag(topic, queue_id, _Lag(messages, nbytes, seconds))
 
+    def store_layout(self, counts: Mapping[str, int]) -> None:
+        for kind in LAYOUT_KINDS:
+            self._unknown_layout.labels(kind).set(self._count(counts.get(kind, 0), "layout findings"))
+
     def forget_queue(self, topic: str, queue_id: int) -> None:
         """Drop a queue's lag series (its topic or queue no longer exists).
 
@@ -448,6 +471,10 @@ class PrometheusRecorder:
 
     def queue_committed(self, topic: str, queue_id: int, now_s: float) -> None:
         self._state.set_committed(topic, queue_id, now_s)
+
+    def confirm_offset(self, offset: int | None) -> None:
+        """The confirm offset the archive waits at (controller mode), None elsewhere."""
+        self._state.set_confirm(offset)
 
     def gap(self, topic: str, queue_id: int, messages: int) -> None:
         self._seen(topic)

@@ -1,6 +1,6 @@
 """tiered: a tiered-storage archival sidecar for Apache RocketMQ.
 
-Data flow (DESIGN.md section 1), one subpackage per stage:
+Data flow (docs/design.md section 1), one subpackage per stage:
 
     store/ (the broker's files) -> format/ (records as bytes)
       -> dispatcher -> archive/ (objects, manifests, lease) -> cleaner

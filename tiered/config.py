@@ -284,6 +284,10 @@ class Settings(BaseSettings):
     state_dir: Path = Field(default_factory=default_state_dir)
     cluster: str = "DefaultCluster"
     broker: str = Field(default_factory=default_broker)
+    # how the broker replicates (tiered.store.brokermode): only controller mode
+    # holds the archive at the checkpoint's confirm offset; auto tells it from
+    # the store (epochFileCheckpoint, dledger-*/data, config/broker.properties)
+    broker_mode: Literal["auto", "default", "controller", "dledger"] = "auto"
     instance_id: str | None = None
     lease_ttl: Duration = 120.0
     force_takeover: bool = False

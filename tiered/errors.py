@@ -105,6 +105,16 @@ class FencedError(TieredError):
     """Another sidecar holds the write lease for this broker prefix."""
 
 
+class NothingUnderUrlError(TieredError):
+    """Nothing at all under a cold-tier URL a reading command was given: a
+    mistyped bucket or prefix, which must not pass for an empty archive.
+    ``url`` is the URL as shown (without credentials)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        super().__init__(f"no archive at {url} (nothing under it: check the bucket and prefix)")
+
+
 class BadResponseError(StorageError):
     """The store answered, but with something unusable: a 200 whose body is
     garbage or cut short, a write answered without an ETag, a body that fails
@@ -144,3 +154,14 @@ class CredentialsMissingError(StorageError):
             "or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or a profile (AWS_PROFILE, ~/.aws/credentials), "
             "or web identity (AWS_ROLE_ARN + AWS_WEB_IDENTITY_TOKEN_FILE, as IRSA sets them), "
             "or run where instance metadata serves a role", retriable=False)
+
+
+class UnsupportedStoreError(ConfigError):
+    """A broker store tiered cannot read (a RocksDB ConsumeQueue, a DLedger
+    CommitLog): refused at start-up, exit 2, rather than archiving nothing.
+    ``store_type`` and ``directory`` name what was found where."""
+
+    def __init__(self, store_type: str, directory: str, message: str) -> None:
+        self.store_type = store_type
+        self.directory = directory
+        super().__init__(message)

@@ -9,6 +9,7 @@ outcome, job.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 
@@ -32,6 +33,10 @@ class Recorder(Protocol):
 
     # the queue committed (an upload or a recorded gap) at now_s
     def queue_committed(self, topic: str, queue_id: int, now_s: float) -> None: ...
+
+    # the CommitLog offset the archive waits at (controller mode's confirm
+    # offset), None where the broker mode binds nothing; once per round
+    def confirm_offset(self, offset: int | None) -> None: ...
 
     # a queue left for the next pass because the other job held it all along
     def skipped_busy(self, job: str, topic: str, queue_id: int) -> None: ...
@@ -61,6 +66,9 @@ class Recorder(Protocol):
 
     def forget_queue(self, topic: str, queue_id: int) -> None: ...
 
+    # what the last store survey did not understand, per kind (survey.KINDS)
+    def store_layout(self, counts: Mapping[str, int]) -> None: ...
+
 
 class NullRecorder:
     """Records nothing. The default wherever no recorder is handed in."""
@@ -87,6 +95,9 @@ class NullRecorder:
         pass
 
     def queue_committed(self, topic: str, queue_id: int, now_s: float) -> None:
+        pass
+
+    def confirm_offset(self, offset: int | None) -> None:
         pass
 
     def skipped_busy(self, job: str, topic: str, queue_id: int) -> None:
@@ -120,4 +131,7 @@ class NullRecorder:
         pass
 
     def forget_queue(self, topic: str, queue_id: int) -> None:
+        pass
+
+    def store_layout(self, counts: Mapping[str, int]) -> None:
         pass

@@ -60,8 +60,16 @@ TARGETS: dict[str, dict[str, Any]] = {
         "header": True,
         "usage": """\
 # Strategic merge patch adding the tiered sidecar to the master broker
-# StatefulSets of the community RocketMQ chart; kustomization.yaml applies
-# it (post-render.sh runs kustomize on `helm template` output); see
+# StatefulSet of the community RocketMQ chart 12.x; kustomization.yaml
+# applies it (post-render.sh runs kustomize on `helm template` output); see
+# helm/attach/README.md.""",
+    },
+    "community-chart-1.x": {
+        "header": True,
+        "usage": """\
+# Strategic merge patch adding the tiered sidecar to the master broker
+# StatefulSets of the community RocketMQ chart 1.x; kustomization.yaml
+# applies it (post-render.sh runs kustomize on `helm template` output); see
 # helm/attach/README.md.""",
     },
 }

@@ -97,8 +97,9 @@ def test_a_file_cut_mid_entry_stops_that_queue_alone(rmq5_store: Path, tmp_path:
     code, _out, err = run(tmp_path, "dispatch", "--all", "--store", str(store), "--cold", cold, "--topic", TOPIC)
     assert f"{cut} @ 230: BatchConsumeQueue file ends inside entry 5 (253 bytes): truncated" in err
     code, out, err = run(tmp_path, "ls", "--cold", cold, "--json")
+    # message offsets: queue 1 stops before entry 5, the batch at 25
     assert sorted((r["queue_id"], r["next_offset"]) for r in map(json.loads, out.splitlines())) == [
-        (0, 10), (1, 5), (2, 8)]
+        (0, 37), (1, 25), (2, 39)]
     code, out, err = run(tmp_path, "status", "--store", str(store), "--cold", cold, "--topic", TOPIC)
     assert code == 1
     assert f"{cut} @ 230: BatchConsumeQueue file ends inside entry 5" in out + err

@@ -89,6 +89,7 @@ def test_inspect_table_offset_is_a_message_offset(rmq5_store: Path) -> None:
     result = runner.invoke(app, ["inspect", "--store", str(unconfirmed(rmq5_store)), "--topic", TOPIC,
                                  "--queue", "0", "--offset", "31"])
     assert result.exit_code == 0, result.output
-    offsets = [int(part.split("=")[1]) for line in result.stdout.splitlines() for part in line.split()
-               if part.startswith("offset=")]
+    header, *lines = result.stdout.splitlines()
+    at = header.split().index("OFFSET")
+    offsets = [int(line.split()[at]) for line in lines]
     assert offsets == [30, 31, 32, 33, 34, 35, 36]

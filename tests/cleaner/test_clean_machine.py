@@ -1,6 +1,6 @@
 """A hypothesis state machine over produce / dispatch / clean (with merges) /
 advance the clock / broker local expiry / crash at any storage request and
-restart, asserting the invariants of DESIGN.md section 5 after every step:
+restart, asserting the invariants of docs/design.md section 5 after every step:
 
 1. every queue's archive holds exactly the broker's records, in order,
    byte-identical, no duplicate, no hole except a recorded gap, and a gap
@@ -168,7 +168,7 @@ class CleanMachine(RuleBasedStateMachine):
         files = sorted(p for p in d.iterdir() if p.name.isdigit())
         return files[:-1] + files[-1:] if files else []
 
-    # --- invariants (DESIGN.md section 5) --------------------------------------------
+    # --- invariants (docs/design.md section 5) --------------------------------------------
 
     @invariant()
     def archive_is_exact_and_retention_respected(self) -> None:

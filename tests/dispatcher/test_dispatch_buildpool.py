@@ -21,6 +21,7 @@ from dispatchkit import BROKER, CLUSTER, assert_exact, new_dispatcher, new_write
 from dispatcher.buildpool import BuildJob, ProcessBuilds, WorkerError, build_segment, shared_builds
 from tiered.errors import CorruptRecordError
 from tiered.store.localstore import LocalStore
+from tiered.store.storewriter import StoreWriter
 from tiered.archive.manifest import queue_prefix
 from tiered.archive.storage import FileStore
 
@@ -106,6 +107,7 @@ import sys, time
 sys.path[:0] = {paths!r}
 from dispatcher.buildpool import ProcessBuilds
 from tiered.store.localstore import LocalStore
+from tiered.store.storewriter import StoreWriter
 from dispatchkit import BROKER, CLUSTER
 from dispatcher.buildpool import BuildJob
 from tiered.archive.manifest import queue_prefix
@@ -196,3 +198,22 @@ def test_a_broken_worker_pool_falls_back_to_building_in_process(tmp_path: Path, 
         assert built is not None and built.commitlog == expected.commitlog
     finally:
         pool.close()
+
+
+def test_a_worker_holds_at_the_confirm_offset_of_the_mode_the_dispatcher_was_told(tmp_path: Path,
+                                                                                   clock) -> None:  # noqa: ANN001
+    """The store shows no sign of controller mode; the setting said so: the
+    worker's own LocalStore must bind the confirm offset too."""
+    root = tmp_path / "store"
+    _store(root, clock)
+    tenth = next(LocalStore(root).iter_queue("A", 0, 9, max_count=1)).record
+    with StoreWriter(root, commitlog_file_size=64 * 1024, cq_entries_per_file=128) as w:
+        w.write_checkpoint(confirm_offset=tenth.physical_offset + tenth.size)
+    builds = ProcessBuilds(1)
+    try:
+        built, _stop = builds.build(LocalStore(root, broker_mode="controller"), _job(root, "A", 0), 1000)
+        assert built is not None and built.segment.q_end == 10
+        built, _stop = builds.build(LocalStore(root), _job(root, "A", 0), 1000)  # default: no bound
+        assert built is not None and built.segment.q_end == 150
+    finally:
+        builds.close()

@@ -13,6 +13,7 @@ import pytest
 
 from dispatchkit import BROKER, CLUSTER, CountingRecorder, assert_exact, new_dispatcher, new_writer, produce, read_manifest
 from dispatcher import TopicFilter, is_system_topic
+from dispatcher.filters import TopicVerdict
 from tiered.store.localstore import LocalStore
 from tiered.archive.storage import FileStore, RetryPolicy
 
@@ -401,13 +402,13 @@ def test_a_queue_locked_by_the_cleaner_is_skipped_not_blocked(tmp_path, clock, p
 
 
 def test_stays_below_the_cluster_confirmed_commitlog_offset(tmp_path, clock):
-    """Controller/DLedger mode: only what the cluster confirmed is archived,
-    so a record a failover later truncates never reaches the archive."""
+    """Controller mode: only what the cluster confirmed is archived, so a
+    record a failover later truncates never reaches the archive."""
     store = _file_store(tmp_path)
     w = new_writer(tmp_path / "store")
     appended = [w.put(*Q, b"x" * 100, store_timestamp=clock.now_ms()) for _ in range(10)]
     w.write_checkpoint(confirm_offset=appended[5].commitlog_offset + appended[5].size)  # 0..5 confirmed
-    local = LocalStore(tmp_path / "store")
+    local = LocalStore(tmp_path / "store", broker_mode="controller")
     d = new_dispatcher(store, local, tmp_path / "state", clock, upload_bytes=1, max_delay_ms=0)
     d.run_round()
     assert read_manifest(store, *Q).next_offset == 6
@@ -467,3 +468,34 @@ def test_the_oldest_pending_store_time_is_read_once_while_its_entry_stays(tmp_pa
     assert d.archiver.oldest_pending_ms(*Q, 3) == second_ms
     assert reads == [(*Q, 0), (*Q, 3), (*Q, 3)]
     w.close()
+
+
+def test_topic_verdicts_say_why():
+    f = TopicFilter(exclude=("Audit*",), extra_system=frozenset({"DevCluster", "broker-dev"}))
+    v = f.verdict("rmq_sys_wheel_timer")
+    assert (v.archived, v.system) == (False, True) and v.reason.startswith("timer wheel:")
+    for topic, archived, says in [
+        ("RMQ_SYS_TRANS_HALF_TOPIC", False, "transaction half messages"),
+        ("RMQ_SYS_TRANS_OP_HALF_TOPIC", False, "transaction op records"),
+        ("TRANS_CHECK_MAX_TIME_TOPIC", True, "transactions the broker gave up checking"),  # like a DLQ
+        ("rmq_sys_REVIVE_LOG_DevCluster", False, "POP consumption checkpoints"),
+        ("rmq_sys_SYNC_BROKER_MEMBER_broker-dev", False, "broker member sync topic"),
+        ("rmq_sys_TRACE_DATA_region1", False, "message traces"),
+        ("CHECKPOINT_TOPIC", False, "RocksDB consumer-offset checkpoints"),
+        ("DevCluster", False, "the broker's cluster or broker-name route topic"),
+        ("DevCluster_REPLY_TOPIC", True, "request-reply responses"),
+        ("rmq_sys_something_new", False, "a broker topic this version does not know"),
+        ("AuditLog", False, "topics.exclude matches 'Audit*'"),
+    ]:
+        v = f.verdict(topic)
+        assert v.archived is archived and v.reason.startswith(says), topic
+        assert f.accepts(topic) is archived, topic
+    assert f.verdict("Orders") == TopicVerdict(topic="Orders", archived=True, system=False, reason=None)
+    assert not TopicFilter(include=("Orders",)).verdict("Payments").archived
+    # an archived-by-default broker topic still follows include and exclude
+    assert not TopicFilter(include=("Orders",)).accepts("TRANS_CHECK_MAX_TIME_TOPIC")
+    v = TopicFilter(exclude=("TRANS_*",)).verdict("TRANS_CHECK_MAX_TIME_TOPIC")
+    assert not v.archived and v.reason.endswith("; topics.exclude matches 'TRANS_*'")
+    v = TopicFilter(include=("*", "RMQ_SYS_TRANS_HALF_TOPIC")).verdict("RMQ_SYS_TRANS_HALF_TOPIC")
+    assert v.archived and v.reason.endswith("; archived: named in topics.include")
+    assert TopicFilter(include_system=True).accepts("RMQ_SYS_TRANS_OP_HALF_TOPIC")

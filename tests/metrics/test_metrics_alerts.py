@@ -83,6 +83,8 @@ def exercise(recorder: Any) -> None:
     recorder.skipped_busy("clean", "orders", 0)
     recorder.queue_stuck("orders", 1, "corrupt_local_data")
     recorder.queue_committed("orders", 0, 1_700_000_000.0)
+    recorder.store_layout({"directory": 1, "queue_type": 1})
+    recorder.confirm_offset(2_860_053)
     if hasattr(recorder, "lease_state"):  # the sidecar's, beyond the core's protocol
         recorder.lease_state(True, 1_700_000_120.0)
         recorder.lease_change("acquired")

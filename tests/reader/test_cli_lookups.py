@@ -142,11 +142,20 @@ def test_ls_lists_every_queue_with_ranges(run, archived) -> None:
         assert (row["cluster"], row["broker"]) == (CLUSTER, BROKER)
     table = run("ls", "--topic", "%DLQ%*")
     assert table.exit_code == 0
-    # wider than 80 columns off a terminal: one record per line
+    # a table whatever the width, bytes in binary units; --wide (or -o wide) adds the first store time,
+    # segments and gaps
     dlq = by[("%DLQ%billing", 0)]
     assert table.stdout.splitlines() == [
-        f"topic=%DLQ%billing  queue=0  offsets=0..40  first_stored={dlq['first_stored']}  "
-        f"last_stored={dlq['last_stored']}  segments={dlq['segments']}  bytes={dlq['bytes']}"]
+        "TOPIC         QUEUE  OFFSETS  LAST STORED                  BYTES",
+        f"%DLQ%billing      0  0..40    {dlq['last_stored']}  {dlq['bytes'] / 1024:.1f} KiB"]
+    for flag in (["--wide"], ["-o", "wide"]):
+        wide = run("ls", "--topic", "%DLQ%*", *flag)
+        assert wide.exit_code == 0 and [ln.split() for ln in wide.stdout.splitlines()] == [
+            ["TOPIC", "QUEUE", "OFFSETS", "FIRST", "STORED", "LAST", "STORED", "SEGMENTS", "BYTES", "GAPS"],
+            ["%DLQ%billing", "0", "0..40", dlq["first_stored"], dlq["last_stored"], str(dlq["segments"]),
+             f"{dlq['bytes'] / 1024:.1f}", "KiB", "0"]]
+    assert jlines(run("ls", "--topic", "%DLQ%*", "-o", "json").stdout) == [dlq]
+    assert run("ls", "-o", "yaml").exit_code == 2
 
 
 def test_status_topic_filter(run) -> None:

@@ -1,6 +1,6 @@
 """``tiered status`` and ``tiered dispatch --once`` answer for what the
-dispatcher is responsible for: excluded topics get no lag row, and pending
-data is counted whether or not anything was archived."""
+dispatcher is responsible for: excluded topics get no lag row but a line
+saying why, and pending data is counted whether or not anything was archived."""
 
 from __future__ import annotations
 
@@ -45,18 +45,23 @@ def test_excluded_topics_get_no_lag_row_and_pending_is_counted(tmp_path: Path) -
     code, out = invoke(env, "status", "--json", "--store", str(store), "--cold", cold)
     assert code == 0, out
     rows = [json.loads(line) for line in out.splitlines()]
-    assert [(r["topic"], r["queue_id"], r["lag_messages"]) for r in rows] == [("Orders", 0, 6), ("Orders", 1, 6)]
+    assert [(r["topic"], r["queue_id"], r["lag_messages"]) for r in rows if "kind" not in r] == [
+        ("Orders", 0, 6), ("Orders", 1, 6)]
+    assert [(r["kind"], r["topic"], r["archived"]) for r in rows if "kind" in r] == [
+        ("topic", "SCHEDULE_TOPIC_XXXX", False)]
 
     code, out = invoke(env, "dispatch", "--once", "--all", "--store", str(store), "--cold", cold)
     assert code == 0, out
     assert "archived 12 messages" in out and "nothing pending" in out
     code, out = invoke(env, "status", "--store", str(store), "--cold", cold)
     assert code == 0, out
-    assert "SCHEDULE_TOPIC_XXXX" not in out and "Orders" in out
+    assert "EXCLUDED SCHEDULE_TOPIC_XXXX: delay-level messages waiting for their time" in out and "Orders" in out
+    assert out.count("SCHEDULE_TOPIC_XXXX") == 1  # that line only, no lag row
 
     # asked for explicitly, the delay topic is the dispatcher's, and status shows its lag
     env["TIERED_TOPICS__INCLUDE"] = '["*", "SCHEDULE_TOPIC_XXXX"]'
     code, out = invoke(env, "status", "--json", "--store", str(store), "--cold", cold)
     assert code == 0, out
-    rows = {(r["topic"], r["queue_id"]): r["lag_messages"] for r in map(json.loads, out.splitlines())}
+    rows = {(r["topic"], r["queue_id"]): r["lag_messages"] for r in map(json.loads, out.splitlines())
+            if "kind" not in r}
     assert rows == {("Orders", 0): 0, ("Orders", 1): 0, ("SCHEDULE_TOPIC_XXXX", 2): 5}

@@ -127,9 +127,9 @@ def test_sql_command_is_exact_and_names_the_cause(spark, archived, build, tmp_pa
     assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) <= 2
     assert "OptionError: unknown option topic; the rocketmq source takes: endpoint" in " ".join(bad.stderr.split())
     missing = f"file://{tmp_path / 'nowhere'}"
-    bad = sql(missing, "SELECT count(*) FROM messages")  # found at analysis: exit 2
-    assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) <= 2
-    assert f"NoArchiveError: no archive at {missing}" in " ".join(bad.stderr.split())
+    bad = sql(missing, "SELECT count(*) FROM messages")  # found before Spark is asked: exit 1, as every reader
+    assert bad.exit_code == 1
+    assert bad.stderr == f"tiered: no archive at {missing} (nothing under it: check the bucket and prefix)\n"
     store = open_store(url)
     seg = Archive(store).manifest(QueueRef(CLUSTER, BROKER, ORDERS, 1)).segments[1]
     data = bytearray(store.get(seg.commitlog_key))

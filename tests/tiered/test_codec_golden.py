@@ -1,4 +1,4 @@
-"""Golden bytes built by hand, field by field, from DESIGN.md section 2.
+"""Golden bytes built by hand, field by field, from docs/design.md section 2.
 
 Nothing here is produced by the encoder under test: every expected byte
 string is assembled with ``struct.pack`` in the order the spec lists the

@@ -299,30 +299,25 @@ def test_retention_hours_from_topic_attributes(tmp_path: Path) -> None:
     assert LocalStore(tmp_path).topic_configs()["A"]["attributes"] == {"reserve.time": "48"}
 
 
-def test_confirmed_offset_bounds_iteration(tmp_path: Path) -> None:
+def test_confirmed_offset_bounds_iteration_in_controller_mode(tmp_path: Path) -> None:
     appended = make_store(tmp_path, n=20, queues=1)
-    with LocalStore(tmp_path) as store:
-        assert store.confirmed_offset() is None
+    with LocalStore(tmp_path, broker_mode="controller") as store:
+        assert store.confirmed_offset() == 0  # no checkpoint: nothing confirmed (tests/tiered/test_brokermode.py)
     end7 = appended[7].commitlog_offset + appended[7].size
-    with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
-        w.write_checkpoint(confirm_offset=0)
-    with LocalStore(tmp_path) as store:
-        assert store.confirmed_offset() is None  # 0: not in controller mode
-        assert len(list(store.iter_queue("T", 0, 0))) == 20
     with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
         w.write_checkpoint(confirm_offset=end7)
     with LocalStore(tmp_path) as store:
+        assert store.confirmed_offset() is None  # default mode: the broker binds nothing to it
+        assert len(list(store.iter_queue("T", 0, 0))) == 20
+    with LocalStore(tmp_path, broker_mode="controller") as store:
         assert store.confirmed_offset() == end7
         assert [i.queue_offset for i in store.iter_queue("T", 0, 0)] == list(range(8))
         assert [i.queue_offset for i in store.iter_queue("T", 0, 5)] == [5, 6, 7]
         assert list(store.iter_queue("T", 0, 8)) == []
     with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
         w.write_checkpoint(confirm_offset=end7 - 1)  # record 7 not wholly confirmed
-    with LocalStore(tmp_path) as store:
+    with LocalStore(tmp_path, broker_mode="controller") as store:
         assert [i.queue_offset for i in store.iter_queue("T", 0, 0)] == list(range(7))
-    (tmp_path / "checkpoint").write_bytes(b"\x01" * 20)  # short file: ignored
-    with LocalStore(tmp_path) as store:
-        assert store.confirmed_offset() is None
 
 
 # --- files deleted under the reader -------------------------------------------------------------------

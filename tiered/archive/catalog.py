@@ -1,6 +1,6 @@
 """When ``{cluster}/{broker}/_catalog.json`` is written.
 
-The catalog is a hint (DESIGN.md section 3): readers find the archived
+The catalog is a hint (docs/design.md section 3): readers find the archived
 queues with one GET of it (``tiered.query.reader.Archive.queues``), a scan
 prunes queues by its ranges (``tiered.query.scan._kept_segments``), a
 cleaner without the store reads the retention the dispatcher recorded in it,

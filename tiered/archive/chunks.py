@@ -1,7 +1,7 @@
 """Manifest chunks: a commit that does not grow with the queue's history.
 
 The manifest stays the one commit point (a single conditional write of
-``{queue}/manifest.json``, DESIGN.md section 3), but from format 3.0 it is a
+``{queue}/manifest.json``, docs/design.md section 3), but from format 3.0 it is a
 bounded *head*: next offset, gaps, history, writer fields, the segments not
 yet sealed into a chunk (the *tail*, 1 to ``CHUNK_SEGMENTS`` of them), and
 references to immutable chunks holding every older segment, as an Iceberg

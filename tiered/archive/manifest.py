@@ -1,6 +1,6 @@
 """The cold-tier layout and the per-queue manifest, the commit point.
 
-Layout under the cold-tier root (DESIGN.md section 3)::
+Layout under the cold-tier root (docs/design.md section 3)::
 
     {cluster}/{broker}/_catalog.json                       queues and ranges, one GET for readers
     {cluster}/{broker}/_lease.json                         single-writer lease

@@ -1,6 +1,6 @@
 """Rebuild a queue's manifest from the segment objects in the bucket.
 
-The bucket is the truth (DESIGN.md invariant 7). A manifest that is gone
+The bucket is the truth (docs/design.md invariant 7). A manifest that is gone
 while the queue's data objects remain (deleted by hand, a lifecycle rule, a
 partial restore) is rebuilt from the descriptors its ConsumeQueue objects
 carry (tiered/archive/segmeta.py) before anything new is written for the queue.

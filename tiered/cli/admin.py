@@ -8,10 +8,10 @@ from typing import Annotated, Any, Optional
 import typer
 
 from tiered.cli.app import app, fail
-from tiered.cli.common import (BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, TopicsOpt, settings_from,
-                               topic_matcher)
-from tiered.cli.output import note, print_json, table
-from tiered.cli.wiring import lease, object_store
+from tiered.cli.common import (BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, OutputOpt, StoreOpt, TopicsOpt, WideOpt,
+                               output_mode, settings_from, topic_matcher)
+from tiered.cli.output import Col, human_bytes, note, print_json, table
+from tiered.cli.wiring import archive_store, lease, object_store
 from tiered.clock import SystemClock
 from tiered.config import Settings
 from tiered.configsources import explain
@@ -32,14 +32,16 @@ app.add_typer(lease_app, name="lease")
 @app.command("ls")
 def ls(
     config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
-    topic: TopicsOpt = None, as_json: JsonOpt = False,
+    topic: TopicsOpt = None, as_json: JsonOpt = False, wide: WideOpt = False, output: OutputOpt = None,
 ) -> None:
-    """The archive's queues: offset range, store-time range, segments and bytes (one row per queue).
+    """The archive's queues: offset range, last store time, bytes (one row per queue); --wide adds the first
+    store time, segments and gaps.
 
     Without --cluster/--broker every cluster and broker under the cold-tier root is listed."""
+    as_json, wide = output_mode(output, as_json=as_json, wide=wide)
     settings = settings_from(config, cold_url=cold, cluster=cluster, broker=broker)
     given = settings.model_fields_set
-    archive = Archive(object_store(settings), cluster=settings.cluster if "cluster" in given else None,
+    archive = Archive(archive_store(settings), cluster=settings.cluster if "cluster" in given else None,
                       broker=settings.broker if "broker" in given else None)
     refs = archive.queues(topic_matcher(topic))
     manifests = archive.manifests(refs)
@@ -62,11 +64,13 @@ def ls(
             print_json(row)
         return
     many = len({(r["cluster"], r["broker"]) for r in rows}) > 1
-    cols = (["broker"] if many else []) + ["topic", "queue", "offsets", "first stored", "last stored", "segments",
-                                           "bytes"]
+    cols = [*([Col(name="broker")] if many else []), Col(name="topic", keep=True), Col(name="queue", right=True),
+            Col(name="offsets"), Col(name="first stored", wide=True), Col(name="last stored"),
+            Col(name="segments", right=True, wide=True), Col(name="bytes", right=True),
+            Col(name="gaps", right=True, wide=True)]
     table(cols, ([*([f"{r['cluster']}/{r['broker']}"] if many else []), r["topic"], r["queue_id"],
                   f"{r['first_offset']}..{r['next_offset']}", r["first_stored"], r["last_stored"], r["segments"],
-                  r["bytes"]] for r in rows), right=("queue", "segments", "bytes"))
+                  human_bytes(r["bytes"]), r["gaps"]] for r in rows), wide=wide)
     if not rows:
         note(f"no archived queue at {settings.cold_url}")
 
@@ -85,7 +89,8 @@ def config_show(
         for r in rows:
             print_json({"key": r.key, "value": r.value, "source": r.source})
         return
-    table(("key", "value", "source"), ((r.key, "null" if r.value is None else r.value, r.source) for r in rows))
+    table((Col(name="key"), Col(name="value", wrap=True), Col(name="source")),
+          ((r.key, "null" if r.value is None else r.value, r.source) for r in rows))
 
 
 def _lease_row(settings: Settings, current: Lease | None, now_ms: int) -> dict[str, Any]:

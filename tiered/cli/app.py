@@ -18,11 +18,25 @@ from typing import Annotated, Any, NoReturn
 import typer
 from typer.exceptions import TyperException
 from rich.console import Console
-from typer.core import TyperGroup
+from typer.core import TyperGroup, TyperOption
 from typer.models import CommandInfo
 
 from tiered.cli import failures
 from tiered.cli.output import error
+
+
+_option_type = TyperOption.display_type_rich
+
+
+def _no_type_for_flags(self: TyperOption, ctx: Any) -> str | None:
+    """The type shown after an option in help: none for a flag (``--json``,
+    ``--debug``, ``--help``), which takes no value. Typer's rich help prints
+    one for every option (``--json <bool>``), its plain help only for options
+    taking a value; every command's help, and the root's, goes through here."""
+    return None if self.is_flag or self.count else _option_type(self, ctx)
+
+
+TyperOption.display_type_rich = _no_type_for_flags  # type: ignore[method-assign]
 
 
 class TieredGroup(TyperGroup):

@@ -119,7 +119,7 @@ def clean(
     if settings.store is not None:
         if not (settings.store / "config").is_dir() and not (settings.store / "consumequeue").is_dir():
             fail(f"invalid configuration: store: {settings.store} is not a broker store", 2)
-        local = LocalStore(settings.store)
+        local = LocalStore(settings.store, broker_mode=settings.broker_mode)
     objects = object_store(settings)
     # A dry run writes nothing: no lease, no local manifest cache.
     ct = cold_tier(settings, objects, writer=not dry_run)

@@ -24,6 +24,19 @@ StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="Broker store 
 ColdOpt = Annotated[Optional[str], typer.Option("--cold", help="Cold-tier URL: file:///path or s3://bucket/prefix.")]
 ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", help="Cluster name (first key level).")]
 BrokerOpt = Annotated[Optional[str], typer.Option("--broker", help="Broker name (second key level).")]
+BrokerModeOpt = Annotated[Optional[str], typer.Option(
+    "--broker-mode", help="auto, default, controller or dledger: only controller mode holds the archive at the "
+                          "checkpoint's confirm offset (auto: told from the store).")]
+
+WideOpt = Annotated[bool, typer.Option("--wide", help="More columns.")]
+OutputOpt = Annotated[Optional[str], typer.Option("--output", "-o", help="wide (as --wide) or json (as --json).")]
+
+
+def output_mode(output: str | None, *, as_json: bool, wide: bool) -> tuple[bool, bool]:
+    """(as_json, wide) from ``-o``/``--output`` and the flags; exit 2 on an unknown format."""
+    if output is not None and output not in ("wide", "json", "table"):
+        fail(f"--output {output}: one of table, wide, json", 2)
+    return as_json or output == "json", wide or output == "wide"
 
 
 def settings_from(config: Path | None, **flags: Any) -> Settings:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 
 from tiered.cli.app import err_console, fail
-from tiered.cli.output import json_lines, out, table
+from tiered.cli.output import Col, json_lines, out, table
 from tiered.format.codec import Record
 from tiered.config import Settings
 from tiered.store.consumeroffsets import ConsumerPosition, PositionState, archived_ranges, store_positions
@@ -31,7 +31,8 @@ def show_positions(local: LocalStore, manifests: Mapping[tuple[str, int], Manife
         return True
     if rows:
         out("consumer positions:")
-        table(("group", "topic", "queue", "committed", "local", "archived", "state"),
+        table((Col(name="group"), Col(name="topic", keep=True), "queue", "committed", "local", "archived",
+               Col(name="state", wrap=True)),
               ((p.group, p.topic, p.queue_id, p.committed_offset, _r(p.local_min_offset, p.local_max_offset),
                 _r(p.archived_first_offset, p.archived_next_offset), _state(p)) for p in rows),
               right=("queue", "committed"))
@@ -129,7 +130,7 @@ def cat_group_command(settings: Settings, make_reader: Callable[..., ColdReader]
     if settings.store is None:
         fail("--group reads the committed offsets from the broker store: give --store", 2)
     reader = make_reader(settings, skip_corrupt=skip_corrupt)
-    with LocalStore(settings.store) as local:
+    with LocalStore(settings.store, broker_mode=settings.broker_mode) as local:
         try:
             cat_group(reader, local, group=group, topic=topic, queue=queue, count=count, emit=emit,
                       default_ref=lambda q: QueueRef(settings.cluster, settings.broker, topic, q))

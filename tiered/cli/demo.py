@@ -6,24 +6,30 @@ produces live traffic into normal, delayed, retry and dead-letter topics in
 the background, runs the sidecar (dispatcher + cleaner + metrics endpoint)
 on shortened intervals against a ``file://`` cold tier, shows progress,
 then verifies the archive byte for byte and prints a summary. The store and
-the archive stay on disk for ``tiered status``, ``inspect``, ``cat``, ``find``.
+the archive stay on disk for ``tiered status``, ``inspect``, ``cat``, ``find``:
+in ``demo/`` under the state directory unless ``--dir`` says otherwise (never
+the working directory), named at the start and the end with the command that
+removes them.
 """
 
 from __future__ import annotations
 
 import random
+import shlex
 import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.live import Live
-from rich.table import Table
+from rich.text import Text
 
 from tiered.cli.app import app, fail
+from tiered.cli.common import settings_from
+from tiered.cli.output import Col, human_bytes, render_table, table
 from tiered.cli.serve import Sidecar
 from tiered.cli.wiring import cold_tier, setup_logging
 from tiered.config import load_settings
@@ -35,6 +41,19 @@ MARKER = ".tiered-demo"
 HISTORY_TOPIC = "Orders"
 HISTORY_RETENTION_HOURS = 4
 GROUP = "demo-consumers"
+
+
+def demo_root(directory: Path | None) -> Path:
+    """Where the demo's files go: ``--dir``, else ``demo`` under the state
+    directory (state_dir: TIERED_STATE_DIR, ~/.local/state/tiered), so a demo
+    run from a source tree or a home directory leaves nothing there."""
+    if directory is not None:
+        return directory.resolve()
+    return (settings_from(None).state_dir / "demo").resolve()
+
+
+def removal(root: Path) -> str:
+    return f"remove them with: rm -rf {shlex.quote(str(root))}"
 
 
 def _prepare(root: Path) -> None:
@@ -96,34 +115,39 @@ class _Producer(threading.Thread):
             self.stop_event.wait(max(0.0, 0.1 - (time.monotonic() - tick)))
 
 
-def _progress(sidecar: Sidecar, producer: _Producer, left: float) -> Table:
+PROGRESS = (Col(name="topic"), Col(name="queues", right=True), Col(name="local messages", right=True),
+            Col(name="archived up to", right=True), Col(name="lag", right=True), Col(name="segments", right=True),
+            Col(name="bytes", right=True))
+
+
+def _progress(sidecar: Sidecar, producer: _Producer, left: float, width: int) -> Text:
     rows = queue_status(sidecar.cold, sidecar.local)
-    table = Table(title=f"tiered demo: producing for {left:4.0f}s more; metrics on {sidecar.server.url}/metrics")
-    for col in ("topic", "queues", "local messages", "archived up to", "lag", "segments", "bytes"):
-        table.add_column(col)
     by_topic: dict[str, list] = {}
     for r in rows:
         by_topic.setdefault(r.topic, []).append(r)
-    for topic, rs in sorted(by_topic.items()):
-        table.add_row(topic, str(len(rs)),
-                      str(sum((r.local_max_offset or 0) - (r.local_min_offset or 0) for r in rs)),
-                      str(sum(r.archived_next_offset or 0 for r in rs)), str(sum(r.lag_messages or 0 for r in rs)),
-                      str(sum(r.segments for r in rs)), str(sum(r.nbytes for r in rs)))
-    table.caption = f"produced live: {producer.produced}"
-    return table
+    cells = [(topic, len(rs), sum((r.local_max_offset or 0) - (r.local_min_offset or 0) for r in rs),
+              sum(r.archived_next_offset or 0 for r in rs), sum(r.lag_messages or 0 for r in rs),
+              sum(r.segments for r in rs), human_bytes(sum(r.nbytes for r in rs)))
+             for topic, rs in sorted(by_topic.items())]
+    lines = [f"tiered demo: producing for {left:.0f}s more; metrics on {sidecar.server.url}/metrics",
+             *render_table(PROGRESS, cells, width=width), f"produced live: {producer.produced}"]
+    return Text("\n".join(lines))
 
 
 @app.command()
 def demo(
-    directory: Annotated[Path, typer.Option("--dir", help="Where the store, archive and state go.")] = Path("demo"),
+    directory: Annotated[Optional[Path], typer.Option(
+        "--dir", help="Where the store, archive and state go (default: demo/ under the state directory).")] = None,
     duration: Annotated[float, typer.Option(min=5, max=600, help="Seconds of live traffic.")] = 30,
     rate: Annotated[int, typer.Option(min=10, max=20000, help="Live messages per second.")] = 400,
     metrics_port: Annotated[int, typer.Option(help="Port of the metrics endpoint (0: any free port).")] = 0,
 ) -> None:
     """Run the sidecar end to end on a generated store and a local file:// archive."""
     console = Console()
-    root = directory.resolve()
+    root = demo_root(directory)
     _prepare(root)
+    # never wrapped: the path and the command are copied from here
+    console.print(f"demo files: {root} ({removal(root)})", soft_wrap=True, markup=False)
     setup_logging("text", "WARNING")
     settings = load_settings(
         None, store=root / "store", cold_url=f"file://{root / 'cold'}", state_dir=root / "state",
@@ -148,13 +172,13 @@ def demo(
     try:
         with Live(console=console, refresh_per_second=2, transient=False) as live:
             while time.monotonic() < ends:
-                live.update(_progress(sidecar, producer, ends - time.monotonic()))
+                live.update(_progress(sidecar, producer, ends - time.monotonic(), console.width))
                 time.sleep(0.5)
             stop.set()
             producer.join()
             catch_up = time.monotonic() + 20
             while time.monotonic() < catch_up:
-                live.update(_progress(sidecar, producer, 0))
+                live.update(_progress(sidecar, producer, 0, console.width))
                 if all((r.lag_messages or 0) == 0 for r in queue_status(sidecar.cold, sidecar.local)):
                     break
                 time.sleep(0.5)
@@ -170,18 +194,23 @@ def demo(
     report = run_verify(cold_tier(settings, sidecar.store, writer=False), sidecar.local)
     archived = sum(m.messages for m in sidecar.cold.manifests().values())
     console.print()
-    summary = Table(title="tiered demo: summary", show_header=False)
-    summary.add_row("messages produced", f"{2000 + producer.produced} (2000 history + {producer.produced} live)")
-    summary.add_row("messages archived", f"{int(archived_total)} ({archived} still in the archive after expiry)")
-    summary.add_row("archive verified", f"{'OK' if report.ok else 'FAILED'}: {report.compared_locally} records "
-                                        f"byte-identical to the store, {len(report.problems)} problems")
-    summary.add_row("segments expired by the cleaner", f"{int(expired)} ({HISTORY_TOPIC} history older than "
-                                                       f"{HISTORY_RETENTION_HOURS} h)")
-    summary.add_row("metrics were served at", metrics_url)
-    summary.add_row("store / archive", f"{root / 'store'}  /  {root / 'cold'}")
-    summary.add_row("explore", f"tiered status --store {root / 'store'} --cold file://{root / 'cold'} --broker demo-broker")
-    console.print(summary)
+    summary = [
+        ("messages produced", f"{2000 + producer.produced} (2000 history + {producer.produced} live)"),
+        ("messages archived", f"{int(archived_total)} ({archived} still in the archive after expiry)"),
+        ("archive verified", f"{'OK' if report.ok else 'FAILED'}: {report.compared_locally} records "
+                             f"byte-identical to the store, {len(report.problems)} problems"),
+        ("segments expired by the cleaner", f"{int(expired)} ({HISTORY_TOPIC} history older than "
+                                            f"{HISTORY_RETENTION_HOURS} h)"),
+        ("metrics were served at", metrics_url),
+        ("store", str(root / "store")),
+        ("archive", f"file://{root / 'cold'}"),
+        ("explore", f"tiered status --store {root / 'store'} --cold file://{root / 'cold'} --broker demo-broker"),
+    ]
+    console.print("tiered demo: summary")
+    table((Col(name="what"), Col(name="value", wrap=True)), summary, header=False)
     for problem in report.problems[:10]:
         console.print(f"[red]{problem}[/red]")
+    console.print(f"the demo's store, archive and state stay in {root}; {removal(root)}", soft_wrap=True,
+                  markup=False)
     if not report.ok:
         raise typer.Exit(1)

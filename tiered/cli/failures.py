@@ -58,6 +58,8 @@ def _full_key(key: str) -> str:
     """``s3://bucket/prefix/key`` for a key relative to the store root."""
     if _store is None or not key:
         return key
+    if key == "/":  # a listing of the store's root (ObjectStore.list_dirs)
+        return f"{_store.url.rstrip('/')}/"
     if key.startswith(("s3://", "file://", "/")):
         return key
     return f"{_store.url.rstrip('/')}/{key}"

@@ -1,16 +1,21 @@
 """The lookups behind ``tiered cat`` and ``tiered find``: a message id, a
-store-time window, the last N records, following a queue as it grows.
+store-time window, the last N records, following a queue as it grows; the
+same over every queue of a topic, merged by store time.
 
 Pure reading on a :class:`ColdReader`; the commands print.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import heapq
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import islice
 
 from tiered.format.codec import Host, Record, parse_offset_msg_id
 from tiered.format.innerbatch import inner_records
+from tiered.query import batchread
 from tiered.query.reader import ColdReader, QueueRef, ReadStatus
 
 
@@ -129,3 +134,78 @@ def follow(reader: ColdReader, ref: QueueRef, start: int, *, sleep: Callable[[],
             return
         sleep()
         reader.archive.forget()  # the next manifest GET sees what was archived meanwhile
+
+
+# --- a topic: every archived queue of it, merged by store time --------------------------
+
+
+def _order(item: tuple[QueueRef, Record]) -> tuple[int, int, str, str, int]:
+    ref, rec = item
+    return rec.store_timestamp, ref.queue_id, ref.cluster, ref.broker, rec.queue_offset
+
+
+def _tagged(ref: QueueRef, records: Iterator[Record]) -> Iterator[tuple[QueueRef, Record]]:
+    for rec in records:
+        yield ref, rec
+
+
+def merged(parts: Iterable[tuple[QueueRef, Iterator[Record]]]) -> Iterator[tuple[QueueRef, Record]]:
+    """Records of several queues as one stream, by store time, then queue id
+    (then broker), then offset. Each queue's records come in offset order,
+    and a broker stores a queue's records in time order, so one pass of each
+    queue is enough."""
+    return heapq.merge(*(_tagged(ref, recs) for ref, recs in parts), key=_order)
+
+
+def topic_records(reader: ColdReader, refs: Iterable[QueueRef], *, since_ms: int | None, until_ms: int | None,
+                  last: int | None, limit: int | None) -> Iterator[tuple[QueueRef, Record]]:
+    """What ``cat --topic T`` prints without ``--queue``: every queue's
+    window (as :func:`window`), merged by store time, each record once; the
+    last ``last`` of the merged stream, at most ``limit``."""
+    parts: list[tuple[QueueRef, Iterator[Record]]] = []
+    for ref in refs:
+        # each queue's share of the topic's first ``limit`` or last ``last`` is within its own
+        m = reader.archive.manifest(ref)
+        if batchread.is_batch(m) and m is not None:  # a BatchCQ queue: its messages, by their offsets
+            start, end = batchread.message_window(reader, ref, m, offset=None, since_ms=since_ms,
+                                                  until_ms=until_ms, last=last, limit=limit)
+            parts.append((ref, batchread.iter_messages(reader, ref, m, start, None if end is None else end - start)))
+            continue
+        win = window(reader, ref, offset=None, since_ms=since_ms, until_ms=until_ms, last=last, limit=limit)
+        parts.append((ref, reader.iter_queue(ref, win.start, None if win.end is None else win.end - win.start)))
+    stream = merged(parts)
+    if last is not None:
+        stream = iter(deque(stream, maxlen=last))
+    return stream if limit is None else islice(stream, limit)
+
+
+def _records_from(reader: ColdReader, ref: QueueRef, offset: int) -> Iterator[Record]:
+    """A queue's records from queue ``offset`` on: a BatchCQ queue's messages."""
+    m = reader.archive.manifest(ref)
+    if batchread.is_batch(m) and m is not None:
+        return batchread.iter_messages(reader, ref, m, offset)
+    return reader.iter_queue(ref, offset)
+
+
+def follow_topic(reader: ColdReader, refs: Callable[[], list[QueueRef]], starts: Mapping[QueueRef, int], *,
+                 sleep: Callable[[], None], stop: Callable[[], bool] = lambda: False,
+                 ) -> Iterator[tuple[QueueRef, Record]]:
+    """Every queue of a topic from ``starts`` on, merged by store time, then
+    what is newly archived in any of them, poll after poll (each poll's new
+    records merged by store time). ``refs()`` lists the topic's queues at
+    each poll: a queue archived for the first time is read from its first
+    offset. Ends when ``stop()`` says so."""
+    positions = dict(starts)
+    while True:
+        for ref in refs():
+            if ref not in positions:
+                m = reader.archive.manifest(ref)
+                positions[ref] = (batchread.message_bounds(m)[0] if batchread.is_batch(m) and m is not None
+                                  else m.first_offset if m is not None else 0)
+        for ref, rec in merged((ref, _records_from(reader, ref, at)) for ref, at in positions.items()):
+            yield ref, rec
+            positions[ref] = rec.queue_offset + 1
+        if stop():
+            return
+        sleep()
+        reader.archive.forget()  # the next catalog and manifest GETs see what was archived meanwhile

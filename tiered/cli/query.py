@@ -15,7 +15,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import date, datetime
 from typing import Annotated, Any, Optional
@@ -23,12 +23,12 @@ from typing import Annotated, Any, Optional
 import typer
 
 from tiered.cli.app import app, fail
-from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, settings_from
+from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, WideOpt, settings_from
 from tiered.cli.failures import fail_with
-from tiered.cli.lookup import find_msg_id, follow, window
-from tiered.cli.output import dumps, note, out, print_json, progress, progress_enabled, table
+from tiered.cli.lookup import find_msg_id, follow, follow_topic, topic_records, window
+from tiered.cli.output import Col, dumps, human_bytes, note, out, print_json, progress, progress_enabled, table
 from tiered.config import parse_duration
-from tiered.cli.wiring import object_store, s3_options
+from tiered.cli.wiring import archive_store, s3_options
 from tiered.format.codec import Record
 from tiered.format.compression import BodyDecompressError, codec_name, decompress
 from tiered.config import Settings
@@ -55,7 +55,7 @@ def _scope(settings: Settings) -> tuple[str | None, str | None]:
 
 def _reader(settings: Settings, *, skip_corrupt: bool = False) -> ColdReader:
     cluster, broker = _scope(settings)
-    return ColdReader(object_store(settings), cluster=cluster, broker=broker, skip_corrupt=skip_corrupt)
+    return ColdReader(archive_store(settings), cluster=cluster, broker=broker, skip_corrupt=skip_corrupt)
 
 
 RawOpt = Annotated[bool, typer.Option("--raw-body", help="With --body: the bytes as stored, not decompressed.")]
@@ -127,8 +127,8 @@ def _time_flag(name: str, value: str | None) -> int | None:
 @app.command()
 def cat(
     topic: Annotated[str, typer.Option("--topic", help="Topic.")],
-    queue: Annotated[Optional[int], typer.Option("--queue", help="Queue id (required without --group).")] = None,
-    offset: Annotated[Optional[int], typer.Option("--offset", min=0, help="First queue offset (default: the first archived).")] = None,
+    queue: Annotated[Optional[int], typer.Option("--queue", help="Only this queue id (default: every archived queue of the topic, merged by store time).")] = None,
+    offset: Annotated[Optional[int], typer.Option("--offset", min=0, help="With --queue: first queue offset (default: the first archived).")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", "--count", min=0, help="At most this many records (default: to the end).")] = None,
     since: Annotated[Optional[str], typer.Option("--since", help="From the first record stored at or after this time (ISO 8601 or epoch ms).")] = None,
     until: Annotated[Optional[str], typer.Option("--until", help="Up to the last record stored before this time.")] = None,
@@ -143,7 +143,8 @@ def cat(
     group: Annotated[Optional[str], typer.Option("--group", help="From this consumer group's committed offsets (needs the store): archive first, then local.")] = None,
     store: StoreOpt = None,
 ) -> None:
-    """Print archived records of one queue: from an offset, a store time (--since/--until), the --last N; --follow.
+    """Print archived records of a topic (every queue, merged by store time) or of one --queue: from a store
+    time (--since/--until), the --last N, an --offset (with --queue); --follow.
     With --group: that group's records of the topic from its committed offsets, archive first, then local."""
     if group is not None:
         from tiered.cli.consumers import cat_group_command
@@ -154,8 +155,8 @@ def cat(
                               _record_json(rec, body, raw_body) if as_json
                               else _record_line(ref, rec, body, show_broker=False, raw=raw_body)))
         return
-    if queue is None:
-        fail("--queue is required (or --group)", 2)
+    if offset is not None and queue is None:
+        fail("--offset needs --queue (offsets are per queue)", 2)
     if sum(x is not None for x in (offset, since, last)) > 1:
         fail("give at most one of --offset, --since, --last", 2)
     if follow_ and (until is not None or limit is not None):
@@ -167,30 +168,84 @@ def cat(
         fail(f"--interval: {exc}", 2)
     settings = _settings(config, cold, cluster, broker)
     reader = _reader(settings, skip_corrupt=skip_corrupt)
+
+    def show(ref: QueueRef, rec: Record) -> None:
+        out(_record_json(rec, body, raw_body) if as_json
+            else _record_line(ref, rec, body, show_broker=len(reader.archive.brokers) > 1, raw=raw_body))
+
     try:
-        ref = reader.queue(topic, queue)
-        if ref is None:
-            fail(f"{topic}/{queue}: not in the archive at {settings.cold_url}", 1)
-        m = reader.archive.manifest(ref)
-        if m is not None and batchread.is_batch(m):  # offsets count the messages inside its records
-            first = batchread.message_bounds(m)[0]
-            start, end = batchread.message_window(reader, ref, m, offset=offset, since_ms=since_ms,
-                                                  until_ms=until_ms, last=last, limit=limit)
-            records = (batchread.follow_messages(reader, ref, start, sleep=lambda: time.sleep(poll_s)) if follow_
-                       else batchread.iter_messages(reader, ref, m, start, None if end is None else end - start))
+        if queue is None:
+            _cat_topic(reader, topic, settings.cold_url, since_ms=since_ms, until_ms=until_ms, last=last,
+                       limit=limit, follow_s=poll_s if follow_ else None, show=show)
         else:
-            first = m.first_offset if m is not None else 0
-            win = window(reader, ref, offset=offset, since_ms=since_ms, until_ms=until_ms, last=last, limit=limit)
-            records = (follow(reader, ref, win.start, sleep=lambda: time.sleep(poll_s)) if follow_ else
-                       reader.iter_queue(ref, win.start, None if win.end is None else win.end - win.start))
-        if m is not None and offset is not None and offset < first and not as_json:
-            note(f"offsets below {first} are no longer archived; starting there")
-        for rec in records:
-            out(_record_json(rec, body, raw_body) if as_json
-                else _record_line(ref, rec, body, show_broker=False, raw=raw_body))
+            _cat_queue(reader, topic, queue, settings.cold_url, offset=offset, since_ms=since_ms,
+                       until_ms=until_ms, last=last, limit=limit, follow_s=poll_s if follow_ else None,
+                       show=show, quiet=as_json)
     except TieredError as exc:
         fail_with(exc, 1)
     _report_skipped(reader)
+
+
+def _cat_queue(reader: ColdReader, topic: str, queue: int, url: str, *, offset: int | None, since_ms: int | None,
+               until_ms: int | None, last: int | None, limit: int | None, follow_s: float | None,
+               show: Callable[[QueueRef, Record], None], quiet: bool) -> None:
+    ref = reader.queue(topic, queue)
+    if ref is None:
+        fail(f"{topic}/{queue}: not in the archive at {url}", 1)
+    m = reader.archive.manifest(ref)
+    records: Iterable[Record]
+    if m is not None and batchread.is_batch(m):  # offsets count the messages inside its records
+        first = batchread.message_bounds(m)[0]
+        start, end = batchread.message_window(reader, ref, m, offset=offset, since_ms=since_ms, until_ms=until_ms,
+                                              last=last, limit=limit)
+        records = (batchread.follow_messages(reader, ref, start, sleep=lambda: time.sleep(follow_s))
+                   if follow_s is not None else
+                   batchread.iter_messages(reader, ref, m, start, None if end is None else end - start))
+    else:
+        first = m.first_offset if m is not None else 0
+        win = window(reader, ref, offset=offset, since_ms=since_ms, until_ms=until_ms, last=last, limit=limit)
+        records = (follow(reader, ref, win.start, sleep=lambda: time.sleep(follow_s)) if follow_s is not None else
+                   reader.iter_queue(ref, win.start, None if win.end is None else win.end - win.start))
+    if m is not None and offset is not None and offset < first and not quiet:
+        note(f"offsets below {first} are no longer archived; starting there")
+    for rec in records:
+        show(ref, rec)
+
+
+def _start(reader: ColdReader, ref: QueueRef, since_ms: int | None) -> int:
+    """Where ``cat --topic --follow`` starts a queue (a BatchCQ queue: a message offset)."""
+    m = reader.archive.manifest(ref)
+    if batchread.is_batch(m) and m is not None:
+        return batchread.message_window(reader, ref, m, offset=None, since_ms=since_ms, until_ms=None, last=None,
+                                        limit=None)[0]
+    return window(reader, ref, offset=None, since_ms=since_ms, until_ms=None, last=None, limit=None).start
+
+
+def _cat_topic(reader: ColdReader, topic: str, url: str, *, since_ms: int | None, until_ms: int | None,
+               last: int | None, limit: int | None, follow_s: float | None,
+               show: Callable[[QueueRef, Record], None]) -> None:
+    """Every archived queue of ``topic``, merged by store time (then queue, offset)."""
+
+    def refs() -> list[QueueRef]:
+        return reader.archive.queues(lambda t: t == topic)
+
+    found = refs()
+    if not found and follow_s is None:
+        fail(f"{topic}: no archived queue at {url}", 1)
+    if follow_s is None:
+        for ref, rec in topic_records(reader, found, since_ms=since_ms, until_ms=until_ms, last=last, limit=limit):
+            show(ref, rec)
+        return
+    starts = {ref: _start(reader, ref, since_ms) for ref in found}
+    if last is not None:  # from the topic's last N: where each queue's share of them starts, else its end
+        tail = list(topic_records(reader, found, since_ms=None, until_ms=None, last=last, limit=None))
+        for ref in found:
+            m = reader.archive.manifest(ref)
+            end = batchread.message_bounds(m)[1] if batchread.is_batch(m) and m is not None else \
+                m.next_offset if m is not None else 0
+            starts[ref] = min((rec.queue_offset for r, rec in tail if r == ref), default=end)
+    for ref, rec in follow_topic(reader, refs, starts, sleep=lambda: time.sleep(follow_s)):
+        show(ref, rec)
 
 
 @app.command()
@@ -204,8 +259,10 @@ def find(
     raw_body: RawOpt = False,
     skip_corrupt: SkipOpt = False,
     config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
+    wide: WideOpt = False,
 ) -> None:
-    """Find archived records by key, by message id, or the first record at or after a time (exit 1 when none)."""
+    """Find archived records by key, by message id, or the first record at or after a time (exit 1 when none):
+    a table (--wide adds the UNIQ_KEY and message ids), or with --body or --json one record per line."""
     if sum(x is not None for x in (key, msg_id, time_)) != 1:
         fail("give exactly one of --key, --msg-id or --time", 2)
     if time_ is not None and topic is None:
@@ -219,13 +276,18 @@ def find(
         if time_ is None:
             hits = (reader.find_key(key, topics=only) if key is not None else
                     find_msg_id(reader, msg_id or "", topics=only))
+        else:
+            hits = _find_time(reader, topic or "", _time_flag("--time", time_) or 0, quiet=as_json)
+        if as_json or body:  # records as they are found; a body is data, not a table cell
             for ref, rec in hits:
                 found += 1
                 out(_record_json(rec, body, raw_body) if as_json
                     else _record_line(ref, rec, body, show_broker=many, raw=raw_body))
         else:
-            found = _find_time(reader, topic or "", _time_flag("--time", time_) or 0, as_json=as_json, body=body, raw_body=raw_body,
-                               many=many)
+            rows = list(hits)
+            found = len(rows)
+            if rows:
+                _hits_table(rows, many=many, wide=wide)
     except TieredError as exc:
         fail_with(exc, 1)
     _report_skipped(reader)
@@ -233,23 +295,28 @@ def find(
         raise typer.Exit(1)
 
 
-def _find_time(reader: ColdReader, topic: str, ts: int, *, as_json: bool, body: bool, raw_body: bool,
-               many: bool) -> int:
-    found = 0
+def _hits_table(rows: list[tuple[QueueRef, Record]], *, many: bool, wide: bool) -> None:
+    cols = [*([Col(name="broker")] if many else []), Col(name="topic", keep=True), Col(name="queue", right=True),
+            Col(name="offset", right=True), Col(name="stored"), Col(name="tags", wrap=True),
+            Col(name="keys", wrap=True), Col(name="body", right=True), Col(name="uniq key", wide=True),
+            Col(name="msg id", wide=True)]
+    table(cols, ([*([f"{ref.cluster}/{ref.broker}"] if many else []), ref.topic, ref.queue_id, rec.queue_offset,
+                  format_time_ms(rec.store_timestamp), rec.tags, " ".join(rec.keys), human_bytes(rec.body_length),
+                  rec.unique_key, rec.msg_id] for ref, rec in rows), wide=wide)
+
+
+def _find_time(reader: ColdReader, topic: str, ts: int, *, quiet: bool) -> Iterator[tuple[QueueRef, Record]]:
+    """Per queue of ``topic``, the first record stored at or after ``ts``."""
     for ref in reader.archive.queues(lambda t: t == topic):
         off = reader.offset_for_time(ref, ts)
         if off is None:
             continue
         res = reader.read(ref, off, max_count=1)
         if res.status is not ReadStatus.FOUND or not res.records:
-            if not as_json:
+            if not quiet:
                 note(f"{ref}: nothing stored at or after {format_time_ms(ts)} (archive ends at offset {res.next_offset})")
             continue
-        found += 1
-        rec = res.records[0]
-        out(_record_json(rec, body, raw_body) if as_json
-            else _record_line(ref, rec, body, show_broker=many, raw=raw_body))
-    return found
+        yield ref, res.records[0]
 
 
 # --- Spark ------------------------------------------------------------------------------
@@ -402,6 +469,7 @@ def sql(
     the topics, queues and store-time range every read of the view is filtered to are derived from its plan."""
     require_query_extra("pyspark", "pyarrow")
     settings = _settings(config, cold, cluster, broker)
+    archive_store(settings)  # before Spark starts: a URL with nothing under it fails in a moment
     opts = source_options(settings, option)
     spark, created = spark_session(master)
     try:
@@ -423,7 +491,9 @@ def sql(
                 else:
                     rows = (result.limit(limit) if limit else result).collect()
             if not as_json:
-                table(result.columns, ([_cell(v) for v in row] for row in rows))
+                # any column may hold long text (a body, properties): it wraps; topics stay whole
+                table([Col(name=c, keep=c.lower() == "topic", wrap=c.lower() != "topic") for c in result.columns],
+                      ([_cell(v) for v in row] for row in rows))
         except typer.Exit:
             raise
         except Exception as exc:  # noqa: BLE001 - the CLI's edge: one line, not a JVM stack
@@ -460,7 +530,7 @@ def export_cmd(
     if engine not in ("local", "spark"):
         fail("--engine: local or spark", 2)
     settings = _settings(config, cold, cluster, broker)
-    store = object_store(settings)
+    store = archive_store(settings)
     try:
         target = open_store(to, s3=s3_options(settings))
     except ValueError as exc:

@@ -13,6 +13,7 @@ from tiered.cli.output import out, print_json, progress
 from tiered.cli.wiring import object_store
 from tiered.errors import TieredError
 from tiered.query.reader import ColdReader
+from tiered.store.indexfile import DEFAULT_ENTRIES, DEFAULT_HASH_SLOTS
 from tiered.ops.restore import (
     DEFAULT_COMMITLOG_FILE_SIZE,
     DEFAULT_CQ_ENTRIES,
@@ -34,10 +35,13 @@ def restore(
     commitlog_file_size: Annotated[int, typer.Option(min=4096, help="CommitLog file size: the broker's mappedFileSizeCommitLog.")] = DEFAULT_COMMITLOG_FILE_SIZE,
     cq_entries: Annotated[int, typer.Option(min=1, help="Entries per ConsumeQueue file: the broker's mappedFileSizeConsumeQueue / 20.")] = DEFAULT_CQ_ENTRIES,
     bcq_entries: Annotated[int, typer.Option(min=1, help="Entries per BatchConsumeQueue file: the broker's mapperFileSizeBatchConsumeQueue / 46.")] = DEFAULT_CQ_ENTRIES,
+    no_index: Annotated[bool, typer.Option("--no-index", help="Write no index/ (a broker with messageIndexEnable=false).")] = False,
+    index_hash_slots: Annotated[int, typer.Option(min=1, help="Hash slots per index file: the broker's maxHashSlotNum.")] = DEFAULT_HASH_SLOTS,
+    index_entries: Annotated[int, typer.Option(min=2, help="Entries per index file: the broker's maxIndexNum.")] = DEFAULT_ENTRIES,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as one JSON object.")] = False,
     config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
 ) -> None:
-    """Write a broker store (commitlog/, consumequeue/, batchconsumequeue/, config/topics.json) from the archive,
+    """Write a broker store (commitlog/, consumequeue/, batchconsumequeue/, index/, config/topics.json) from the archive,
     then check it record by record against the archive. Exit 1 on any problem."""
     try:
         check_target(to)  # before anything else: a non-empty target is never touched
@@ -48,7 +52,8 @@ def restore(
     try:
         options = RestoreOptions(
             commitlog_file_size=commitlog_file_size, cq_entries_per_file=cq_entries, bcq_entries_per_file=bcq_entries,
-            topics=frozenset(topic) if topic else None,
+            topics=frozenset(topic) if topic else None, index=not no_index,
+            index_hash_slots=index_hash_slots, index_entries=index_entries,
             since_ms=parse_time_ms(since) if since else None, until_ms=parse_time_ms(until) if until else None)
     except ValueError as exc:
         fail(str(exc), 2)
@@ -68,6 +73,7 @@ def restore(
         "topics": sorted(plan.read_queue_nums), "messages": result.messages, "bytes": result.nbytes,
         "checked": checked, "commitlog_start": plan.commitlog_start, "commitlog_end": result.commitlog_end,
         "gaps_as_fillers": [{"topic": t, "queue": q, "from": a, "to": b} for t, q, a, b in result.filler_gaps],
+        "index": {"files": list(result.index_files), "keys": result.index_entries},
         "offsets": {f"{q.ref.topic}/{q.ref.queue_id}": [q.first, q.end] for q in plan.queues},
     }
     if as_json:
@@ -75,6 +81,8 @@ def restore(
         return
     out(f"restored {result.messages} messages ({result.nbytes} bytes) of {len(plan.queues)} queues of "
           f"{plan.cluster}/{plan.broker} into {to}; all {checked} checked against the archive")
+    if result.index_files:
+        out(f"index: {result.index_entries} keys in {len(result.index_files)} file(s) under {to / 'index'}")
     out(f"CommitLog {plan.commitlog_start}..{result.commitlog_end}; queue offsets as archived:")
     for q in plan.queues:
         out(f"  {q.ref.topic}/{q.ref.queue_id}: {q.first}..{q.end}")

@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry
 
 from metrics import MetricsServer, PrometheusRecorder
 from tiered.cli.app import app, fail
-from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, settings_from
+from tiered.cli.common import BrokerModeOpt, BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, settings_from
 from tiered.cli.wiring import cold_tier, lease, make_cleaner, make_dispatcher, object_store, setup_logging
 from tiered.clock import Clock, SystemClock
 from tiered.config import Settings
@@ -69,10 +69,10 @@ class Sidecar:
         self.registry = registry or CollectorRegistry()
         self.recorder = PrometheusRecorder(self.registry, per_queue=settings.metrics.per_queue)
         self.store = object_store(settings, self.recorder)
-        self.local = LocalStore(settings.store)
+        self.local = LocalStore(settings.store, broker_mode=settings.broker_mode)
         # tiered_consumer_offset_in_archive_only is computed at scrape time, from its own
         # LocalStore: the dispatcher's is used by the job thread only
-        self._positions_local = LocalStore(settings.store)
+        self._positions_local = LocalStore(settings.store, broker_mode=settings.broker_mode)
         self._positions_lock = threading.Lock()
         self.recorder.consumers.source = self.consumer_positions
         self.cold = cold_tier(settings, self.store, writer=True, clock=self.clock, recorder=self.recorder)
@@ -284,10 +284,11 @@ def serve(
     cluster: ClusterOpt = None, broker: BrokerOpt = None,
     metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", help="HTTP port for /metrics, /healthz, /readyz.")] = None,
     state_dir: Annotated[Optional[Path], typer.Option("--state-dir", help="Local state (manifest cache).")] = None,
+    broker_mode: BrokerModeOpt = None,
 ) -> None:
     """Run the sidecar: dispatcher + cleaner on their intervals, metrics and health over HTTP."""
     settings = settings_from(config, store=store, cold_url=cold, cluster=cluster, broker=broker,
-                             **{"metrics.port": metrics_port, "state_dir": state_dir})
+                             **{"metrics.port": metrics_port, "state_dir": state_dir, "broker_mode": broker_mode})
     if settings.store is None:
         fail("invalid configuration: store: required (--store DIR, TIERED_STORE or 'store:' in the file)", 2)
     setup_logging(settings.log.format, settings.log.level)

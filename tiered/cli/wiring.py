@@ -54,6 +54,37 @@ def object_store(settings: Settings, recorder: Recorder | None = None) -> Object
                       retry=RetryPolicy(attempts, r.base_delay, r.max_delay), recorder=recorder or NullRecorder())
 
 
+def shown_url(url: str) -> str:
+    """``url`` for a message: a password in it (``scheme://user:secret@host``)
+    and a query string (a signature) never reach the terminal or a log."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if "://" not in url:
+        return url
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        netloc = f"{user.split(':', 1)[0]}:***@{host}" if ":" in user else netloc
+    return urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "", parts.fragment))
+
+
+def archive_store(settings: Settings) -> ObjectStore:
+    """The cold tier's store for a command that reads an archive (status, ls,
+    verify, cat, find, sql, export): NothingUnderUrlError (exit 1) when nothing
+    at all is under the URL, so a mistyped bucket or prefix does not read as an
+    empty, healthy archive. Every archive key starts ``<cluster>/``: one
+    delimiter listing of the root decides. A URL holding only other clusters'
+    or brokers' archives passes: a wrong --cluster/--broker is the command's
+    to report (verify lists the prefixes there)."""
+    from tiered.errors import NothingUnderUrlError
+
+    store = object_store(settings)
+    if not store.list_dirs():
+        raise NothingUnderUrlError(shown_url(settings.cold_url))
+    return store
+
+
 def writable_state_dir(settings: Settings) -> Path:
     """The state directory, created; ConfigError (exit 2) naming it when it cannot be written."""
     path = Path(settings.state_dir)

@@ -18,7 +18,7 @@ call that also copies each record into its queue's segment and keeps the
 segment's CRC-32 (``check_copy_runs``: compiled, the record checked on its
 copy, on several threads; else the same checks with numpy, then the copy).
 
-Record layout as indexed here (big-endian; DESIGN.md section 2)::
+Record layout as indexed here (big-endian; docs/design.md section 2)::
 
     0  total size i32 | 4 magic u32 | 8 body crc i32 | 12 queue id i32
     16 flag i32 | 20 queue offset i64 | 28 physical offset i64

@@ -29,6 +29,14 @@ load/recover, ``ConsumeQueue.recover`` and ``correctMinOffset``):
   46-byte entries (``tiered.ops.restorebatch``); its topic keeps
   ``"attributes":{"queue.type":"BatchCQ"}`` in topics.json.
 - ``config/topics.json`` lists the restored topics.
+- ``index/``: the broker's key and message-id index over the restored
+  records (``tiered.store.indexfile``), sized as the broker is configured
+  (``maxHashSlotNum``/``maxIndexNum``), and ``checkpoint`` with its
+  ``indexMsgTimestamp`` at the last indexed store time: every restored index
+  file is complete and synced, so the broker keeps them even after a crash
+  (``IndexService.load`` drops files ending after that time). The broker does
+  not rebuild an index on a normal start, so without these files its
+  ``queryMessage`` by key or unique key finds nothing.
 
 The target must be empty (or absent): anything else is refused before a
 byte is written. After writing, ``check`` reads the restored store back
@@ -49,6 +57,7 @@ from pathlib import Path
 from tiered.format.codec import BLANK_LENGTH, CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, Record, decode_record, encode_blank
 from tiered.errors import CorruptRecordError, TieredError
 from tiered.format.jsonfile import write_json
+from tiered.store.indexfile import DEFAULT_ENTRIES, DEFAULT_HASH_SLOTS, IndexWriter
 from tiered.store.localstore import LocalStore
 from tiered.archive.manifest import Manifest
 from tiered.query.batchread import is_batch
@@ -67,6 +76,8 @@ _BATCH_ENTRIES = 512
 _BATCH_BYTES = 4 << 20
 _FLUSH_BYTES = 8 << 20
 _FILLER_ENTRY = CQ_ENTRY.pack(0, CQ_FILLER_SIZE, 0)
+_CHECKPOINT_SIZE = 4096  # the broker maps one OS page
+_CHECKPOINT_INDEX_AT = 16  # physicMsgTimestamp, logicsMsgTimestamp, indexMsgTimestamp, ...
 
 
 class TargetNotEmptyError(TieredError):
@@ -90,10 +101,15 @@ class RestoreOptions:
     topics: frozenset[str] | None = None  # None: every archived topic
     since_ms: int | None = None  # first record stored at or after
     until_ms: int | None = None  # last record stored at or before
+    index: bool = True  # write index/ (the broker's messageIndexEnable)
+    index_hash_slots: int = DEFAULT_HASH_SLOTS  # the broker's maxHashSlotNum
+    index_entries: int = DEFAULT_ENTRIES  # the broker's maxIndexNum
 
     def __post_init__(self) -> None:
         if self.commitlog_file_size < 4096:
             raise ValueError("CommitLog files must hold at least 4096 bytes")
+        if self.index_hash_slots < 1 or self.index_entries < 2:
+            raise ValueError("an index file needs at least 1 hash slot and 2 entries")
         if self.cq_entries_per_file < 1 or self.bcq_entries_per_file < 1:
             raise ValueError("a ConsumeQueue file holds at least one entry")
 
@@ -140,6 +156,8 @@ class RestoreResult:
     nbytes: int
     commitlog_end: int
     filler_gaps: tuple[tuple[str, int, int, int], ...]  # (topic, queue, first, end) written as fillers
+    index_files: tuple[str, ...] = ()  # names under index/
+    index_entries: int = 0  # keys indexed
 
 
 Progress = Callable[[int, int], None]  # (messages written so far, bytes written so far)
@@ -367,8 +385,10 @@ def write_store(reader: ColdReader, plan: RestorePlan, target: Path, options: Re
     bcq_bytes = options.bcq_entries_per_file * BCQ_ENTRY_SIZE
     queues = [BatchQueueWriter(_Files(bcq_bytes), target, q.ref.topic, q.ref.queue_id, q.first) if q.batch else
               _QueueWriter(target, q.ref.topic, q.ref.queue_id, cq_bytes, q.first) for q in plan.queues]
+    index = IndexWriter(target / "index", hash_slots=options.index_hash_slots,
+                        entries=options.index_entries) if options.index else None
     fillers: list[tuple[str, int, int, int]] = []
-    messages = nbytes = 0
+    messages = nbytes = keys = 0
     try:
         for i, rec, tags, offset in _merged(reader, plan):
             qw = queues[i]
@@ -385,6 +405,9 @@ def write_store(reader: ColdReader, plan: RestorePlan, target: Path, options: Re
                 qw.add_record(rec, phys, tags, offset)
             else:
                 qw.add(CQ_ENTRY.pack(phys, rec.size, tags))
+            if index is not None:
+                keys += index.add(topic=rec.topic, properties=rec.properties, sys_flag=rec.sys_flag,
+                                  phy=phys, store_ts=rec.store_timestamp)
             messages += 1
             nbytes += rec.size
             if progress is not None and messages % 1024 == 0:
@@ -393,11 +416,27 @@ def write_store(reader: ColdReader, plan: RestorePlan, target: Path, options: Re
         cl.files.close()
         for qw in queues:
             qw.files.close()
+        written = index.close() if index is not None else []
     if progress is not None:
         progress(messages, nbytes)
     _write_topics(target, plan)
+    _write_checkpoint(target, written[-1].header.end_timestamp if written else 0)
     return RestoreResult(plan=plan, messages=messages, nbytes=nbytes, commitlog_end=cl.position,
-                         filler_gaps=tuple(fillers))
+                         filler_gaps=tuple(fillers), index_files=tuple(f.path.name for f in written),
+                         index_entries=keys)
+
+
+def _write_checkpoint(target: Path, index_msg_timestamp: int) -> None:
+    """``checkpoint`` as a new broker's (zeros: normal recovery, no confirmed
+    offset) but for the index time, which keeps the restored index files."""
+    data = bytearray(_CHECKPOINT_SIZE)
+    struct.pack_into(">q", data, _CHECKPOINT_INDEX_AT, index_msg_timestamp)
+    fd = os.open(target / "checkpoint", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_topics(target: Path, plan: RestorePlan) -> None:

@@ -20,7 +20,7 @@ from tiered.archive import segmeta
 from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record
 from tiered.format.innerbatch import batch_size
 from tiered.archive.coldtier import ColdTier
-from tiered.errors import CorruptRecordError, ExpiredLocallyError, TieredError
+from tiered.errors import CorruptRecordError, ExpiredLocallyError, NotWrittenYetError, TieredError
 from tiered.format.keyindex import lookup
 from tiered.store.localstore import LocalStore
 from tiered.archive.manifest import CATALOG, IDENTITY, LEASE, MANIFEST, Manifest, Segment
@@ -40,6 +40,8 @@ class VerifyReport:
     orphans: list[str] = field(default_factory=list)
     unarchived: dict[str, int] = field(default_factory=dict)  # not yet archived, within the max delay or not
     pending: dict[str, str] = field(default_factory=dict)  # overdue: older than the max delay, not archived
+    within_delay: set[str] = field(default_factory=set)  # unarchived, the oldest younger than the max delay
+    waiting_confirm: dict[str, int] = field(default_factory=dict)  # held at this confirm offset (controller mode)
     missing_prefix: str | None = None  # no archive at all under the prefix
     known_prefixes: list[str] = field(default_factory=list)  # the cluster/broker prefixes that do exist
 
@@ -168,34 +170,55 @@ class PendingCheck:
 def check_pending(manifests: dict[tuple[str, int], Manifest], local: LocalStore, check: PendingCheck,
                   report: VerifyReport) -> None:
     """Name every local queue holding records older than the max delay that the
-    archive does not hold: no manifest, or an archive ending before them."""
+    archive does not hold, whatever holds them back: no manifest, an archive
+    ending before them, or (controller mode) a confirm offset below them. The
+    oldest record is read past the confirm offset: its age is what counts."""
+    mode = local.broker_mode()
     for topic in local.topics():
         if not check.accepts(topic):
             continue
         for qid in local.queue_ids(topic):
             m = manifests.get((topic, qid))
+            where = f"{topic}/{qid}"
             try:
                 rng = local.queue_range(topic, qid)
                 start = max(m.next_offset, rng.min_offset) if m is not None else rng.min_offset
                 if rng.max_offset <= start:
                     continue
-                oldest = next(iter(local.iter_queue(topic, qid, start, max_count=1, verify_crc=False)), None)
+                entry = local.entry_at(topic, qid, start)
+                if entry is None:
+                    continue  # its ConsumeQueue entry is not written yet
+                oldest = local.read_at(entry[0], verify_crc=False)
+            except NotWrittenYetError as exc:
+                # still being written, unless a later entry exists: the broker writes records in
+                # order and each entry after its record, so then it is lost, not late
+                if local.entry_at(topic, qid, start + 1) is not None:
+                    report.problems.append(f"{where}: its first unarchived record (offset {start}) is missing "
+                                           f"while later ConsumeQueue entries exist: {exc}")
+                continue
             except (OSError, TieredError) as exc:
-                report.problems.append(f"{topic}/{qid}: local store unreadable at its first unarchived record: {exc}")
+                report.problems.append(f"{where}: local store unreadable at its first unarchived record: {exc}")
                 continue
-            if oldest is None:
-                continue
-            age_ms = check.now_ms - oldest.record.store_timestamp
+            held = mode.holds(entry[0], entry[1])
+            if held and mode.confirm_offset is not None:
+                report.waiting_confirm[where] = mode.confirm_offset
+            age_ms = check.now_ms - oldest.store_timestamp
             if age_ms < check.max_delay_ms:
+                report.within_delay.add(where)
                 continue
             first, count, end = start, rng.max_offset - start, m.next_offset if m is not None else 0
             if local.is_batch(topic):  # offsets and counts of messages, not of BatchConsumeQueue entries
                 first, count = _batch_pending(local, topic, qid, start)
                 end = first
-            where = "never archived (no manifest)" if m is None else f"archive ends at offset {end}"
-            report.pending[f"{topic}/{qid}"] = (
+            if held:
+                why = (f"waiting for the cluster to confirm: confirmed CommitLog offset {mode.confirm_offset}, "
+                       f"the first record ends at {entry[0] + entry[1]}"
+                       + (f" ({mode.problem})" if mode.problem else ""))
+            else:
+                why = "never archived (no manifest)" if m is None else f"archive ends at offset {end}"
+            report.pending[where] = (
                 f"{count} messages from offset {first} not archived, the oldest stored "
-                f"{age_ms // 1000} s ago (max delay {check.max_delay_ms // 1000} s); {where}")
+                f"{age_ms // 1000} s ago (max delay {check.max_delay_ms // 1000} s); {why}")
 
 
 def _batch_pending(local: LocalStore, topic: str, qid: int, entry: int) -> tuple[int, int]:

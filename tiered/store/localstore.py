@@ -5,7 +5,8 @@ Layout::
     {store}/commitlog/{startByte:020d}                 records, preallocated files
     {store}/consumequeue/{topic}/{queueId}/{startByte:020d}   20-byte entries
     {store}/config/topics.json (+ .bak)                 broker configuration
-    {store}/checkpoint                                  confirmed CommitLog offset at byte 32
+    {store}/checkpoint                                  confirm offset at byte 32 (controller mode
+                                                        only: tiered.store.brokermode)
 
 Races this reader is built for:
 
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import struct
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,6 +46,8 @@ from tiered.format.codec import (
     peek,
 )
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, NotWrittenYetError
+from tiered.store import brokermode
+from tiered.store.brokermode import BrokerMode
 from tiered.store.consumeroffsets import ConsumerOffsets, read_consumer_offsets
 from tiered.store.cqscan import count_written, written_by_reads
 from tiered.format.jsonfile import read_json
@@ -53,8 +55,6 @@ from tiered.store.queuecursor import EMPTY as _EMPTY
 from tiered.store.queuecursor import NO_LIMIT, QueueCursor
 
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14; the name is Python >= 3.13
-_CHECKPOINT_CONFIRM = struct.Struct(">q")
-_CHECKPOINT_CONFIRM_AT = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,10 +245,16 @@ class _QueueFiles(_FileSet):
 
 
 class LocalStore:
-    """A broker store directory, opened read-only."""
+    """A broker store directory, opened read-only.
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    ``broker_mode`` (auto | default | controller | dledger) is told once, at
+    open; a store tiered cannot read (DLedger, RocksDB ConsumeQueue) raises
+    UnsupportedStoreError here."""
+
+    def __init__(self, root: str | os.PathLike[str], broker_mode: str = "auto") -> None:
         self.root = Path(root)
+        self.told_mode = brokermode.tell(self.root, broker_mode)
+        brokermode.refuse_unreadable(self.root, self.told_mode)
         self.commitlog = _FileSet(self.root / "commitlog")
         self._queues_prefix = os.path.join(os.fspath(self.root), "consumequeue", "")
         self._queues: dict[tuple[str, int], _QueueFiles] = {}
@@ -536,18 +542,15 @@ class LocalStore:
 
     # --- records ---------------------------------------------------------
 
+    def broker_mode(self) -> BrokerMode:
+        """The mode told at open, with the confirm offset read now."""
+        return brokermode.with_bound(self.told_mode, self.root)
+
     def confirmed_offset(self) -> int | None:
-        """The CommitLog offset confirmed by the cluster (controller or
-        DLedger mode), from ``checkpoint``; None when not in use."""
-        try:
-            with open(self.root / "checkpoint", "rb") as fh:
-                data = fh.read(_CHECKPOINT_CONFIRM_AT + 8)
-        except FileNotFoundError:
-            return None
-        if len(data) < _CHECKPOINT_CONFIRM_AT + 8:
-            return None
-        confirm = _CHECKPOINT_CONFIRM.unpack_from(data, _CHECKPOINT_CONFIRM_AT)[0]
-        return confirm if confirm > 0 else None
+        """The CommitLog offset records must end at or before to be archived:
+        the checkpoint's confirm offset in controller mode, None elsewhere
+        (the broker itself honours it nowhere else)."""
+        return self.broker_mode().confirm_offset
 
     def read_at(self, commitlog_offset: int, *, verify_crc: bool = True) -> Record:
         """The record at a physical CommitLog offset."""
