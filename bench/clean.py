@@ -73,7 +73,8 @@ def build_manifests(segments: int, queues: int) -> dict[tuple[str, int], Manifes
             # all but the newest segment are past the 1 h retention
             t = NOW_MS - (2 * HOUR_MS if i < per - 1 else 60_000) + i
             segs.append(Segment(q_start=i, q_end=i + 1, cl_start=i * CL_BYTES, cl_end=(i + 1) * CL_BYTES, min_store_ms=t, max_store_ms=t, min_born_ms=t, max_born_ms=t, commitlog_key=cl, consumequeue_key=cq, index_key=ix, commitlog_crc=zlib.crc32(b"c" * CL_BYTES), consumequeue_crc=zlib.crc32(b"q" * 20), created_ms=t))
-        out[(topic, qid)] = Manifest(topic, qid, per, per * CL_BYTES, 1, tuple(segs))
+        out[(topic, qid)] = Manifest(topic=topic, queue_id=qid, next_offset=per, cl_next=per * CL_BYTES, generation=1,
+                                     segments=tuple(segs))
     return out
 
 

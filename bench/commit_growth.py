@@ -64,7 +64,7 @@ def run(root: Path, segments: int, layout: int) -> tuple[list[int], int]:
     store._raw_put = wrap(store._raw_put)  # type: ignore[method-assign]
     store._raw_put_if = wrap(store._raw_put_if)  # type: ignore[method-assign]
     cold = ColdTier(store, "C", "b", state_dir=root / "state", writer="bench", clock=clock)
-    options = DispatchOptions(ArchiveOptions(upload_bytes=1, max_delay_ms=0, segment_bytes=1, layout=layout),
+    options = DispatchOptions(archive=ArchiveOptions(upload_bytes=1, max_delay_ms=0, segment_bytes=1, layout=layout),
                               parallelism=1, round_budget_s=float("inf"))
     d = Dispatcher(LocalStore(root / "store"), cold, options=options, topic_filter=TopicFilter(), clock=clock)
     while len(commits) < segments:

@@ -186,7 +186,7 @@ def _dispatcher(args: argparse.Namespace, url: str, endpoint: str | None, record
     cold = ColdTier(store, CLUSTER, BROKER, state_dir=state, writer="bench")
     # the layout the configuration writes by default (dispatch.layout: 2): one
     # object per segment; ArchiveOptions alone still defaults to 1
-    options = DispatchOptions(ArchiveOptions(upload_bytes=1, max_delay_ms=0,
+    options = DispatchOptions(archive=ArchiveOptions(upload_bytes=1, max_delay_ms=0,
                                              segment_bytes=segment_bytes or args.segment_mb * MiB,
                                              key_index=not getattr(args, "no_key_index", 0),
                                              layout=getattr(args, "layout", 2)),

@@ -103,7 +103,7 @@ def archive(store_dir: Path, cold_url: str, state_dir: Path, layout: int) -> Non
     store = open_store(cold_url)
     local = LocalStore(store_dir)
     cold = ColdTier(store, CLUSTER, BROKER, state_dir=state_dir, writer="bench")
-    options = DispatchOptions(ArchiveOptions(upload_bytes=1, max_delay_ms=0, layout=layout), parallelism=2,
+    options = DispatchOptions(archive=ArchiveOptions(upload_bytes=1, max_delay_ms=0, layout=layout), parallelism=2,
                               round_budget_s=float("inf"))
     d = Dispatcher(local, cold, options=options)
     for _ in range(100):

@@ -37,7 +37,7 @@ from tiered.recorder import NullRecorder, Recorder
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CleanOptions(PlanOptions):
     orphan_scan_interval_ms: int = 6 * 3_600_000
     # how long a pass waits, after the other queues, for one the dispatcher holds

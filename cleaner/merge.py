@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from cleaner.plan import MergeRun
 from tiered.archive import layout, segmeta
-from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record
+from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record, entry_problem
 from tiered.format.innerbatch import batch_size, inner_records, is_inner_batch
 from tiered.errors import CorruptRecordError, NotWrittenYetError
 from tiered.format.keyindex import build_bloom, build_index
@@ -108,8 +108,8 @@ def build_merged(
         except (CorruptRecordError, NotWrittenYetError) as exc:
             key, at = where(off)
             raise CorruptRecordError(key, at, f"record {q}: {getattr(exc, 'reason', exc)}") from None
-        if rec.size != size or rec.queue_offset != (q if next_msg is None else next_msg) \
-                or rec.queue_id != queue_id or rec.topic_raw != topic_raw:
+        if rec.size != size or entry_problem(rec, topic=topic_raw, queue_id=queue_id,
+                                             queue_offset=q if next_msg is None else next_msg):
             key, at = where(off)
             raise CorruptRecordError(key, at, f"record does not match its ConsumeQueue entry {q}")
         if next_msg is not None:

@@ -80,7 +80,7 @@ class Verdict(str, Enum):
         return self in (Verdict.FUTURE, Verdict.BAD_TIME)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PlanOptions:
     skew_tolerance_ms: int = 300_000
     orphan_grace_ms: int = 3_600_000
@@ -143,7 +143,7 @@ class MergeRun:
         return sum(s.messages for s in self.segments)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QueuePlan:
     topic: str
     queue_id: int
@@ -321,7 +321,7 @@ def plan_queue(
     expires and nothing merges; due pending deletes still go."""
     due = tuple(p for p in m.pending_deletes if p.after_ms <= now_ms)
     if retention is None:
-        return QueuePlan(m.topic, m.queue_id, None, due_pending=due)
+        return QueuePlan(topic=m.topic, queue_id=m.queue_id, retention=None, due_pending=due)
     cutoff = now_ms - retention.ms
     tol = opts.skew_tolerance_ms
     skewed = tuple(SkewedSegment(s, v) for s in m.segments
@@ -338,7 +338,8 @@ def plan_queue(
                 merge_budget[0] -= run.nbytes
             chosen.append(run)
         merges = tuple(chosen)
-    return QueuePlan(m.topic, m.queue_id, retention, expire, gaps, merges, due, skewed, stopped)
+    return QueuePlan(topic=m.topic, queue_id=m.queue_id, retention=retention, expire=expire, drop_gaps=gaps,
+                     merges=merges, due_pending=due, skewed=skewed, stopped_by=stopped)
 
 
 def make_plan(

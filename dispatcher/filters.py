@@ -5,7 +5,8 @@ an explicit include pattern naming one (no wildcard) archives it anyway.
 A few broker topics hold data found nowhere else and are archived like an
 application's (``systopics.KNOWN`` says which, and why).
 ``%RETRY%{group}`` and ``%DLQ%{group}`` are ordinary topics here: the DLQ is
-what people most want to analyse later.
+what people most want to analyse later, and so are ``%LMQ%`` queues
+(an MQTT client's queue; ``tiered.format.lmq``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ SYSTEM_TOPICS = frozenset({
     "SCHEDULE_TOPIC_XXXX", "TBW102", "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC",
     "TRANS_CHECK_MAX_TIME_TOPIC",
 })
-SYSTEM_PREFIXES = ("RMQ_SYS_", "rmq_sys_", "%LMQ%")
+SYSTEM_PREFIXES = ("RMQ_SYS_", "rmq_sys_")
 
 
 def is_system_topic(topic: str, extra: frozenset[str] = frozenset()) -> bool:

@@ -52,7 +52,7 @@ from tiered.retention import load_retention
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DispatchOptions:
     archive: ArchiveOptions = ArchiveOptions()
     parallelism: int = 4

@@ -80,7 +80,8 @@ def test_deletes_are_batched_1000_keys_per_request(tmp_path: Path) -> None:
             t = rig.clock.now_ms() - 2 * HOUR_MS
             segs.append(Segment(q_start=i, q_end=i + 1, cl_start=i, cl_end=i + 1, min_store_ms=t, max_store_ms=t, min_born_ms=t, max_born_ms=t, commitlog_key=cl, consumequeue_key=cq, index_key=ix, commitlog_crc=0, consumequeue_crc=0, created_ms=t))
         # the manifest first: objects without one would be (rightly) refused as unaccounted history
-        rig.cold.commit("T", qid, lambda _m, s=tuple(segs), q=qid: Manifest("T", q, 200, 200, segments=s))
+        rig.cold.commit("T", qid, lambda _m, s=tuple(segs), q=qid: Manifest(
+            topic="T", queue_id=q, next_offset=200, cl_next=200, segments=s))
         for seg in segs:
             for k in seg.keys():
                 rig.objects.put(k, b"x")
@@ -225,8 +226,8 @@ def test_two_writers_race_no_double_or_wrong_deletion(tmp_path: Path) -> None:
     other.load()
     # another writer expires the same prefix first
     first = other.cached("T", 0).segments[0]
-    other.commit("T", 0, lambda m: Manifest(m.topic, m.queue_id, m.next_offset, m.cl_next,
-                                              segments=m.segments[1:]))
+    other.commit("T", 0, lambda m: Manifest(topic=m.topic, queue_id=m.queue_id, next_offset=m.next_offset,
+                                            cl_next=m.cl_next, segments=m.segments[1:]))
     rep = rig.clean(orphans=False)
     assert rep.ok and rep.conflicts and rep.expired_segments == 0
     assert rig.events.data("delete") == []  # the loser deletes nothing (the winner's job, or orphans')
@@ -243,7 +244,7 @@ def test_dispatcher_commit_between_plan_and_commit_is_kept(tmp_path: Path) -> No
     rig.advance(2 * 3600)
     # another process appends a segment behind the cleaner's cached manifest
     other = Dispatcher(rig.local, ColdTier(rig.objects, "TestCluster", "broker-a", clock=rig.clock),
-                       clock=rig.clock, options=DispatchOptions(ArchiveOptions(max_delay_ms=0), parallelism=1))
+                       clock=rig.clock, options=DispatchOptions(archive=ArchiveOptions(max_delay_ms=0), parallelism=1))
     rig.produce("T", 0, 3)
     assert other.run_round().segments == 1
     rep = rig.clean(orphans=False)

@@ -157,7 +157,7 @@ def test_merge_survives_a_dispatcher_append_between_build_and_commit(tmp_path: P
     small_segments(rig, 5)
     m = rig.manifest("T")
     run = MergeRun(m.segments[:4])
-    qp = QueuePlan("T", 0, None, merges=(run,))
+    qp = QueuePlan(topic="T", queue_id=0, retention=None, merges=(run,))
     fake = MergedSegment(run, m.segments[0].__class__(**{**{f: getattr(m.segments[0], f)
                                                              for f in m.segments[0].__dataclass_fields__},
                                                           "q_end": 12, "cl_end": m.segments[3].cl_end}),
@@ -168,7 +168,7 @@ def test_merge_survives_a_dispatcher_append_between_build_and_commit(tmp_path: P
     assert applied == [fake] and [(s.q_start, s.q_end) for s in new.segments] == [(0, 12), (12, 15)]
     assert new.pending_deletes[-1].after_ms == 99
     # the run is gone (another writer merged or expired it): this merge is dropped, nothing else fails
-    other = Manifest(m.topic, 0, m.next_offset, m.cl_next, segments=m.segments[2:])
+    other = Manifest(topic=m.topic, queue_id=0, next_offset=m.next_offset, cl_next=m.cl_next, segments=m.segments[2:])
     new = _change(qp, [fake], 99, applied)(other)
     assert applied == [] and new.segments == other.segments
     rig.close()

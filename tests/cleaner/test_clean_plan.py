@@ -53,7 +53,8 @@ def manifest(segments=(), gaps=(), pending=(), topic="T") -> Manifest:
     items = sorted([(s.q_start, s.q_end) for s in segments] + [(g.q_start, g.q_end) for g in gaps])
     nxt = items[-1][1] if items else 0
     cl = segments[-1].cl_end if segments else 0
-    m = Manifest(topic, 0, nxt, cl, 1, tuple(segments), tuple(gaps), tuple(pending))
+    m = Manifest(topic=topic, queue_id=0, next_offset=nxt, cl_next=cl, generation=1, segments=tuple(segments),
+                 gaps=tuple(gaps), pending_deletes=tuple(pending))
     m.check()
     return m
 
@@ -118,7 +119,7 @@ def test_everything_expired_keeps_progress() -> None:
     m = manifest(segs)
     qp = plan_queue(m, R1, NOW, OPTS)
     assert qp.expire == segs
-    after = Manifest(m.topic, 0, m.next_offset, m.cl_next, segments=(), gaps=())
+    after = Manifest(topic=m.topic, queue_id=0, next_offset=m.next_offset, cl_next=m.cl_next, segments=(), gaps=())
     after.check()  # next_offset 15 and cl_next stay; an empty archive is a valid one
 
 
@@ -245,7 +246,8 @@ def test_merge_skips_skewed_and_expired_segments() -> None:
 def test_merge_budget_bounds_one_pass() -> None:
     opts = PlanOptions(merge_min_bytes=1000, merge_target_bytes=1200, merge_fanin=100, merge_budget_bytes=2000)
     ms = {("T", q): manifest(chain(young(nbytes=600), young(nbytes=600))) for q in range(5)}
-    ms = {k: Manifest(k[0], k[1], m.next_offset, m.cl_next, 1, m.segments) for k, m in ms.items()}
+    ms = {k: Manifest(topic=k[0], queue_id=k[1], next_offset=m.next_offset, cl_next=m.cl_next, generation=1,
+                      segments=m.segments) for k, m in ms.items()}
     plan = make_plan(ms, lambda t: R1, NOW, opts)
     assert sum(len(q.merges) for q in plan.queues) == 2
 

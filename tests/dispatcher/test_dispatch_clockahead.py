@@ -20,7 +20,8 @@ def test_future_stamped_messages_are_uploaded_after_max_delay(tmp_path: Path) ->
             w.put("Ahead", 0, b"x" * 10, store_timestamp=clock.now_ms() + 86_400_000 + i)
     cold = ColdTier(open_store(str(tmp_path / "cold")), "C", "b", state_dir=tmp_path / "state", clock=clock)
     d = Dispatcher(LocalStore(tmp_path / "store"), cold, clock=clock,
-                   options=DispatchOptions(ArchiveOptions(upload_bytes=1 << 30, max_delay_ms=60_000), parallelism=1))
+                   options=DispatchOptions(archive=ArchiveOptions(upload_bytes=1 << 30, max_delay_ms=60_000),
+                                           parallelism=1))
     assert d.run_round().messages == 0  # first seen now: not due yet
     clock.advance(59)
     assert d.run_round().messages == 0

@@ -37,7 +37,7 @@ from tiered.ops.verify import verify
 
 ARCHIVED = [("TopicA", 0), ("TopicA", 1), ("TopicA", 2), ("%RETRY%group1", 0), ("%DLQ%group1", 0), ("TopicV6", 0)]
 SYSTEM = [("SCHEDULE_TOPIC_XXXX", 2), ("RMQ_SYS_TRACE_TOPIC", 0), ("TBW102", 0), ("rmq_sys_wheel", 0),
-          ("%LMQ%abc", 0), ("OFFSET_MOVED_EVENT", 0)]
+          ("OFFSET_MOVED_EVENT", 0)]
 
 
 def test_rounds_interleaved_with_produce_archive_exactly(cold_url, open_cold, tmp_path, clock, recorder):

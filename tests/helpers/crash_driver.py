@@ -43,7 +43,7 @@ def main() -> None:
     cold = ColdTier(store, "TestCluster", "broker-a", state_dir=Path(state_dir), writer="crash-driver")
     lease = LeaseManager(store, "TestCluster/broker-a", "crash-driver")
     d = Dispatcher(LocalStore(store_dir), cold, lease=lease, options=DispatchOptions(
-        ArchiveOptions(upload_bytes=1, max_delay_ms=0, segment_bytes=1500, layout=layout,
+        archive=ArchiveOptions(upload_bytes=1, max_delay_ms=0, segment_bytes=1500, layout=layout,
                        compression="zstd" if layout == 2 else "none"),
         parallelism=2, round_budget_s=0.05))
     print("ready", flush=True)

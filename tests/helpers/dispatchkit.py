@@ -193,7 +193,8 @@ def new_dispatcher(store: ObjectStore, local: LocalStore, state_dir: Path, clock
                     **{k: v for k, v in opts.items() if k == "catalog_refresh_s"})
     lm = (LeaseManager(store, f"{CLUSTER}/{BROKER}", identity, clock=clock, ttl_s=ttl_s, force=force)
           if lease else None)
-    return Dispatcher(local, cold, lease=lm, topic_filter=topic_filter, options=DispatchOptions(archive, **rest),
+    return Dispatcher(local, cold, lease=lm, topic_filter=topic_filter, options=DispatchOptions(
+        archive=archive, **rest),
                       recorder=recorder, clock=clock)
 
 
@@ -304,5 +305,6 @@ def props_batch(records: list[tuple[bytes, bytes]], first_offset: int = 0) -> Re
         sizes.append(len(head) + len(props))
     n = len(records)
     a = lambda v: np.array(v, np.int64)  # noqa: E731
-    return RecordBatch(first_offset, memoryview(bytes(buf)), "/store/commitlog/0", a(positions), a(sizes),
-                       np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64), a(props_at))
+    return RecordBatch(first_offset=first_offset, view=memoryview(bytes(buf)), source="/store/commitlog/0",
+                       positions=a(positions), sizes=a(sizes), tags=np.zeros(n, np.int64),
+                       store_ms=np.zeros(n, np.int64), born_ms=np.zeros(n, np.int64), props_at=a(props_at))

@@ -19,12 +19,18 @@ said otherwise; a fault schedule still applies):
                           (half the body sent, the whole length declared),
                           ``bad_checksum`` (a body byte flipped, the server's
                           checksum header kept)
+``SpoilProxy``            answers a seeded share of requests as a captive
+                          portal or a misrouted load balancer would: ``html``
+                          (a 200 text/html page without ETag; the request
+                          never reaches the server) and ``strip_etag`` (the
+                          request applied, its answer without the ETag)
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import zlib
 from collections import Counter
 from collections.abc import Callable
@@ -123,3 +129,73 @@ class RefuseConditionsProxy(FaultProxy):
             body = _XML.format(code=code, msg="conditional headers are not supported").encode()
             return self.status, reason, [("Content-Type", "application/xml")], body
         return super().forward(req)
+
+
+SPOILS = ("html", "strip_etag")
+_PORTAL = (b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head>"
+           b"<body><p>Please sign in to continue.</p></body></html>\n")
+
+
+class SpoilProxy(FaultProxy):
+    """``html`` for a share ``html`` of the requests, ``strip_etag`` for a
+    share ``strip_etag``, drawn from a hash of (seed, method, path, how many
+    times that request was seen before): the same requests are spoiled in
+    every run whatever the order of the client's threads (the bucket's name
+    and a random id in a path, as the probe's, are left out of the hash). One request is never
+    spoiled more than ``max_in_a_row`` times in a row, so its retries get
+    through. ``force(req, n)`` may name the spoiling of the n-th sighting of
+    a request (n from 0) before the shares are drawn."""
+
+    def __init__(self, upstream: str, *, html: float = 0.15, strip_etag: float = 0.10, seed: int = 0,
+                 max_in_a_row: int = 2, force: Callable[[Request, int], str | None] | None = None,
+                 **kw: object) -> None:
+        super().__init__(upstream, **kw)  # type: ignore[arg-type]
+        self.shares = (html, strip_etag)
+        self.seed = seed
+        self.max_in_a_row = max_in_a_row
+        self.force = force
+        self.seen: Counter[tuple[str, str]] = Counter()
+        self.streak: Counter[tuple[str, str]] = Counter()
+        self.spoiled: list[tuple[str, str, str]] = []  # (kind, method, key) of each answer spoiled
+
+    @staticmethod
+    def _ident(req: Request) -> tuple[str, str]:
+        # the path without the bucket (a test's bucket has a random name)
+        path = req.path.lstrip("/")
+        cut = min((i for i in (path.find("/"), path.find("?")) if i >= 0), default=len(path))
+        return req.method, re.sub(r"[0-9a-f]{32}", "*", path[cut:])
+
+    def _choose(self, req: Request) -> str | None:
+        ident = self._ident(req)
+        with self._lock:
+            n = self.seen[ident]
+            self.seen[ident] += 1
+            if self.streak[ident] >= self.max_in_a_row:
+                self.streak[ident] = 0
+                return None
+            kind = self.force(req, n) if self.force is not None else None
+            if kind is None:
+                digest = hashlib.blake2b(f"{self.seed}|{ident[0]}|{ident[1]}|{n}".encode(), digest_size=8).digest()
+                draw = int.from_bytes(digest, "big") / 2 ** 64
+                html, strip = self.shares
+                kind = "html" if draw < html else "strip_etag" if draw < html + strip else None
+            self.streak[ident] = self.streak[ident] + 1 if kind is not None else 0
+            return kind
+
+    def forward(self, req: Request) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        kind = self._choose(req)
+        if kind == "html":
+            with self._lock:
+                self.spoiled.append((kind, req.method, req.key))
+            return 200, "OK", [("Content-Type", "text/html; charset=utf-8"),
+                               ("Content-Length", str(len(_PORTAL)))], _PORTAL
+        status, reason, headers, body = super().forward(req)
+        if kind != "strip_etag":
+            return status, reason, headers, body
+        kept = [(n, v) for n, v in headers if n.lower() != "etag"]
+        with self._lock:
+            if 200 <= status < 300 and len(kept) < len(headers):
+                self.spoiled.append((kind, req.method, req.key))
+                return status, reason, kept, body
+            self.streak[self._ident(req)] = 0  # an error or a list: nothing to strip, nothing spoiled
+        return status, reason, headers, body

@@ -1,5 +1,5 @@
 """What an S3 store sends as its uploads' checksums, and what the storage
-module computes a CRC-32 of: for the tests of precomputed CRCs
+module (tiered/archive/s3store.py) computes a CRC-32 of: for the tests of precomputed CRCs
 (``ObjectStore.put(crc=)``), at the storage interface and in a round."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import boto3
 import pytest
 
-import tiered.archive.storage as storage
+import tiered.archive.s3store as s3store
 
 
 def b64(crc: int) -> str:
@@ -33,10 +33,10 @@ def sent_checksums(store: Any) -> list[tuple[str, str | None]]:
 
 
 def computed_crcs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The lengths of everything the storage module computes a CRC-32 of from now on."""
+    """The lengths of everything tiered/archive/s3store.py computes a CRC-32 of from now on."""
     lengths: list[int] = []
-    real = storage.crc32
-    monkeypatch.setattr(storage, "crc32", lambda data, *a: lengths.append(len(data)) or real(data, *a))
+    real = s3store.crc32
+    monkeypatch.setattr(s3store, "crc32", lambda data, *a: lengths.append(len(data)) or real(data, *a))
     return lengths
 
 

@@ -96,8 +96,8 @@ def archive(local_root: Path, store: ObjectStore, state_dir: Path, *, segment_by
     are further ``ArchiveOptions`` (key_index, layout, compression)."""
     local = LocalStore(local_root)
     cold = ColdTier(store, cluster, broker, state_dir=state_dir, writer="test")
-    opts = DispatchOptions(ArchiveOptions(upload_bytes=1, max_delay_ms=0, segment_bytes=segment_bytes, **options),
-                           parallelism=1, round_budget_s=float("inf"))
+    archive = ArchiveOptions(upload_bytes=1, max_delay_ms=0, segment_bytes=segment_bytes, **options)
+    opts = DispatchOptions(archive=archive, parallelism=1, round_budget_s=float("inf"))
     d = Dispatcher(local, cold, options=opts, topic_filter=TopicFilter(include_system=False))
     for _ in range(20):
         result = d.run_round()

@@ -228,7 +228,9 @@ def test_scans_from_manifests_are_packed_by_rows() -> None:
     from tiered.query.spark_source import pack_rows
 
     def sl(q0: int, q1: int) -> Slice:
-        return Slice("c", "b", "T", 0, "cl", "cq", q0, q1, 0, 100, 0, 0, q0, q1)
+        return Slice(cluster="c", broker="b", topic="T", queue_id=0, commitlog_key="cl", consumequeue_key="cq",
+                     seg_q_start=q0, seg_q_end=q1, seg_cl_start=0, seg_cl_end=100, min_store_ms=0, max_store_ms=0,
+                     q_start=q0, q_end=q1)
 
     a, b, c, big = sl(0, 5), sl(5, 10), sl(10, 15), sl(15, 40)
     assert pack_rows([a, b, c, big], 10) == [[a, b], [c], [big]]
@@ -266,8 +268,9 @@ def test_a_time_range_packs_by_the_bytes_it_will_read() -> None:
     from tiered.query.spark_source import pack, read_estimate
 
     def sl(i: int) -> Slice:  # 100 MB over one hour each, hours one after the other
-        return Slice("c", "b", "T", 0, f"cl{i}", "cq", 0, 1000, 0, 100_000_000, i * 3_600_000,
-                     (i + 1) * 3_600_000 - 1, 0, 1000)
+        return Slice(cluster="c", broker="b", topic="T", queue_id=0, commitlog_key=f"cl{i}", consumequeue_key="cq",
+                     seg_q_start=0, seg_q_end=1000, seg_cl_start=0, seg_cl_end=100_000_000, min_store_ms=i * 3_600_000,
+                     max_store_ms=(i + 1) * 3_600_000 - 1, q_start=0, q_end=1000)
 
     day = [sl(i) for i in range(24)]
     assert [len(g) for g in pack(day, 128 << 20, 4 << 20)] == [1] * 24

@@ -118,7 +118,7 @@ def _obj(key: str) -> ObjectInfo:
 
 def test_orphans_are_deleted_only_when_accountable_to_the_manifest_history() -> None:
     kept_seg, mine_old, theirs = seg(10, 20, 1000, 2000), seg(10, 15, 1000, 1500), seg(0, 10, 0, 1000)
-    m = Manifest("T", 0, 20, 2000, segments=(kept_seg,), history=H)
+    m = Manifest(topic="T", queue_id=0, next_offset=20, cl_next=2000, segments=(kept_seg,), history=H)
     objs = [_obj(k) for k in (*mine_old.keys(), *theirs.keys(), seg(20, 22, 2000, 2200).commitlog_key)]
     descs = {mine_old.consumequeue_key: desc(mine_old), theirs.consumequeue_key: desc(theirs, history="f" * 32)}
     deletable, kept = accountable_orphans(m, objs, descs)
@@ -126,6 +126,6 @@ def test_orphans_are_deleted_only_when_accountable_to_the_manifest_history() -> 
     assert sorted(deletable) == sorted([*mine_old.keys(), seg(20, 22, 2000, 2200).commitlog_key])
     assert sorted(kept) == sorted(theirs.keys())
     # a manifest from before history ids keeps the old rule
-    legacy = Manifest("T", 0, 20, 2000, segments=(kept_seg,))
+    legacy = Manifest(topic="T", queue_id=0, next_offset=20, cl_next=2000, segments=(kept_seg,))
     deletable, kept = accountable_orphans(legacy, [_obj(k) for k in theirs.keys()], {})
     assert sorted(deletable) == sorted(theirs.keys()) and kept == []

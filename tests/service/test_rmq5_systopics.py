@@ -40,6 +40,10 @@ def invoke(env: dict[str, str], *args: str) -> tuple[int, str]:
 
 
 def status_json(env: dict[str, str], store: Path, cold: str) -> tuple[int, list[dict]]:
+    """``status --json`` rows; a first round makes the archive (status of a
+    URL with nothing under it is an error)."""
+    if not Path(cold.removeprefix("file://")).exists():
+        invoke(env, "dispatch", "--all", "--store", str(store), "--cold", cold)
     code, out = invoke(env, "status", "--json", "--store", str(store), "--cold", cold)
     return code, [json.loads(line) for line in out.splitlines()]
 

@@ -19,8 +19,8 @@ def test_demo_archives_verifies_expires_and_leaves_data(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert list(cwd.iterdir()) == [] and (root / "cold").is_dir()
-    assert out.startswith(f"demo files: {root} (remove them with: rm -rf {root})\n")
-    assert f"\nthe demo's store, archive and state stay in {root}; remove them with: rm -rf {root}\n" in out
+    assert out.startswith(f"demo files:\n  {root}\nremove them with:\n  rm -rf {root}\n")
+    assert f"\nthe demo's store, archive and state stay in:\n  {root}\nremove them with:\n  rm -rf {root}\n" in out
     assert "archive verified" in out and "OK:" in out
     expired_line = next(line for line in out.splitlines() if "segments expired by the cleaner" in line)
     assert int(expired_line.split("by the cleaner", 1)[1].split()[0]) >= 1

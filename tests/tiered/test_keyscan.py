@@ -176,8 +176,9 @@ def _segment(props: list[bytes]) -> tuple[int, bytes, bytes | None, str | None]:
     sizes = np.array([len(h) + len(p) for h, p in zip(heads, props)], np.int64)
     positions = np.cumsum(sizes) - sizes
     n = len(props)
-    batch = RecordBatch(0, memoryview(raw), "/store/commitlog/0", positions, sizes, np.zeros(n, np.int64),
-                        np.zeros(n, np.int64), np.zeros(n, np.int64), positions + 30)
+    batch = RecordBatch(first_offset=0, view=memoryview(raw), source="/store/commitlog/0", positions=positions,
+                        sizes=sizes, tags=np.zeros(n, np.int64), store_ms=np.zeros(n, np.int64),
+                        born_ms=np.zeros(n, np.int64), props_at=positions + 30)
     builder = SegmentBuilder("p", 0, 0, key_index=True, layout=2)
     error = None
     try:

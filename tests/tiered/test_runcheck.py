@@ -131,7 +131,8 @@ def _copied(view: memoryview, entries: np.ndarray, runs: list[tuple[int, bytes, 
     answers = []
     for (_n, _topic, _queue_id, first), head, dst, (row, k, at, crc, kept) in zip(
             runs, heads, dsts, table[:, [0, 7, 8, 9, 10]].tolist()):
-        got = RecordBatch(first, view, "cl", *(out[f, row:row + k] for f in range(6))) if k else None
+        columns = dict(zip(("positions", "sizes", "tags", "store_ms", "born_ms", "props_at"), out[:, row:row + k]))
+        got = RecordBatch(first_offset=first, view=view, source="cl", **columns) if k else None
         records = b"".join(bytes(view[p:p + n]) for p, n in zip(out[0, row:row + k].tolist(),
                                                                out[1, row:row + k].tolist()))
         assert kept == len(records) and bytes(dst[:at + kept]) == head + records

@@ -14,7 +14,7 @@ O_DIRECT (EINVAL, at the open or a write) gets the whole object written
 through the cache, and is not asked again by the same writer.
 
 Durability does not depend on the path taken: the file is fsynced in both,
-and the name and directory protocol (tiered/archive/storage.py FileStore,
+and the name and directory protocol (tiered/archive/filestore.py FileStore,
 tiered/archive/dirsync.py) is the same.
 
 Every system call made from Python gives the GIL up, and its return takes

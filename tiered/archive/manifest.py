@@ -256,7 +256,7 @@ class PendingDelete:
     after_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Manifest:
     topic: str
     queue_id: int
@@ -457,7 +457,7 @@ class Manifest:
         return cls.from_dict(cls.document(data, source), source)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CatalogEntry:
     topic: str
     queue_id: int
@@ -471,8 +471,9 @@ class CatalogEntry:
 
     @classmethod
     def of(cls, m: Manifest) -> CatalogEntry:
-        return cls(m.topic, m.queue_id, m.first_offset, m.next_offset, len(m.segments), m.nbytes,
-                   m.min_store_ms, m.max_store_ms, m.generation)
+        return cls(topic=m.topic, queue_id=m.queue_id, first_offset=m.first_offset, next_offset=m.next_offset,
+                   segments=len(m.segments), nbytes=m.nbytes, min_store_ms=m.min_store_ms, max_store_ms=m.max_store_ms,
+                   generation=m.generation)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 from tiered.cli.app import err_console, fail
 from tiered.cli.output import Col, json_lines, out, table
-from tiered.format.codec import Record
+from tiered.format.codec import Record, entry_offset
 from tiered.config import Settings
 from tiered.store.consumeroffsets import ConsumerPosition, PositionState, archived_ranges, store_positions
 from tiered.errors import ExpiredLocallyError, TieredError
@@ -67,10 +67,11 @@ def group_records(reader: ColdReader, local: LocalStore | None, position: Consum
         archived = (batchread.iter_messages(reader, ref, m, offset) if batch and m is not None else
                     reader.iter_queue(ref, offset, None if stop is None else max(0, stop - offset)))
         for rec in archived:
-            if stop is not None and rec.queue_offset >= stop:
+            at = entry_offset(rec, ref.topic)  # an LMQ queue's records carry their parent's offsets
+            if stop is not None and at >= stop:
                 break
             yield "archive", rec
-            offset = rec.queue_offset + 1
+            offset = at + 1
         if stop is not None:
             offset = max(offset, stop)
     if local is None or local_min is None:

@@ -53,7 +53,16 @@ def demo_root(directory: Path | None) -> Path:
 
 
 def removal(root: Path) -> str:
-    return f"remove them with: rm -rf {shlex.quote(str(root))}"
+    """The command that removes the demo's files, to paste as it is."""
+    return f"rm -rf {shlex.quote(str(root))}"
+
+
+def say_where(console: Console, intro: str, root: Path) -> None:
+    """Where the demo's files are and how to remove them: the path and the
+    command each on a line of their own (indented), so that they fit a
+    terminal's width more often and are copied whole."""
+    for line in (intro, f"  {root}", "remove them with:", f"  {removal(root)}"):
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
 
 
 def _prepare(root: Path) -> None:
@@ -146,8 +155,7 @@ def demo(
     console = Console()
     root = demo_root(directory)
     _prepare(root)
-    # never wrapped: the path and the command are copied from here
-    console.print(f"demo files: {root} ({removal(root)})", soft_wrap=True, markup=False)
+    say_where(console, "demo files:", root)
     setup_logging("text", "WARNING")
     settings = load_settings(
         None, store=root / "store", cold_url=f"file://{root / 'cold'}", state_dir=root / "state",
@@ -160,8 +168,7 @@ def demo(
     )
     writer = StoreWriter(root / "store", commitlog_file_size=4 << 20, cq_entries_per_file=20_000)
     _history(writer, int(time.time() * 1000), 2000)
-    console.print(f"store: {root / 'store'} (2000 messages of history, {HISTORY_TOPIC} kept "
-                  f"{HISTORY_RETENTION_HOURS} h)")
+    console.print(f"store: 2000 messages of history, {HISTORY_TOPIC} kept {HISTORY_RETENTION_HOURS} h")
     sidecar = Sidecar(settings)
     sidecar.dispatch_round()  # the history goes into segments of its own, before live traffic
     sidecar.start()
@@ -210,7 +217,6 @@ def demo(
     table((Col(name="what"), Col(name="value", wrap=True)), summary, header=False)
     for problem in report.problems[:10]:
         console.print(f"[red]{problem}[/red]")
-    console.print(f"the demo's store, archive and state stay in {root}; {removal(root)}", soft_wrap=True,
-                  markup=False)
+    say_where(console, "the demo's store, archive and state stay in:", root)
     if not report.ok:
         raise typer.Exit(1)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
 
-from tiered.format.codec import Host, Record, parse_offset_msg_id
+from tiered.format.codec import Host, Record, entry_offset, parse_offset_msg_id
 from tiered.format.innerbatch import inner_records
 from tiered.query import batchread
 from tiered.query.reader import ColdReader, QueueRef, ReadStatus
@@ -45,7 +45,8 @@ def _record_at(reader: ColdReader, ref: QueueRef, offset: int) -> tuple[Record |
     while True:
         res = reader.read(ref, offset, max_count=1)
         if res.status is ReadStatus.FOUND and res.records:
-            # where the read began: a BatchCQ record's queue offset is its first message's, not its entry
+            # where the read began: an LMQ record carries its parent's queue offset, a
+            # BatchCQ record its first message's, neither the entry read
             return res.records[0], res.next_offset - 1
         if res.status in (ReadStatus.OFFSET_IN_GAP, ReadStatus.OFFSET_TOO_SMALL) and res.next_offset > offset:
             offset = res.next_offset
@@ -83,11 +84,11 @@ def find_msg_id(reader: ColdReader, msg_id: str, *,
             rec = find_physical(reader, ref, parsed.physical_offset)
             if rec is not None and rec.store_host == parsed.store_host:
                 for msg in inner_records(rec):  # an inner batch: each of its messages shares the id
-                    seen.add((ref, msg.queue_offset))
+                    seen.add((ref, entry_offset(msg, ref.topic)))
                     yield ref, msg
     for ref, rec in reader.find_key(msg_id.strip(), topics=topics):
-        if rec.unique_key == msg_id.strip() and (ref, rec.queue_offset) not in seen:
-            seen.add((ref, rec.queue_offset))
+        if rec.unique_key == msg_id.strip() and (ref, entry_offset(rec, ref.topic)) not in seen:
+            seen.add((ref, entry_offset(rec, ref.topic)))
             yield ref, rec
 
 
@@ -129,7 +130,7 @@ def follow(reader: ColdReader, ref: QueueRef, start: int, *, sleep: Callable[[],
     while True:
         for rec in reader.iter_queue(ref, offset):
             yield rec
-            offset = rec.queue_offset + 1
+            offset = entry_offset(rec, ref.topic) + 1
         if stop():
             return
         sleep()
@@ -141,7 +142,7 @@ def follow(reader: ColdReader, ref: QueueRef, start: int, *, sleep: Callable[[],
 
 def _order(item: tuple[QueueRef, Record]) -> tuple[int, int, str, str, int]:
     ref, rec = item
-    return rec.store_timestamp, ref.queue_id, ref.cluster, ref.broker, rec.queue_offset
+    return rec.store_timestamp, ref.queue_id, ref.cluster, ref.broker, entry_offset(rec, ref.topic)
 
 
 def _tagged(ref: QueueRef, records: Iterator[Record]) -> Iterator[tuple[QueueRef, Record]]:
@@ -204,7 +205,7 @@ def follow_topic(reader: ColdReader, refs: Callable[[], list[QueueRef]], starts:
                                   else m.first_offset if m is not None else 0)
         for ref, rec in merged((ref, _records_from(reader, ref, at)) for ref, at in positions.items()):
             yield ref, rec
-            positions[ref] = rec.queue_offset + 1
+            positions[ref] = entry_offset(rec, ref.topic) + 1
         if stop():
             return
         sleep()

@@ -144,6 +144,15 @@ def table_width(stream: TextIO | None = None) -> int | None:
     return None
 
 
+def paragraph(text: str) -> None:
+    """A line of free text that fits the terminal as a table's free text
+    does (broken between words, later lines indented); whole off a terminal."""
+    width = table_width()
+    lines = [text] if width is None else _wrap(text, width - 2, fold=True)
+    for i, line in enumerate(lines):
+        out(line if i == 0 else "  " + line)
+
+
 def table(columns: Sequence[str | Col], rows: Iterable[Sequence[Any]], *, as_json: bool = False,
           right: Iterable[str] = (), wide: bool = False, header: bool = True) -> None:
     """Rows as a table that fits the terminal (:func:`render_table`), or as

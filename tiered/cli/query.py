@@ -29,7 +29,8 @@ from tiered.cli.lookup import find_msg_id, follow, follow_topic, topic_records, 
 from tiered.cli.output import Col, dumps, human_bytes, note, out, print_json, progress, progress_enabled, table
 from tiered.config import parse_duration
 from tiered.cli.wiring import archive_store, s3_options
-from tiered.format.codec import Record
+from tiered.format.codec import Record, entry_offset
+from tiered.format.lmq import is_lmq
 from tiered.format.compression import BodyDecompressError, codec_name, decompress
 from tiered.config import Settings
 from tiered.errors import TieredError
@@ -75,8 +76,11 @@ def _shown_body(rec: Record, raw: bool) -> tuple[bytes, dict[str, str]]:
         return stored, {"body_compression": codec, "body_error": str(exc)}
 
 
-def _record_json(rec: Record, with_body: bool, raw: bool = False) -> str:
+def _record_json(rec: Record, with_body: bool, raw: bool = False, ref: QueueRef | None = None) -> str:
     d = rec.to_dict()
+    if ref is not None and is_lmq(ref.topic) and d["topic"] != ref.topic:
+        # a parent topic's record read through an LMQ queue: where it was read, as RocketMQ's read-back names it
+        d.update(cq_topic=ref.topic, cq_queue_id=ref.queue_id, cq_offset=entry_offset(rec, ref.topic))
     if with_body:
         body, notes = _shown_body(rec, raw)
         d.update(notes)
@@ -92,7 +96,7 @@ def _record_json(rec: Record, with_body: bool, raw: bool = False) -> str:
 def _record_line(ref: QueueRef, rec: Record, with_body: bool, *, show_broker: bool, raw: bool = False) -> str:
     d = rec.to_dict()
     where = f"{ref.cluster}/{ref.broker} " if show_broker else ""
-    line = (f"{where}{ref.topic}/{ref.queue_id}@{rec.queue_offset}  {format_time_ms(d['store_timestamp'])}  "
+    line = (f"{where}{ref.topic}/{ref.queue_id}@{entry_offset(rec, ref.topic)}  {format_time_ms(d['store_timestamp'])}  "
             f"tags={d['tags'] or '-'}  keys={','.join(d['keys']) or '-'}  uniq={d['unique_key'] or '-'}  "
             f"{d['body_length']} bytes")
     if with_body:
@@ -152,7 +156,7 @@ def cat(
         cat_group_command(settings_from(config, cold_url=cold, cluster=cluster, broker=broker, store=store),
                           _reader, group=group, topic=topic, queue=queue, count=limit, skip_corrupt=skip_corrupt,
                           emit=lambda ref, rec, _src: out(
-                              _record_json(rec, body, raw_body) if as_json
+                              _record_json(rec, body, raw_body, ref) if as_json
                               else _record_line(ref, rec, body, show_broker=False, raw=raw_body)))
         return
     if offset is not None and queue is None:
@@ -170,7 +174,7 @@ def cat(
     reader = _reader(settings, skip_corrupt=skip_corrupt)
 
     def show(ref: QueueRef, rec: Record) -> None:
-        out(_record_json(rec, body, raw_body) if as_json
+        out(_record_json(rec, body, raw_body, ref) if as_json
             else _record_line(ref, rec, body, show_broker=len(reader.archive.brokers) > 1, raw=raw_body))
 
     try:
@@ -281,7 +285,7 @@ def find(
         if as_json or body:  # records as they are found; a body is data, not a table cell
             for ref, rec in hits:
                 found += 1
-                out(_record_json(rec, body, raw_body) if as_json
+                out(_record_json(rec, body, raw_body, ref) if as_json
                     else _record_line(ref, rec, body, show_broker=many, raw=raw_body))
         else:
             rows = list(hits)
@@ -300,8 +304,8 @@ def _hits_table(rows: list[tuple[QueueRef, Record]], *, many: bool, wide: bool) 
             Col(name="offset", right=True), Col(name="stored"), Col(name="tags", wrap=True),
             Col(name="keys", wrap=True), Col(name="body", right=True), Col(name="uniq key", wide=True),
             Col(name="msg id", wide=True)]
-    table(cols, ([*([f"{ref.cluster}/{ref.broker}"] if many else []), ref.topic, ref.queue_id, rec.queue_offset,
-                  format_time_ms(rec.store_timestamp), rec.tags, " ".join(rec.keys), human_bytes(rec.body_length),
+    table(cols, ([*([f"{ref.cluster}/{ref.broker}"] if many else []), ref.topic, ref.queue_id,
+                  entry_offset(rec, ref.topic), format_time_ms(rec.store_timestamp), rec.tags, " ".join(rec.keys), human_bytes(rec.body_length),
                   rec.unique_key, rec.msg_id] for ref, rec in rows), wide=wide)
 
 

@@ -12,7 +12,7 @@ from tiered.cli.app import app
 from tiered.cli.common import (BrokerModeOpt, BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, OutputOpt, StoreOpt,
                                TopicsOpt, output_mode, settings_from, topic_matcher)
 from tiered.cli.consumers import show_positions
-from tiered.cli.output import Col, age, human_bytes, json_lines, out, table
+from tiered.cli.output import Col, age, human_bytes, json_lines, paragraph, table
 from tiered.cli.wiring import archive_store, cold_tier, topic_filter
 from tiered.clock import Clock, SystemClock
 from tiered.store.localstore import LocalStore
@@ -104,10 +104,6 @@ def status(
         raise typer.Exit(1)
 
 
-NOTE_COLUMNS = (Col(name="topic"), Col(name="archived"), Col(name="why", wrap=True))
-FINDING_COLUMNS = (Col(name="unknown"), Col(name="path", wrap=True), Col(name="detail", wrap=True))
-
-
 def show(rows: list[QueueStatus], *, as_json: bool, wide: bool, clock: Clock, notes: Sequence[TopicNote] = (),
          findings: Sequence[Finding] = (), lines: Sequence[str] = ()) -> None:
     """The rows as a table (or JSON lines); then why each broker topic is
@@ -119,11 +115,7 @@ def show(rows: list[QueueStatus], *, as_json: bool, wide: bool, clock: Clock, no
         json_lines(f.to_dict() for f in findings)
         return
     table(COLUMNS, status_rows(rows, clock.now_ms()), wide=wide)
-    if notes:
-        out("")
-        table(NOTE_COLUMNS, [(n.topic, "yes" if n.archived else "no", n.reason) for n in notes])
-    if findings:
-        out("")
-        table(FINDING_COLUMNS, [(f.kind, f.path, f.detail) for f in findings])
-    for line in lines:
-        table((Col(name="", wrap=True),), [(line,)], header=False)
+    # one line each, wrapped to the terminal as a table's free text is
+    said = [n.line() for n in notes] + [f.line() for f in findings] + list(lines)
+    for line in said:
+        paragraph(line)

@@ -84,7 +84,7 @@ def _load_native() -> ModuleType | None:
 _native = _load_native()
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False, kw_only=True)
 class RecordBatch:
     """Consecutive validated records of one queue, as arrays over ``view``,
     the mapped CommitLog file holding them."""
@@ -115,12 +115,11 @@ class RecordBatch:
     def of_record(cls, queue_offset: int, tags_code: int, rec: Record, view: memoryview) -> RecordBatch:
         """A batch of the one record ``rec``, decoded from ``view``."""
         size = len(rec.raw)
-        return cls(
-            queue_offset, view, rec.source, np.array([rec.position], np.int64), np.array([size], np.int64),
-            np.array([tags_code], np.int64), np.array([rec.store_timestamp], np.int64),
-            np.array([rec.born_timestamp], np.int64),
-            np.array([rec.position + size - len(rec.properties_raw)], np.int64),
-        )
+        return cls(first_offset=queue_offset, view=view, source=rec.source,
+                   positions=np.array([rec.position], np.int64), sizes=np.array([size], np.int64),
+                   tags=np.array([tags_code], np.int64), store_ms=np.array([rec.store_timestamp], np.int64),
+                   born_ms=np.array([rec.born_timestamp], np.int64),
+                   props_at=np.array([rec.position + size - len(rec.properties_raw)], np.int64))
 
 
 def gather(view: memoryview | bytes, dtype: np.dtype, positions: np.ndarray) -> np.ndarray:
@@ -220,8 +219,8 @@ def check_run(
                          first_offset, verify_crc, out)
     if k == 0:
         return None
-    return RecordBatch(first_offset, view, source, out[0, :k], out[1, :k], out[2, :k], out[3, :k], out[4, :k],
-                       out[5, :k])
+    return RecordBatch(first_offset=first_offset, view=view, source=source, positions=out[0, :k], sizes=out[1, :k],
+                       tags=out[2, :k], store_ms=out[3, :k], born_ms=out[4, :k], props_at=out[5, :k])
 
 
 def _tail(topic: bytes) -> tuple[bytes, int] | None:
@@ -315,6 +314,23 @@ def check_copy_runs(
     Without the compiled module each run is checked by ``check_run_numpy``,
     then its records copied and their CRC computed over the copy: the same
     answers (nothing given back)."""
+    out = _copy_runs_out(view, entries, table, dsts, out, release_bytes)
+    table[:, 7] = 0
+    table[:, 10] = 0
+    native = getattr(_native, "check_copy_runs", None)
+    if native is not None:
+        # CQ_DTYPE as the loop reads it (big-endian), as for check_runs
+        helpers_ns = native(view, base, np.ascontiguousarray(entries, CQ_DTYPE), table, blob, verify_crc, out, dsts,
+                            threads, piece_bytes, release_bytes)
+        return out, helpers_ns / 1e9
+    _copy_runs_numpy(view, base, entries, table, blob, dsts, out, source=source, verify_crc=verify_crc)
+    return out, 0.0
+
+
+def _copy_runs_out(view: memoryview, entries: np.ndarray, table: np.ndarray, dsts: list[bytearray],
+                   out: np.ndarray | None, release_bytes: int) -> np.ndarray:
+    """``check_copy_runs``'s arguments checked as the compiled call checks
+    them (ValueError), and the array its answers go to."""
     if out is None:
         out = np.empty((6, len(entries)), np.int64)
     elif out.shape != (6, len(entries)) or out.dtype != np.int64 or not out.flags.c_contiguous:
@@ -327,14 +343,14 @@ def check_copy_runs(
         # giving back the pages of anything else (memory of this process, a
         # private copy) would lose bytes, not only unmap them
         raise ValueError("release_bytes needs a view of a read-only mapped file")
-    table[:, 7] = 0
-    table[:, 10] = 0
-    native = getattr(_native, "check_copy_runs", None)
-    if native is not None:
-        # CQ_DTYPE as the loop reads it (big-endian), as for check_runs
-        helpers_ns = native(view, base, np.ascontiguousarray(entries, CQ_DTYPE), table, blob, verify_crc, out, dsts,
-                            threads, piece_bytes, release_bytes)
-        return out, helpers_ns / 1e9
+    return out
+
+
+def _copy_runs_numpy(view: memoryview, base: int, entries: np.ndarray, table: np.ndarray, blob: bytes,
+                     dsts: list[bytearray], out: np.ndarray, *, source: str, verify_crc: bool) -> None:
+    """``check_copy_runs`` without the compiled module: each run checked by
+    ``check_run_numpy``, then its records copied and their CRC computed over
+    the copy."""
     planned = _planned(view, base, entries, table, blob, dsts)
     for r, (row, _count, queue_id, first, magic, at, length) in enumerate(table[:, :7].tolist()):
         if not planned[r]:
@@ -354,7 +370,6 @@ def check_copy_runs(
         with memoryview(dsts[r]) as dst:
             table[r, 9] = crc32(dst[dst_at:dst_at + kept], int(table[r, 9]))
         table[r, 10] = kept
-    return out, 0.0
 
 
 def _planned(view: memoryview, base: int, entries: np.ndarray, table: np.ndarray, blob: bytes,
@@ -445,7 +460,6 @@ def check_run_numpy(
                      & (props_len < 0x8000) & (props_at + props_len == rec_end[:n]))
     if n == 0:
         return None
-    return RecordBatch(
-        first_offset, view, source, pos[:n], size[:n], entries["tags"][:n].astype(np.int64),
-        store[:n], head["born"][:n].astype(np.int64), props_at[:n],
-    )
+    return RecordBatch(first_offset=first_offset, view=view, source=source, positions=pos[:n], sizes=size[:n],
+                       tags=entries["tags"][:n].astype(np.int64), store_ms=store[:n],
+                       born_ms=head["born"][:n].astype(np.int64), props_at=props_at[:n])

@@ -50,6 +50,7 @@ from typing import Any, Final
 from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, the same values, ~5x faster (SIMD)
 
 from tiered.errors import CorruptRecordError, NotWrittenYetError
+from tiered.format.lmq import LMQ_PREFIX_RAW, is_lmq, lmq_offset, lmq_problem
 
 MAGIC_V1 = 0xDAA320A7
 MAGIC_V2 = 0xDAA320AB
@@ -587,7 +588,7 @@ def peek(buf: memoryview, position: int, source: str = "<buffer>") -> tuple[Peek
     return Peek.RECORD, size
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Message:
     """A message to encode, with every field the record carries."""
 
@@ -691,22 +692,51 @@ def decode_cq_entry(buf: memoryview | bytes, position: int = 0) -> tuple[int, in
     return CQ_ENTRY.unpack_from(buf, position)
 
 
+def entry_problem(rec: Record, *, topic: bytes, queue_id: int, queue_offset: int) -> str | None:
+    """Why ``rec`` is not entry ``queue_offset`` of queue ``topic``/``queue_id``
+    (topic, queue id, queue offset; size and position are the caller's);
+    None when it is. An LMQ queue's records are its parents' (``tiered.format.lmq``),
+    unless one was sent to the LMQ topic itself."""
+    if topic[:len(LMQ_PREFIX_RAW)] == LMQ_PREFIX_RAW and rec.topic_raw != topic:
+        try:
+            props = rec.properties
+        except CorruptRecordError as exc:
+            return exc.reason
+        return lmq_problem(props, rec.queue_id, topic=topic.decode("utf-8", "replace"), queue_id=queue_id,
+                           queue_offset=queue_offset)
+    if rec.queue_id != queue_id:
+        return f"queue id {rec.queue_id} != {queue_id}"
+    if rec.queue_offset != queue_offset:
+        return f"queue offset {rec.queue_offset} != {queue_offset}"
+    if rec.topic_raw != topic:
+        return "topic differs from its ConsumeQueue"
+    return None
+
+
+def entry_offset(rec: Record, topic: str) -> int:
+    """The offset of ``rec`` in queue ``topic``, which it was checked to
+    belong to: its own queue offset, except in an LMQ queue holding a parent
+    topic's record, where its properties give the offset."""
+    if is_lmq(topic) and rec.topic_raw != topic.encode("utf-8"):
+        offset = lmq_offset(rec.properties, topic)
+        if offset is not None:
+            return offset
+    return rec.queue_offset
+
+
 def check_against_entry(
     rec: Record, *, topic: bytes, queue_id: int, queue_offset: int, commitlog_offset: int, size: int
 ) -> None:
     """Raise CorruptRecordError unless ``rec`` is what its ConsumeQueue entry says."""
     if rec.size != size:
         raise CorruptRecordError(rec.source, rec.position, f"size {rec.size} != ConsumeQueue size {size}")
-    if rec.queue_id != queue_id:
-        raise CorruptRecordError(rec.source, rec.position, f"queue id {rec.queue_id} != {queue_id}")
-    if rec.queue_offset != queue_offset:
-        raise CorruptRecordError(rec.source, rec.position, f"queue offset {rec.queue_offset} != {queue_offset}")
     if rec.physical_offset != commitlog_offset:
         raise CorruptRecordError(
             rec.source, rec.position, f"physical offset {rec.physical_offset} != {commitlog_offset}"
         )
-    if rec.topic_raw != topic:
-        raise CorruptRecordError(rec.source, rec.position, "topic differs from its ConsumeQueue")
+    problem = entry_problem(rec, topic=topic, queue_id=queue_id, queue_offset=queue_offset)
+    if problem is not None:
+        raise CorruptRecordError(rec.source, rec.position, problem)
 
 
 def decode_and_check(

@@ -18,6 +18,8 @@ load/recover, ``ConsumeQueue.recover`` and ``correctMinOffset``):
   broker wrote them. Each record's bytes are the archived bytes except its
   physical offset (bytes 28..36), the one field naming its own position,
   which the broker also writes at append time. Queue offsets are preserved.
+  A record several queues hold (a parent topic's and its LMQ queues',
+  ``docs/lmq.md``) is written once, and each queue's entry points at it.
 - ``consumequeue/{topic}/{qid}/{start:020d}``: files of exactly the
   ConsumeQueue file size, named by their start byte (a multiple of it). The
   first file begins with the broker's filler entries (offset 0, size
@@ -28,7 +30,8 @@ load/recover, ``ConsumeQueue.recover`` and ``correctMinOffset``):
 - ``batchconsumequeue/{topic}/{qid}/{start:020d}``: a BatchCQ queue's
   46-byte entries (``tiered.ops.restorebatch``); its topic keeps
   ``"attributes":{"queue.type":"BatchCQ"}`` in topics.json.
-- ``config/topics.json`` lists the restored topics.
+- ``config/topics.json`` lists the restored topics (no LMQ queue: the broker
+  never lists them).
 - ``index/``: the broker's key and message-id index over the restored
   records (``tiered.store.indexfile``), sized as the broker is configured
   (``maxHashSlotNum``/``maxIndexNum``), and ``checkpoint`` with its
@@ -36,7 +39,8 @@ load/recover, ``ConsumeQueue.recover`` and ``correctMinOffset``):
   file is complete and synced, so the broker keeps them even after a crash
   (``IndexService.load`` drops files ending after that time). The broker does
   not rebuild an index on a normal start, so without these files its
-  ``queryMessage`` by key or unique key finds nothing.
+  ``queryMessage`` by key or unique key finds nothing. A record several
+  queues hold (LMQ) is indexed once, as the broker indexes each record.
 
 The target must be empty (or absent): anything else is refused before a
 byte is written. After writing, ``check`` reads the restored store back
@@ -54,9 +58,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tiered.format.codec import BLANK_LENGTH, CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, Record, decode_record, encode_blank
+from tiered.format.codec import BLANK_LENGTH, CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, Record, decode_record, encode_blank, \
+    entry_offset, entry_problem
 from tiered.errors import CorruptRecordError, TieredError
 from tiered.format.jsonfile import write_json
+from tiered.format.lmq import is_lmq
 from tiered.store.indexfile import DEFAULT_ENTRIES, DEFAULT_HASH_SLOTS, IndexWriter
 from tiered.store.localstore import LocalStore
 from tiered.archive.manifest import Manifest
@@ -212,7 +218,7 @@ def plan_restore(reader: ColdReader, options: RestoreOptions) -> RestorePlan:
         batch = is_batch(m)
         res = reader.read(ref, end - 1, max_count=1)
         last = res.records[0] if res.records and res.next_offset == end else None
-        if last is None or (last.queue_offset != end - 1 and not batch):
+        if last is None or (entry_offset(last, ref.topic) != end - 1 and not batch):
             raise CorruptRecordError(f"{ref.prefix}/manifest.json", end - 1,
                                      "the archive's last record of the range cannot be read")
         plans.append(QueuePlan(ref=ref, manifest=m, first=first, end=end,
@@ -227,10 +233,12 @@ def plan_restore(reader: ColdReader, options: RestoreOptions) -> RestorePlan:
 # --- reading the archive with the tags codes ----------------------------------------
 
 
-def _archived(reader: ColdReader, plan: QueuePlan) -> Iterator[tuple[Record, int, int]]:
-    """(record, cold tags code, queue offset) of ``plan``'s range in
+def _archived(reader: ColdReader, plan: QueuePlan) -> Iterator[tuple[int, Record, int]]:
+    """(queue offset, record, cold tags code) of ``plan``'s range in
     queue-offset order, checked as ``ColdReader`` checks them; gaps are
-    simply absent. A BatchCQ queue's offsets number its entries."""
+    simply absent. (An LMQ queue's records carry their parent's offsets; a
+    BatchCQ queue's offsets number its entries, its records carry their
+    first message's.)"""
     store = reader.store
     topic = plan.ref.topic.encode("utf-8")
     for seg in plan.manifest.segments:
@@ -261,12 +269,13 @@ def _archived(reader: ColdReader, plan: QueuePlan) -> Iterator[tuple[Record, int
                 q = offset + i
                 pos = off - seg.cl_start - cl_lo
                 rec = decode_record(cl, pos, seg.commitlog_key)
-                in_place = rec.queue_offset == q if not seg.batch else \
-                    seg.msg_start <= rec.queue_offset < seg.msg_end  # type: ignore[operator]
-                if rec.size != size or not in_place or rec.queue_id != plan.ref.queue_id or rec.topic_raw != topic:
+                expect_at = q if not seg.batch else rec.queue_offset if \
+                    (seg.msg_start or 0) <= rec.queue_offset < (seg.msg_end or 0) else -1
+                if rec.size != size or entry_problem(rec, topic=topic, queue_id=plan.ref.queue_id,
+                                                     queue_offset=expect_at):
                     raise CorruptRecordError(seg.commitlog_key, off - seg.cl_start,
                                              f"queue offset {q}: record does not match its cold ConsumeQueue entry")
-                yield rec, tags, q
+                yield q, rec, tags
             offset += len(entries)
 
 
@@ -356,23 +365,25 @@ class _CommitLogWriter:
         return phys
 
 
-def _merged(reader: ColdReader, plan: RestorePlan) -> Iterator[tuple[int, Record, int, int]]:
-    """(queue index, record, tags code, queue offset) of every queue, in original CommitLog order."""
+def _merged(reader: ColdReader, plan: RestorePlan) -> Iterator[tuple[int, int, Record, int]]:
+    """(queue index, queue offset, record, tags code) of every queue, in
+    original CommitLog order: a record several queues hold (a parent's and
+    its LMQ queues') comes once per queue, one after the other."""
     iters = [_archived(reader, q) for q in plan.queues]
-    heap: list[tuple[int, int, Record, int, int]] = []
+    heap: list[tuple[int, int, int, Record, int]] = []
     for i, it in enumerate(iters):
         nxt = next(it, None)
         if nxt is not None:
-            heap.append((nxt[0].physical_offset, i, *nxt))
+            heap.append((nxt[1].physical_offset, i, *nxt))
     heapq.heapify(heap)
     while heap:
-        _, i, rec, tags, q = heap[0]
-        yield i, rec, tags, q
+        _, i, q, rec, tags = heap[0]
+        yield i, q, rec, tags
         nxt = next(iters[i], None)
         if nxt is None:
             heapq.heappop(heap)
         else:
-            heapq.heapreplace(heap, (nxt[0].physical_offset, i, *nxt))
+            heapq.heapreplace(heap, (nxt[1].physical_offset, i, *nxt))
 
 
 def write_store(reader: ColdReader, plan: RestorePlan, target: Path, options: RestoreOptions,
@@ -389,8 +400,9 @@ def write_store(reader: ColdReader, plan: RestorePlan, target: Path, options: Re
                         entries=options.index_entries) if options.index else None
     fillers: list[tuple[str, int, int, int]] = []
     messages = nbytes = keys = 0
+    copied = (-1, -1)  # (original, restored) physical offset of the last record written
     try:
-        for i, rec, tags, offset in _merged(reader, plan):
+        for i, offset, rec, tags in _merged(reader, plan):
             qw = queues[i]
             if offset > qw.next:  # a recorded gap: the broker's filler entries keep offsets in place
                 q = plan.queues[i]
@@ -400,16 +412,20 @@ def write_store(reader: ColdReader, plan: RestorePlan, target: Path, options: Re
                             q.ref.topic, q.ref.queue_id, qw.next, offset - 1)
                 while isinstance(qw, _QueueWriter) and qw.next < offset:
                     qw.add(_FILLER_ENTRY)
-            phys = cl.append(rec.raw)
+            if rec.physical_offset == copied[0]:
+                phys = copied[1]  # the same record through another queue (LMQ): written once, as the broker did
+            else:
+                phys = cl.append(rec.raw)
+                copied = (rec.physical_offset, phys)
+                nbytes += rec.size
+                if index is not None:
+                    keys += index.add(topic=rec.topic, properties=rec.properties, sys_flag=rec.sys_flag,
+                                      phy=phys, store_ts=rec.store_timestamp)
             if isinstance(qw, BatchQueueWriter):
                 qw.add_record(rec, phys, tags, offset)
             else:
                 qw.add(CQ_ENTRY.pack(phys, rec.size, tags))
-            if index is not None:
-                keys += index.add(topic=rec.topic, properties=rec.properties, sys_flag=rec.sys_flag,
-                                  phy=phys, store_ts=rec.store_timestamp)
             messages += 1
-            nbytes += rec.size
             if progress is not None and messages % 1024 == 0:
                 progress(messages, nbytes)
     finally:
@@ -446,6 +462,7 @@ def _write_topics(target: Path, plan: RestorePlan) -> None:
                 "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": False,
                 "attributes": {"queue.type": "BatchCQ"} if topic in batch else {}}
         for topic, n in sorted(plan.read_queue_nums.items())
+        if not is_lmq(topic)  # the broker never lists LMQ queues there
     }
     write_json(target / "config" / "topics.json",
                {"topicConfigTable": table, "dataVersion": {"counter": len(table), "timestamp": int(time.time() * 1000)}})
@@ -473,20 +490,19 @@ def check(reader: ColdReader, result: RestoreResult, target: Path) -> int:
                                         f"expected {q.first}..{q.end}")
             local_iter: Iterator | None = None
             expect = -1
-            for rec, tags, _offset in _archived(reader, q):
-                if rec.queue_offset != expect:  # start, or after a gap
-                    run_end = min([a for a, _ in q.gaps if a > rec.queue_offset] + [q.end])
-                    local_iter = iter(local.iter_queue(q.ref.topic, q.ref.queue_id, rec.queue_offset,
-                                                       max_count=run_end - rec.queue_offset))
+            for offset, rec, tags in _archived(reader, q):
+                if offset != expect:  # start, or after a gap
+                    run_end = min([a for a, _ in q.gaps if a > offset] + [q.end])
+                    local_iter = iter(local.iter_queue(q.ref.topic, q.ref.queue_id, offset,
+                                                       max_count=run_end - offset))
                 item = next(local_iter, None) if local_iter is not None else None
-                if item is None or item.queue_offset != rec.queue_offset:
-                    raise RestoreCheckError(f"{name}: offset {rec.queue_offset} missing from the restored store")
+                if item is None or item.queue_offset != offset:
+                    raise RestoreCheckError(f"{name}: offset {offset} missing from the restored store")
                 mine = bytearray(item.record.raw)
                 _PHYS.pack_into(mine, _PHYS_AT, rec.physical_offset)
                 if mine != rec.raw or item.tags_code != tags:
-                    raise RestoreCheckError(f"{name}: offset {rec.queue_offset}: restored record differs from "
-                                            f"the archive")
-                expect = rec.queue_offset + 1
+                    raise RestoreCheckError(f"{name}: offset {offset}: restored record differs from the archive")
+                expect = offset + 1
                 compared += 1
     return compared
 

@@ -51,7 +51,7 @@ class BatchQueueWriter:
         self.next = entry + 1
 
 
-def check_batch(local: LocalStore, archived: Iterator[tuple[Record, int, int]], topic: str, queue_id: int) -> int:
+def check_batch(local: LocalStore, archived: Iterator[tuple[int, Record, int]], topic: str, queue_id: int) -> int:
     """A restored BatchCQ queue read back through ``LocalStore`` against the
     archive, entry after entry (restored entries may sit at other positions
     than the archive's, never in another order): the record bytes but the
@@ -63,7 +63,7 @@ def check_batch(local: LocalStore, archived: Iterator[tuple[Record, int, int]], 
     rng = local.queue_range(topic, queue_id)
     mine = iter(local.iter_queue(topic, queue_id, rng.min_offset))
     compared = 0
-    for rec, tags, offset in archived:
+    for offset, rec, tags in archived:
         item = next(mine, None)
         if item is None:
             raise RestoreCheckError(f"{name}: entry {offset} missing from the restored store")

@@ -15,7 +15,7 @@ from tiered.store.brokermode import BrokerMode
 from tiered.store.localstore import LocalStore
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QueueStatus:
     topic: str
     queue_id: int
@@ -95,11 +95,11 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None,
                     problem = f"waits for the cluster to confirm: {mode.problem}"
         codec, ratio = _compression(m)
         row = QueueStatus(
-            topic, qid, lmin, lmax,
-            m.first_offset if m else None, m.next_offset if m else None, lag,
-            m.min_store_ms if m else None, m.max_store_ms if m else None,
-            len(m.segments) if m else 0, m.nbytes if m else 0, len(m.gaps) if m else 0,
-            problem=problem, compression_ratio=m.compression_ratio if m else None,
+            topic=topic, queue_id=qid, local_min_offset=lmin, local_max_offset=lmax,
+            archived_first_offset=m.first_offset if m else None, archived_next_offset=m.next_offset if m else None,
+            lag_messages=lag, oldest_archived_ms=m.min_store_ms if m else None,
+            newest_archived_ms=m.max_store_ms if m else None, segments=len(m.segments) if m else 0,
+            nbytes=m.nbytes if m else 0, gaps=len(m.gaps) if m else 0, problem=problem, compression_ratio=m.compression_ratio if m else None,
             pending_since_ms=pending_since, compression=codec, compressed_ratio=ratio,
             waiting_confirm_offset=waiting_at,
         )

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from tiered.archive import segmeta
-from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record
+from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record, entry_problem
 from tiered.format.innerbatch import batch_size
 from tiered.archive.coldtier import ColdTier
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, NotWrittenYetError, TieredError
@@ -95,8 +95,8 @@ def verify_segment(cold: ColdTier, m: Manifest, seg: Segment, report: VerifyRepo
         except TieredError as exc:
             report.problems.append(f"{where}: offset {q}: {exc}")
             return
-        if rec.size != size or rec.queue_offset != (q if next_msg is None else next_msg) \
-                or rec.queue_id != m.queue_id or rec.topic_raw != topic_raw:
+        if rec.size != size or entry_problem(rec, topic=topic_raw, queue_id=m.queue_id,
+                                             queue_offset=q if next_msg is None else next_msg):
             report.problems.append(f"{where}: offset {q}: record does not match its cold ConsumeQueue entry")
             return
         if next_msg is not None:

@@ -19,7 +19,10 @@ interleave [body start, body end, next record start], yields bodies and tails
 by taking every third element (one copy, in C++).
 
 Every record is checked against its entry and the queue (size, magic, queue
-id, queue offset, lengths within the record, topic, body CRC). A bad record
+id, queue offset, lengths within the record, topic, body CRC). An LMQ queue
+holds its parent topics' records (``tiered.format.lmq``): each is checked
+against the LMQ rule in Python, decoded as its parent queue's, and given the
+LMQ queue's topic, queue id and offsets. A bad record
 raises ``CorruptRecordError`` naming the object and the record's byte offset
 in it; with ``skip_corrupt`` it is dropped and counted instead.
 """
@@ -40,9 +43,12 @@ from tiered.format.codec import (
     MAGIC_V2,
     MIN_RECORD_SIZE,
     _host_of,
+    decode_record,
+    entry_problem,
 )
+from tiered.format.lmq import is_lmq
 from tiered.format.compression import COMPRESSED_FLAG, BodyDecompressError, decompress
-from tiered.errors import CorruptRecordError
+from tiered.errors import CorruptRecordError, TieredError
 from tiered.query.spark_schema import ARROW_TYPES, COLUMN_NAMES, TIMESTAMP, arrow_schema
 
 _FIXED_V4 = 88  # where the body length ends (and the body starts) with two IPv4 hosts
@@ -229,6 +235,7 @@ class BatchDecoder:
         need = set(self.columns)
         self._need_props = bool(need & {"tags", "keys", "unique_key", "properties", "delay_level", "real_topic"})
         self._need_body = "body" in need
+        self._lmq = is_lmq(queue.topic)
 
     # --- entry point -------------------------------------------------------------
 
@@ -247,7 +254,67 @@ class BatchDecoder:
         records = pa.Array.from_buffers(pa.large_binary(), n, [None, _int64_buffer(bounds), cl])
         qoffs = _arange(first_queue_offset, n)
         positions = pc.subtract(offsets, where.cl_object_start)
-        return self._decode_rows(records, qoffs, positions, where)[0]
+        return self._rows(records, qoffs, positions, where)[0]
+
+    def _rows(self, records: pa.Array, qoffs: pa.Array, positions: pa.Array, where: Where) -> Decoded:
+        if self._lmq:
+            return self._decode_lmq(records, qoffs, positions, where)
+        return self._decode_rows(records, qoffs, positions, where)
+
+    # --- an LMQ queue: its parents' records -----------------------------------------
+
+    def _decode_lmq(self, records: pa.Array, qoffs: pa.Array, positions: pa.Array, where: Where) -> Decoded:
+        """Each record checked as entry ``qoffs[i]`` of this LMQ queue, then
+        the records of each parent queue decoded as that queue's (their own
+        offsets), with this queue's topic, queue id and offsets put back."""
+        q = self.queue
+        offsets = qoffs.to_pylist()
+        bad: list[bool] = []
+        reasons: list[str] = []
+        groups: dict[tuple[str, int], list[tuple[int, int]]] = {}  # parent -> (row, parent offset)
+        for i, raw in enumerate(records.to_pylist()):
+            try:
+                rec = decode_record(memoryview(raw), 0, where.cl_key, verify_crc=False)  # the group checks CRCs
+                problem = entry_problem(rec, topic=self._topic, queue_id=q.queue_id, queue_offset=offsets[i])
+                parent = (rec.topic, rec.queue_id)
+            except TieredError as exc:
+                problem = getattr(exc, "reason", str(exc))
+            bad.append(problem is not None)
+            if problem is not None:
+                reasons.append(problem)
+                continue
+            groups.setdefault(parent, []).append((i, rec.queue_offset))
+        if any(bad):
+            mask = pa.array(bad)
+            return self._handle_bad(records, qoffs, positions, where, mask, [(mask, reasons[0])])
+        parts, kept = [], []
+        for (topic, queue_id), rows in groups.items():
+            sub = BatchDecoder(QueueInfo(q.cluster, q.broker, topic, queue_id), self.columns,
+                               verify_crc=self.verify_crc, skip_corrupt=self.skip_corrupt, decompress=self.decompress)
+            idx = pa.array([r for r, _ in rows], pa.int64())
+            batch, done = sub._decode_rows(records.take(idx), pa.array([o for _, o in rows], pa.int64()),
+                                           positions.take(idx), where)
+            self.skipped += sub.skipped
+            self.skipped_at.extend(sub.skipped_at[:max(0, 10 - len(self.skipped_at))])
+            lmq_offset = {o: offsets[r] for r, o in rows}
+            mine = pa.array([lmq_offset[o] for o in done.to_pylist()], pa.int64())
+            parts.append(self._as_lmq(batch, mine))
+            kept.append(mine)
+        all_kept = pa.concat_arrays(kept) if kept else pa.array([], pa.int64())
+        if not self.columns or not parts:
+            return (rows_batch([], self.schema, len(all_kept)) if not self.columns else self._empty()), all_kept
+        perm = pc.sort_indices(all_kept)
+        out = pa.Table.from_batches(parts, schema=self.schema).take(perm).combine_chunks()
+        return (out.to_batches()[0] if out.num_rows else self._empty()), all_kept.take(perm)
+
+    def _as_lmq(self, batch: pa.RecordBatch, offsets: pa.Array) -> pa.RecordBatch:
+        """A parent queue's rows as this LMQ queue's: its topic, queue id and offsets."""
+        n, q = len(offsets), self.queue
+        own = {"topic": pa.repeat(pa.scalar(q.topic, pa.string()), n),
+               "queue_id": pa.repeat(pa.scalar(q.queue_id, pa.int32()), n), "queue_offset": offsets}
+        arrays = [own[c].cast(self.schema.field(c).type) if c in own else batch.column(i)
+                  for i, c in enumerate(self.columns)]
+        return rows_batch(arrays, self.schema, n)
 
     def decode_made(self, records: list[bytes], queue_offsets: list[int], positions: list[int],
                     where: Where) -> pa.RecordBatch:
@@ -305,7 +372,7 @@ class BatchDecoder:
         keep = pc.invert(bad)
         if nbad == len(records):
             return self._empty(), pa.array([], pa.int64())
-        return self._decode_rows(pc.filter(records, keep), pc.filter(qoffs, keep), pc.filter(positions, keep), where)
+        return self._rows(pc.filter(records, keep), pc.filter(qoffs, keep), pc.filter(positions, keep), where)
 
     def _empty(self) -> pa.RecordBatch:
         return pa.RecordBatch.from_arrays([pa.array([], self.schema.field(c).type) for c in self.columns],

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 
 from tiered.errors import CorruptRecordError, StorageError
 from tiered.format.codec import CQ_ENTRY_SIZE, MAGIC_V1, MAGIC_V2, Host, parse_offset_msg_id
+from tiered.format.lmq import is_lmq
 from tiered.query.reader import ReadStats, first_at_or_after, get_range
 from tiered.query.scan import Slice
 from tiered.archive.storage import ObjectStore
@@ -101,8 +102,10 @@ class _Probe:
         if len(head) < _HEAD.size:
             raise CorruptRecordError(sl.commitlog_key, pos, "record header beyond the end of the object")
         _size, magic, _crc, _qid, _flag, queue_offset, physical = _HEAD.unpack_from(head, 0)
-        # a BatchCQ record's queue offset is its first message's, inside the segment's range
-        in_place = queue_offset == q if not sl.batch else (sl.msg_start or 0) <= queue_offset < (sl.msg_end or 0)
+        # an LMQ queue holds its parents' records, with their queue offsets; a
+        # BatchCQ record's queue offset is its first message's, inside the segment's range
+        in_place = (queue_offset == q or is_lmq(sl.topic)) if not sl.batch else \
+            (sl.msg_start or 0) <= queue_offset < (sl.msg_end or 0)
         if magic not in (MAGIC_V1, MAGIC_V2) or not in_place:
             raise CorruptRecordError(sl.commitlog_key, pos, f"no record of queue offset {q} here")
         return physical

@@ -37,7 +37,7 @@ from enum import Enum
 from typing import Any
 
 from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, MAGIC_V1, MAGIC_V2, MIN_RECORD_SIZE, Record, \
-    decode_record
+    decode_record, entry_offset, entry_problem
 from tiered.archive.coldtier import ColdTier
 from tiered.errors import CorruptRecordError, ObjectNotFoundError, StorageError, TieredError
 from tiered.format.innerbatch import inner_records
@@ -397,13 +397,11 @@ class ColdReader:
                 problem = None
                 if rec.size != size:
                     problem = f"total size {rec.size} != ConsumeQueue size {size}"
-                elif rec.queue_id != ref.queue_id:
-                    problem = f"queue id {rec.queue_id} != {ref.queue_id}"
-                elif rec.queue_offset != q if not seg.batch else not (
-                        seg.msg_start <= rec.queue_offset < seg.msg_end):  # type: ignore[operator]
-                    problem = f"queue offset {rec.queue_offset} != {q}"
-                elif rec.topic_raw != topic:
-                    problem = f"topic differs from {ref.topic!r}"
+                else:
+                    # a BatchCQ record's queue offset is its first message's, inside the segment's range
+                    at = q if not seg.batch else rec.queue_offset if \
+                        (seg.msg_start or 0) <= rec.queue_offset < (seg.msg_end or 0) else -1
+                    problem = entry_problem(rec, topic=topic, queue_id=ref.queue_id, queue_offset=at)
                 if problem:
                     raise CorruptRecordError(seg.commitlog_key, pos, problem)
             except CorruptRecordError as exc:
@@ -514,7 +512,7 @@ class ColdReader:
                 for rec in self._read_segment(ref, seg, start, count, 1 << 62)[0]:
                     if seg.batch:  # the index names records; a batch's key is one of its messages'
                         yield from (msg for msg in inner_records(rec) if self._has_key(msg, key))
-                    elif rec.queue_offset in wanted and self._has_key(rec, key):
+                    elif entry_offset(rec, ref.topic) in wanted and self._has_key(rec, key):
                         yield rec
             i = j + 1
 

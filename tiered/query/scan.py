@@ -115,7 +115,7 @@ class ScanSpec:
                 and self.born_us.overlaps(seg.min_born_ms * 1000, seg.max_born_ms * 1000 + 999))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Slice:
     """Queue offsets [q_start, q_end) of one segment: everything needed to read them."""
 
@@ -179,9 +179,11 @@ def segment_slices(ref: QueueRef, seg: Segment, q_lo: int, q_hi: int, max_bytes:
     step = math.ceil((hi - lo) / parts)
     out = []
     for start in range(lo, hi, step):
-        out.append(Slice(ref.cluster, ref.broker, ref.topic, ref.queue_id, seg.commitlog_key, seg.consumequeue_key,
-                         seg.q_start, seg.q_end, seg.cl_start, seg.cl_end, seg.min_store_ms, seg.max_store_ms,
-                         start, min(hi, start + step), seg.msg_start, seg.msg_end))
+        out.append(Slice(cluster=ref.cluster, broker=ref.broker, topic=ref.topic, queue_id=ref.queue_id,
+                         commitlog_key=seg.commitlog_key, consumequeue_key=seg.consumequeue_key,
+                         seg_q_start=seg.q_start, seg_q_end=seg.q_end, seg_cl_start=seg.cl_start, seg_cl_end=seg.cl_end,
+                         min_store_ms=seg.min_store_ms, max_store_ms=seg.max_store_ms, q_start=start,
+                         q_end=min(hi, start + step), msg_start=seg.msg_start, msg_end=seg.msg_end))
     return out
 
 

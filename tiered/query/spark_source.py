@@ -164,7 +164,7 @@ def _list(options: dict[str, str], name: str) -> list[str] | None:
     return [v.strip() for v in str(value).split(",") if v.strip()]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SourceConfig:
     """Everything the reader needs, parsed once from the options: plain data."""
 

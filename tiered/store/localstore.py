@@ -681,9 +681,24 @@ class LocalStore:
         so this is not a tail still being written but lost data."""
         start = self.commitlog.locate(phys)
         source = str(self.commitlog.path(start)) if start is not None else str(self.root / "commitlog")
+        if start is not None and start == self.commitlog.starts[-1] and self._unwritten_from(source, phys - start):
+            # the broker appends: nothing was ever written there, the entry points past the CommitLog's data
+            return CorruptRecordError(source, phys - start,
+                                      f"record of queue offset {offset} is missing: its ConsumeQueue entry points "
+                                      f"at CommitLog offset {phys}, past the end of the CommitLog")
         return CorruptRecordError(source, phys - (start or 0),
                                   f"record of queue offset {offset} is missing (zeros or cut off) "
                                   "while later ConsumeQueue entries exist")
+
+    @staticmethod
+    def _unwritten_from(path: str, rel: int) -> bool:
+        """Whether ``path`` ends before ``rel`` or holds zeros there (a record
+        header's first 8 bytes: its size and magic are never zero)."""
+        try:
+            with open(path, "rb") as fh:
+                return os.pread(fh.fileno(), 8, rel) in (b"", bytes(8))
+        except OSError:
+            return False
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         """The next queue offset the broker will write: cheap enough to call for

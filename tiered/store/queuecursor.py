@@ -11,8 +11,9 @@ record from a *window* of the CommitLog file that holds it:
 - ``_fast_run``: the ordinary records of a run of entries, checked at once
   by ``batch.check_run`` when they lie in the current window;
 - ``_one_entry``: everything else, record by record: fillers, impossible
-  entries, tails still being written, window and file changes, and errors
-  with their file and offset;
+  entries, tails still being written, window and file changes, errors
+  with their file and offset, and every record of an LMQ queue (its
+  parents' records, ``tiered.format.lmq``);
 - ``_move_window``: the window onto the CommitLog file holding a record;
   the pages behind it are given back every ``_RELEASE_EVERY`` bytes.
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from tiered.format.batch import CQ_DTYPE, RecordBatch, check_run
 from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, decode_and_check
+from tiered.format.lmq import is_lmq
 from tiered.errors import CorruptRecordError, NotWrittenYetError
 
 if TYPE_CHECKING:
@@ -77,6 +79,8 @@ class QueueCursor:
         # a BatchCQ queue: offsets number its entries, each record's queue
         # offset is its entry's base offset (checked record by record)
         self.batch = self.files.is_batch
+        # an LMQ queue's records are its parents': check_run would refuse each one
+        self.lmq = is_lmq(topic)
         self.verify_crc = verify_crc
         confirmed = store.confirmed_offset()
         self.phys_limit = confirmed if confirmed is not None else NO_LIMIT
@@ -178,7 +182,7 @@ class QueueCursor:
         last whose records lie in the window, checked at once; None when
         not even the first qualifies."""
         j = min(chunk.count - 1, i + _RUN)
-        if j <= i or self.cl_view is EMPTY or self.batch:
+        if j <= i or self.cl_view is EMPTY or self.batch or self.lmq:
             return None
         run = chunk.entries[i:j]
         phys = run["phys"].astype(np.int64)

@@ -397,6 +397,25 @@ class StoreWriter:
         )
         return self.append(msg, cq_tags_code=cq_tags)
 
+    def put_multi(self, topic: str, queue_id: int, body: bytes, lmq: list[str], *, enable_lmq: bool = True,
+                  **kw: Any) -> Appended:
+        """``put`` with multi-dispatch to the LMQ queues ``lmq``, as
+        ``LmqDispatch.wrapLmqDispatch`` and ``ConsumeQueue.multiDispatchLmqQueue``
+        do it: the record lists them and their next offsets in
+        ``INNER_MULTI_DISPATCH``/``INNER_MULTI_QUEUE_OFFSET`` and each gets an
+        entry for it, in queue 0 (in the parent's queue id without ``enable_lmq``).
+        LMQ queues are never registered in topics.json."""
+        lmq_qid = 0 if enable_lmq else queue_id
+        offsets = [self.next_queue_offset(name, lmq_qid) for name in lmq]
+        props = dict(kw.pop("properties", None) or {})
+        props.update({"INNER_MULTI_DISPATCH": ",".join(lmq), "INNER_MULTI_QUEUE_OFFSET": ",".join(map(str, offsets))})
+        done = self.put(topic, queue_id, body, properties=props, **kw)
+        tags = tags_code(kw.get("tags"))
+        for name, offset in zip(lmq, offsets):
+            self._write_cq(name, lmq_qid, offset * CQ_ENTRY_SIZE, CQ_ENTRY.pack(done.commitlog_offset, done.size, tags))
+            self._next_queue_offset[(name, lmq_qid)] = offset + 1
+        return done
+
     def fill_queue_head(self, topic: str, queue_id: int, start_offset: int) -> None:
         """Start an empty queue at ``start_offset`` with the broker's filler
         entries before it (what a queue created above offset 0 looks like)."""
