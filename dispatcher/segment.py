@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tiered import native
 from tiered.format.batch import CQ_DTYPE, RecordBatch, copy_spans, grow
 from tiered.format.codec import crc32, decode_record
 from tiered.format.innerbatch import batch_size, is_inner_batch, unwrap
@@ -42,17 +43,9 @@ _KEY_ROOM = 2 * 12
 _DESCRIPTOR_ROOM = 4096
 
 
-def _compiled_realign() -> Callable[[bytearray, int, int, int], bytearray] | None:
-    """tiered/format/_runcheck.c's ``realign``; None without a C compiler at
-    install (buffers are then grown, and zeroed, by ``grow``'s fallback)."""
-    try:
-        from tiered.format._runcheck import realign
-    except ImportError:
-        return None
-    return realign
-
-
-_realign = _compiled_realign()
+# tiered/_native.c's ``realign``; None without a C compiler at install
+# (buffers are then grown, and zeroed, by ``grow``'s fallback)
+_realign: Callable[[bytearray, int, int, int], bytearray] | None = getattr(native.core, "realign", None)
 
 # Segment buffers start at a multiple of this (a page) when the compiled
 # ``realign`` is there: tiered.archive.storage.FileStore writes such a buffer

@@ -211,12 +211,7 @@ def archive_all(d: Dispatcher, local: LocalStore, queues: list[tuple[str, int]])
 
 def direct_opens(monkeypatch: Any) -> list[str]:
     """The paths ``os.open`` is asked to open with O_DIRECT from now on
-    (the opens themselves go through unchanged). File writes are made from
-    Python for it to see them, not by the compiled write
-    (tests/storage/test_filestore_compiled.py watches that one)."""
-    from tiered.archive import filewrite
-
-    monkeypatch.setattr(filewrite, "_native", None)
+    (the opens themselves go through unchanged)."""
     real_open = os.open
     direct: list[str] = []
 

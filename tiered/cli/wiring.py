@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tiered import native
 from tiered.clock import Clock, SystemClock
 from tiered.archive.coldtier import ColdTier
 from tiered.config import Settings
@@ -185,6 +186,7 @@ def make_dispatcher(
     tier and lease so the dispatcher and the cleaner see one manifest cache."""
     from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
 
+    native.log_status()  # the Python path is several times slower: said at start-up
     store = store or object_store(settings, recorder)
     cold = cold or cold_tier(settings, store, writer=True, clock=clock, recorder=recorder)
     d = settings.dispatch
