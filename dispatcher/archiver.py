@@ -364,7 +364,8 @@ class QueueArchiver:
         return BuildJob(prefix=queue_prefix(self.cold.cluster, self.cold.broker, topic, queue_id), topic=topic,
                         queue_id=queue_id, start=start, cl_start=manifest.cl_next if manifest else 0,
                         segment_bytes=self.options.segment_bytes, key_index=self.options.key_index,
-                        layout=self.options.layout, compression=self.options.compression)
+                        layout=self.options.layout, compression=self.options.compression,
+                        batch=self.local.is_batch(topic))
 
     # --- building ahead, in one CommitLog pass --------------------------------------
 
@@ -374,6 +375,8 @@ class QueueArchiver:
         something else (idle, a gap, not due yet, unreadable: ``run`` deals
         with it). The same decisions as ``_run``, made without a request."""
         try:
+            if self.local.is_batch(topic):
+                return None  # the pass checks one record per queue offset: read on its own (docs/batchcq.md)
             manifest = self.cold.cached(topic, queue_id)
             max_offset = self._local(self.local.max_offset, topic, queue_id)
             if manifest is not None and max_offset <= manifest.next_offset:

@@ -52,6 +52,7 @@ class BuildJob:
     key_index: bool
     layout: int = 1
     compression: str = "none"
+    batch: bool = False  # a BatchCQ queue (``SegmentBuilder``'s ``batch``)
 
 
 def build_segment(local: LocalStore, job: BuildJob, now_ms: int) -> tuple[BuiltSegment | None, Exception | None]:
@@ -64,7 +65,7 @@ def build_segment(local: LocalStore, job: BuildJob, now_ms: int) -> tuple[BuiltS
 def _build(local: LocalStore, job: BuildJob, now_ms: int, *, want_spans: bool
            ) -> tuple[BuiltSegment | None, Exception | None, tuple[np.ndarray, np.ndarray]]:
     builder = SegmentBuilder(job.prefix, job.start, job.cl_start, key_index=job.key_index, layout=job.layout,
-                             compression=job.compression)
+                             compression=job.compression, batch=job.batch)
     stop: Exception | None = None
     los: list[np.ndarray] = []  # physical [start, end) of the records taken, per batch
     his: list[np.ndarray] = []

@@ -516,6 +516,10 @@ class Dispatcher:
             return None
         # pending() counts at most 1M entries; the message count is exact anyway
         count = max(count, rng.max_offset - start)
+        if local.is_batch(topic):  # a BatchCQ queue's lag counts messages, not entries (docs/batchcq.md)
+            unit = local.batch_entry(topic, qid, start)
+            if unit is not None:
+                count = local.batch_offset_range(topic, qid).max_offset - unit.base_offset
         seen = self._pending_since.get((topic, qid))
         if seen is None or seen[0] != start:
             seen = (start, now_ms)

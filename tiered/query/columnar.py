@@ -310,6 +310,16 @@ class BatchDecoder:
                   for i, c in enumerate(self.columns)]
         return rows_batch(arrays, self.schema, n)
 
+    def decode_made(self, records: list[bytes], queue_offsets: list[int], positions: list[int],
+                    where: Where) -> pa.RecordBatch:
+        """Records made apart from any object (a BatchCQ record's messages,
+        ``tiered.query.batchscan``): ``positions`` name, for errors, where the
+        record they came from lies in ``where.cl_key``."""
+        if not records:
+            return self._empty()
+        return self._decode_rows(pa.array(records, pa.large_binary()), pa.array(queue_offsets, pa.int64()),
+                                 pa.array(positions, pa.int64()), where)[0]
+
     # --- rows, possibly in several layout groups -----------------------------------
 
     def _decode_rows(self, records: pa.Array, qoffs: pa.Array, positions: pa.Array, where: Where) -> Decoded:
