@@ -186,9 +186,11 @@ def make_dispatcher(
     tier and lease so the dispatcher and the cleaner see one manifest cache."""
     from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
 
-    native.log_status()  # the Python path is several times slower: said at start-up
     store = store or object_store(settings, recorder)
     cold = cold or cold_tier(settings, store, writer=True, clock=clock, recorder=recorder)
+    # the Python path is several times slower: said at start-up, once the
+    # configuration (the state directory) is known to be good
+    native.log_status()
     d = settings.dispatch
     options = DispatchOptions(
         archive=ArchiveOptions(upload_bytes=d.upload_bytes, max_delay_ms=int(d.max_delay * 1000),
