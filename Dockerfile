@@ -30,11 +30,11 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/tiered
 WORKDIR /src
 
-# A C compiler for the read path's compiled run check (tiered/format/_runcheck.c,
-# an optional extension: without it the sidecar reads with numpy, slower). In
+# A C compiler and the CRC libraries for the native core (tiered/_native.c, an
+# optional extension: without it the sidecar runs its Python path, slower). In
 # this stage only: the final images get the built module, not the compiler.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && apt-get install -y --no-install-recommends gcc libc6-dev libisal-dev zlib1g-dev \
  && rm -rf /var/lib/apt/lists/*
 
 # Dependencies first, in their own layer: it is rebuilt only when
@@ -72,6 +72,11 @@ ENV PATH=/opt/tiered/bin:${PATH} \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     HOME=/home/tiered
+
+# ISA-L: the native core's CRC-32, linked in the build stage
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libisal2 \
+ && rm -rf /var/lib/apt/lists/*
 
 RUN groupadd --system --gid "${GID}" tiered \
  && useradd --system --uid "${UID}" --gid "${GID}" --home-dir /home/tiered --create-home \

@@ -1,20 +1,52 @@
 """The one thing pyproject.toml cannot say yet without an experimental table:
-the read path's run check in C (tiered/format/_runcheck.c, with the
-CommitLog pass's check-and-copy on POSIX threads) and the key
-index's key scan in C (tiered/format/_keyscan.c), and the CommitLog pass's
-many small ConsumeQueue reads in one call (tiered/store/_preads.c), and a
-file:// object's whole durable write in one call (tiered/archive/_filewrite.c). Optional: an install
-without a C compiler still succeeds and works with numpy instead
-(tiered.format.batch, tiered.format.keyindex, tiered.store.preads and
-tiered.archive.filewrite pick the path at import)."""
+the native core, ``tiered._native``: the read path's run check and the
+CommitLog pass's check-and-copy, a CRC per record, where numpy has nothing
+to offer (tiered/_native.c), the key index's key scan and hash
+(tiered/_native_keys.c), and the CommitLog pass's many small ConsumeQueue
+reads in one call (tiered/_native_reads.c). docs/development.md ("Native code") has the
+figures with and without it. Optional: an install without a C compiler
+still succeeds and runs the Python twin of every function
+(tiered.format.batch, tiered.format.keyindex, tiered.store.preads);
+tiered.native says which at start-up.
+
+Its CRC-32 is linked here: ISA-L's (Debian/Ubuntu ``libisal-dev``) where the
+compiler finds it, else zlib's (``zlib1g-dev``), a few times slower."""
+
+import os
+import tempfile
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CompileError, LinkError
 
-setup(ext_modules=[Extension("tiered.format._runcheck", ["tiered/format/_runcheck.c"], optional=True,
-                             extra_compile_args=["-O2", "-pthread"], extra_link_args=["-pthread"]),
-                   Extension("tiered.format._keyscan", ["tiered/format/_keyscan.c"], optional=True,
-                             extra_compile_args=["-O2"]),
-                   Extension("tiered.store._preads", ["tiered/store/_preads.c"], optional=True,
-                             extra_compile_args=["-O2"]),
-                   Extension("tiered.archive._filewrite", ["tiered/archive/_filewrite.c"], optional=True,
-                             extra_compile_args=["-O2"])])
+
+_ISAL_PROBE = "#include <isa-l/crc.h>\nint main(void) { return (int)crc32_gzip_refl(0, 0, 0); }\n"
+
+
+class BuildNative(build_ext):
+    """Links the native core's CRC to ISA-L when the compiler can."""
+
+    def _has_isal(self) -> bool:
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "isal.c")
+            with open(src, "w") as fh:
+                fh.write(_ISAL_PROBE)
+            try:
+                objs = self.compiler.compile([src], output_dir=tmp)
+                self.compiler.link_executable(objs, os.path.join(tmp, "isal"), libraries=["isal"])
+            except (CompileError, LinkError):
+                return False
+        return True
+
+    def build_extensions(self) -> None:
+        if self._has_isal():
+            for ext in self.extensions:
+                ext.libraries.append("isal")
+                ext.define_macros.append(("TIERED_CRC_ISAL", "1"))
+        super().build_extensions()
+
+
+setup(cmdclass={"build_ext": BuildNative},
+      ext_modules=[Extension("tiered._native", ["tiered/_native.c", "tiered/_native_keys.c", "tiered/_native_reads.c"],
+                             depends=["tiered/_native.h"], optional=True, libraries=["z"],
+                             extra_compile_args=["-O2", "-pthread"], extra_link_args=["-pthread"])])

@@ -393,6 +393,32 @@ def phase_steady(args: argparse.Namespace) -> dict:
             "carried_chunks": sum(1 for m in heads if m is not None for k in m.chunk_keys if "/segment/" in k)}
 
 
+# bench/native.py: modules (comma-separated) a phase's process must not
+# import, as on an install that did not build them
+HIDE_ENV = "TIERED_BENCH_HIDE"
+
+
+class _Hidden:
+    """A meta path finder refusing ``names``: their importers take the path
+    they take without a C compiler."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name in self.names:
+            raise ImportError(f"{name} hidden by {HIDE_ENV}", name=name)
+
+
+def hide_modules(spec: str) -> None:
+    names = {n for n in spec.split(",") if n}
+    if not names:
+        return
+    if loaded := names & set(sys.modules):
+        raise SystemExit(f"{sorted(loaded)} imported before {HIDE_ENV} could hide them")
+    sys.meta_path.insert(0, _Hidden(names))
+
+
 PHASES = {"generate": phase_generate, "dispatch": phase_dispatch, "raw_boto3": phase_raw_boto3, "idle": phase_idle,
           "steady": phase_steady}
 
@@ -689,6 +715,7 @@ def main() -> None:
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
     if args.phase:
+        hide_modules(os.environ.get(HIDE_ENV, ""))
         print(json.dumps(PHASES[args.phase](args)))
         return
 

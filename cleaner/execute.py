@@ -31,8 +31,8 @@ from cleaner.merge import MergedSegment, build_merged
 from cleaner.plan import CleanPlan, QueuePlan
 from cleaner.report import CleanReport, QueueOutcome
 from tiered.clock import Clock
-from tiered.archive.coldtier import ColdTier, ConflictError
-from tiered.errors import FencedError, TieredError
+from tiered.archive.coldtier import ColdTier
+from tiered.errors import ConflictError, FencedError, TieredError
 from tiered.archive.manifest import Manifest, PendingDelete, queue_prefix
 from tiered.recorder import Recorder
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from cleaner.plan import MergeRun
 from tiered.archive import layout, segmeta
 from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record, entry_problem
+from tiered.format.innerbatch import batch_size, inner_records, is_inner_batch
 from tiered.errors import CorruptRecordError, NotWrittenYetError
 from tiered.format.keyindex import build_bloom, build_index
 from tiered.archive.manifest import Segment, segment_keys
@@ -94,6 +95,7 @@ def build_merged(
     keys: list[tuple[int, list[str]]] = []
     min_store = max_store = min_born = max_born = 0
     expect = first.cl_start
+    next_msg = first.msg_start  # a BatchCQ run: the queue offset the next record starts at (docs/batchcq.md)
     for i in range(last.q_end - first.q_start):
         q = first.q_start + i
         off, size, _tags = CQ_ENTRY.unpack_from(cq, i * CQ_ENTRY_SIZE)
@@ -106,9 +108,12 @@ def build_merged(
         except (CorruptRecordError, NotWrittenYetError) as exc:
             key, at = where(off)
             raise CorruptRecordError(key, at, f"record {q}: {getattr(exc, 'reason', exc)}") from None
-        if rec.size != size or entry_problem(rec, topic=topic_raw, queue_id=queue_id, queue_offset=q):
+        if rec.size != size or entry_problem(rec, topic=topic_raw, queue_id=queue_id,
+                                             queue_offset=q if next_msg is None else next_msg):
             key, at = where(off)
             raise CorruptRecordError(key, at, f"record does not match its ConsumeQueue entry {q}")
+        if next_msg is not None:
+            next_msg += batch_size(rec)
         expect += size
         st, bt = rec.store_timestamp, rec.born_timestamp
         if i == 0:
@@ -122,8 +127,14 @@ def build_merged(
             uniq = rec.unique_key
             if uniq:
                 ks.append(uniq)
+            if next_msg is not None and is_inner_batch(rec.sys_flag):  # a batch's messages' keys too
+                for msg in inner_records(rec):
+                    ks += msg.keys + ([msg.unique_key] if msg.unique_key else [])
             if ks:
                 keys.append((q, ks))
+    if next_msg != last.msg_end:
+        key, at = where(expect)
+        raise CorruptRecordError(key, at, f"records end at queue offset {next_msg}, the run at {last.msg_end}")
     if expect != last.cl_end:
         key, at = where(expect)
         raise CorruptRecordError(key, at, f"records end at {expect}, the run at {last.cl_end}")
@@ -156,6 +167,7 @@ def _pack(run: MergeRun, prefix: str, cl: bytearray, cq: bytearray, keys: list[t
         min_store_ms=min_store, max_store_ms=max_store, min_born_ms=min_born, max_born_ms=max_born,
         commitlog_key=keys3[0], consumequeue_key=keys3[1], index_key=keys3[2] if index is not None else None,
         commitlog_crc=crc32(cl), consumequeue_crc=crc32(cq), created_ms=now_ms, bloom=bloom,
+        msg_start=first.msg_start, msg_end=last.msg_end,
     )
     desc = describe(seg)
     if seg.layout == 2:

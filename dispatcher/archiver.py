@@ -24,7 +24,8 @@ from tiered.clock import Clock
 from tiered.archive.coldtier import ColdTier, ConflictError
 from tiered.format.codec import crc32
 from tiered.format.lmq import is_lmq
-from tiered.errors import CorruptRecordError, ExpiredLocallyError, FencedError, StoreBehindError, TieredError
+from tiered.errors import (CorruptRecordError, ExpiredLocallyError, FencedError, StoreBehindError, TieredError,
+                           stuck_reason)
 from tiered.store.localstore import LocalStore
 from tiered.archive import segmeta
 from tiered.archive.manifest import Gap, Manifest, Segment, queue_prefix
@@ -61,7 +62,9 @@ class QueueResult:
     gaps: int = 0
     lag_messages: int = 0
     error: str | None = None
-    error_type: str | None = None  # the exception's class name, so the round can tell data from transport
+    # with ``error``: the tiered_queue_stuck reason the error carries (None: the
+    # store failed or a race was lost, so the queue is retried, not stuck)
+    stuck_reason: str | None = None
     committed: bool = False
     skipped_busy: bool = False
     more: bool = False
@@ -183,7 +186,7 @@ class QueueArchiver:
             self._run(topic, queue_id, deadline, max_steps, result)
         except CorruptRecordError as exc:
             result.error = str(exc)
-            result.error_type = type(exc).__name__
+            result.stuck_reason = stuck_reason(exc)
             result.more = False
             at = self._at(topic, queue_id)
             key = (topic, queue_id, at if at is not None else -1)
@@ -198,7 +201,7 @@ class QueueArchiver:
             raise  # stops the whole round: nobody else may write either
         except Exception as exc:  # noqa: BLE001 - the queue's edge: log, count, retry next round
             result.error = f"{type(exc).__name__}: {exc}"
-            result.error_type = type(exc).__name__
+            result.stuck_reason = stuck_reason(exc)
             result.more = False
             self.recorder.queue_error("dispatch", topic, queue_id)
             log.error("archiving %s/%s failed; will retry from offset %s, the first not committed: %s",
@@ -356,7 +359,8 @@ class QueueArchiver:
         return BuildJob(prefix=queue_prefix(self.cold.cluster, self.cold.broker, topic, queue_id), topic=topic,
                         queue_id=queue_id, start=start, cl_start=manifest.cl_next if manifest else 0,
                         segment_bytes=self.options.segment_bytes, key_index=self.options.key_index,
-                        layout=self.options.layout, compression=self.options.compression)
+                        layout=self.options.layout, compression=self.options.compression,
+                        batch=self.local.is_batch(topic))
 
     # --- building ahead, in one CommitLog pass --------------------------------------
 
@@ -366,6 +370,8 @@ class QueueArchiver:
         something else (idle, a gap, not due yet, unreadable: ``run`` deals
         with it). The same decisions as ``_run``, made without a request."""
         try:
+            if self.local.is_batch(topic):
+                return None  # the pass checks one record per queue offset: read on its own (docs/batchcq.md)
             manifest = self.cold.cached(topic, queue_id)
             max_offset = self._local(self.local.max_offset, topic, queue_id)
             if manifest is not None and max_offset <= manifest.next_offset:

@@ -154,10 +154,11 @@ class BuildJob:
     key_index: bool
     layout: int = 2
     compression: str = "none"
+    batch: bool = False  # a BatchCQ queue (``SegmentBuilder``'s ``batch``)
 
     def builder(self) -> SegmentBuilder:
         return SegmentBuilder(self.prefix, self.start, self.cl_start, key_index=self.key_index, layout=self.layout,
-                              compression=self.compression)
+                              compression=self.compression, batch=self.batch)
 
 
 @dataclass(slots=True)

@@ -94,25 +94,6 @@ class RoundResult:
         return not self.errors and self.fenced is None
 
 
-#: Exception class name -> ``tiered_queue_stuck`` reason. A queue failing for
-#: any other reason than these and a storage error is stuck with "error".
-STUCK_REASONS = {
-    "CorruptRecordError": "corrupt_local_data",
-    "StoreBehindError": "store_behind",
-    "FormatVersionError": "manifest",
-    "UnaccountedObjectsError": "unaccounted_objects",
-}
-#: Failures of the object store itself: the store is down, not the queue.
-TRANSPORT_ERRORS = frozenset({"StorageError", "ObjectNotFoundError", "PreconditionFailedError", "ConflictError"})
-
-
-def stuck_reason(error_type: str | None) -> str | None:
-    """The stuck reason of a failed queue, None for a transport failure."""
-    if error_type in TRANSPORT_ERRORS:
-        return None
-    return STUCK_REASONS.get(error_type or "", "error")
-
-
 class Dispatcher:
     def __init__(
         self,
@@ -430,7 +411,7 @@ class Dispatcher:
                 self._set_stuck(key, None)
             return
         result.errors[f"{r.topic}/{r.queue_id}"] = r.error
-        reason = stuck_reason(r.error_type)
+        reason = r.stuck_reason
         self._failing[key] = reason is None or reason == "error"
         self._set_stuck(key, reason)
         failures = self._failures.get(key, (0, 0.0))[0] + 1
@@ -514,6 +495,10 @@ class Dispatcher:
             return None
         # pending() counts at most 1M entries; the message count is exact anyway
         count = max(count, rng.max_offset - start)
+        if local.is_batch(topic):  # a BatchCQ queue's lag counts messages, not entries (docs/batchcq.md)
+            unit = local.batch_entry(topic, qid, start)
+            if unit is not None:
+                count = local.batch_offset_range(topic, qid).max_offset - unit.base_offset
         seen = self._pending_since.get((topic, qid))
         if seen is None or seen[0] != start:
             seen = (start, now_ms)

@@ -25,11 +25,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tiered import native
 from tiered.format.batch import CQ_DTYPE, RecordBatch, copy_spans, grow
-from tiered.format.codec import crc32
+from tiered.format.codec import crc32, decode_record
+from tiered.format.innerbatch import batch_size, is_inner_batch, unwrap
 from tiered.errors import CorruptRecordError
 from tiered.archive.layout import COMPRESSIONS, LAYOUT_V2, section_keys, segment_object_key
 from tiered.format.keyindex import EMPTY_BLOOM, BadProperties, bloom_of_hashes, index_of_hashes, record_key_hashes
+from tiered.format.keyindex import key_hashes as key_hashes_of
 from tiered.archive.manifest import Segment, segment_keys
 
 # the v2 object's tail reserved behind the records (SegmentBuilder.reserve): an
@@ -40,17 +43,9 @@ _KEY_ROOM = 2 * 12
 _DESCRIPTOR_ROOM = 4096
 
 
-def _compiled_realign() -> Callable[[bytearray, int, int, int], bytearray] | None:
-    """tiered/format/_runcheck.c's ``realign``; None without a C compiler at
-    install (buffers are then grown, and zeroed, by ``grow``'s fallback)."""
-    try:
-        from tiered.format._runcheck import realign
-    except ImportError:
-        return None
-    return realign
-
-
-_realign = _compiled_realign()
+# tiered/_native.c's ``realign``; None without a C compiler at install
+# (buffers are then grown, and zeroed, by ``grow``'s fallback)
+_realign: Callable[[bytearray, int, int, int], bytearray] | None = getattr(native.core, "realign", None)
 
 # Segment buffers start at a multiple of this (a page) when the compiled
 # ``realign`` is there: tiered.archive.storage.FileStore writes such a buffer
@@ -176,7 +171,7 @@ class SegmentBuilder:
     """
 
     def __init__(self, prefix: str, q_start: int, cl_start: int, *, key_index: bool = True,
-                 layout: int = LAYOUT_V2, compression: str = "none") -> None:
+                 layout: int = LAYOUT_V2, compression: str = "none", batch: bool = False) -> None:
         if compression not in COMPRESSIONS or (compression != "none" and layout != 2):
             raise ValueError(f"compression {compression!r} needs layout v2 and one of {COMPRESSIONS}")
         self.prefix = prefix
@@ -185,6 +180,9 @@ class SegmentBuilder:
         self.key_index = key_index
         self.layout = layout
         self.compression = compression
+        # a BatchCQ queue's records: the segment records the messages' queue
+        # offsets and indexes the inner messages' keys (docs/batchcq.md)
+        self.batch = batch
         self._cl = bytearray()  # the records' bytes in [:_n]; the rest is room reserved
         self._n = 0
         # CRC-32 of _cl[:_crc_end]: kept by a caller that computed it as it copied
@@ -376,6 +374,10 @@ class SegmentBuilder:
         entries["size"] = sizes
         entries["tags"] = np.concatenate(self._tags)
         cq = entries.tobytes()
+        msg_range: tuple[int | None, int | None] = (None, None)
+        if self.batch:
+            msg_range = batch_messages(cl, entries["phys"] - self.cl_start, sizes, self._key_offsets,
+                                       self._key_hashes)
         index = bloom = None
         if self.key_index:
             bloom = EMPTY_BLOOM
@@ -401,6 +403,33 @@ class SegmentBuilder:
             min_born_ms=int(born.min()), max_born_ms=int(born.max()),
             commitlog_key=cl_key, consumequeue_key=cq_key, index_key=ix_key if index else None,
             commitlog_crc=cl_crc, consumequeue_crc=crc32(cq), created_ms=now_ms, bloom=bloom,
+            msg_start=msg_range[0], msg_end=msg_range[1],
         )
         return BuiltSegment(segment=seg, commitlog=cl, consumequeue=cq, index=index,
                             compression=self.compression)
+
+
+def batch_messages(cl: bytearray, positions: np.ndarray, sizes: np.ndarray, key_offsets: list[np.ndarray],
+                   key_hashes: list[np.ndarray]) -> tuple[int, int]:
+    """A BatchCQ segment's message range (the first record's queue offset to
+    the last one's + its batch size), and its inner messages' keys added to
+    the key index (record index, hash), so a key finds its batch's record.
+    The records were checked against their entries as they were read."""
+    with memoryview(cl) as view:
+        records = [decode_record(view, p, "<segment>", verify_crc=False) for p in positions.tolist()]
+        owners: list[int] = []
+        keys: list[str] = []
+        for i, rec in enumerate(records):
+            if not is_inner_batch(rec.sys_flag):
+                continue  # a single message's keys are the record's own, indexed already
+            for msg in unwrap(rec):
+                found = [k for k in msg.properties.get("KEYS", "").split(" ") if k]
+                if msg.msg_id:
+                    found.append(msg.msg_id)
+                owners.extend([i] * len(found))
+                keys.extend(found)
+        if keys:
+            key_offsets.append(np.asarray(owners, np.int64))
+            key_hashes.append(key_hashes_of(keys))
+        first, last = records[0], records[-1]
+        return first.queue_offset, last.queue_offset + batch_size(last)

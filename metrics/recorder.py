@@ -42,7 +42,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from metrics.consumers import ConsumerPositionCollector
-from tiered import __version__
+from tiered import __version__, native
 from tiered.store.survey import KINDS as LAYOUT_KINDS
 
 log = logging.getLogger(__name__)
@@ -425,6 +425,8 @@ class PrometheusRecorder:
             registry=r,
         )
         Info("tiered_build", "Build information.", registry=r).info({"version": __version__})
+        Gauge("tiered_native_core_loaded", "1 when the native core (tiered/_native.c) is loaded; 0: the slower "
+              "Python path runs.", registry=r).set(int(native.loaded()))
         # process_start_time_seconds & co.: alerts tell a fresh process from an old one
         ProcessCollector(registry=r)
         self._lease_changes = Counter(

@@ -1,17 +1,38 @@
 """Every error tiered raises, under one root.
 
-``retriable`` is a class attribute read by the retry wrapper: an error that
-may succeed when tried again (a throttled or failed request) says so; an
-error in the data never does.
+Decisions read attributes, never class names:
+
+- ``retriable`` (read by the retry wrapper): an error that may succeed when
+  tried again (a throttled or failed request) says so; an error in the data
+  never does.
+- ``transport``: the object store's request failed (the store is down or
+  misbehaving), not the queue; a queue failing so is not stuck.
+- ``stuck_reason``: the ``tiered_queue_stuck`` reason of a queue stopped by
+  this error; None when the queue is not stopped by its own data or archive
+  (a lost race, a store failure), which the round retries with back-off.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 
 class TieredError(Exception):
     """Root of every error this package raises on purpose."""
 
     retriable: bool = False
+    transport: bool = False
+    stuck_reason: str | None = "error"
+
+
+def stuck_reason(exc: BaseException) -> str | None:
+    """The ``tiered_queue_stuck`` reason of a queue that failed with ``exc``:
+    None for a transport failure or a lost race, "error" for anything that
+    is not ours (a bug)."""
+    if not isinstance(exc, TieredError):
+        return "error"
+    return None if exc.transport else exc.stuck_reason
 
 
 class CorruptRecordError(TieredError):
@@ -20,6 +41,8 @@ class CorruptRecordError(TieredError):
     ``source`` names the file or object, ``offset`` the byte offset in it at
     which the bad data starts.
     """
+
+    stuck_reason = "corrupt_local_data"
 
     def __init__(self, source: str, offset: int, reason: str) -> None:
         self.source = source
@@ -59,6 +82,8 @@ class StoreBehindError(TieredError):
     """The local store ends before what the archive already holds (a broker
     disk replaced, offsets reset): never skipped, never archived backwards."""
 
+    stuck_reason = "store_behind"
+
     def __init__(self, topic: str, queue_id: int, local_end: int, archived_end: int) -> None:
         self.topic, self.queue_id = topic, queue_id
         self.local_end, self.archived_end = local_end, archived_end
@@ -75,11 +100,15 @@ class ConfigError(TieredError):
 class FormatVersionError(TieredError):
     """A manifest or catalog written by a newer, incompatible format version."""
 
+    stuck_reason = "manifest"
+
 
 class StorageError(TieredError):
     """An object-store request failed. ``retriable`` is set per instance;
     ``outcome`` is the metric label: error, throttled, timeout, not_found,
     precondition_failed."""
+
+    transport = True
 
     def __init__(self, op: str, key: str, reason: str, *, retriable: bool, outcome: str = "error") -> None:
         self.op = op
@@ -165,3 +194,102 @@ class UnsupportedStoreError(ConfigError):
         self.store_type = store_type
         self.directory = directory
         super().__init__(message)
+
+
+class ConflictError(TieredError):
+    """The manifest changed under us in a way the change cannot be re-applied
+    to: a lost race, tried again next round, not a stuck queue."""
+
+    retriable = True
+    stuck_reason = None
+
+
+class ManifestChunkError(CorruptRecordError):
+    """A chunk a committed head references is missing or damaged. The queue
+    stops (its segments cannot be listed); ``tiered repair`` rebuilds the
+    manifest from the segment objects."""
+
+    stuck_reason = "manifest"
+
+
+class UnaccountedObjectsError(TieredError):
+    """A queue's bucket objects cannot be turned into a manifest safely."""
+
+    stuck_reason = "unaccounted_objects"
+
+    def __init__(self, where: str, problems: tuple[str, ...]) -> None:
+        self.where = where
+        self.problems = problems
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        super().__init__(f"{where}: the bucket holds objects no manifest accounts for; nothing is written "
+                         f"for this queue until `tiered repair` or an operator resolves them: "
+                         f"{'; '.join(problems[:3])}{more}")
+
+
+class SpoiledAnswerError(TieredError):
+    """Raised inside botocore by the S3 store's answer check, where the
+    request's key is unknown; the store translates it to a
+    ``BadResponseError``."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BodyDecompressError(TieredError, ValueError):
+    """A body flagged compressed that does not decompress."""
+
+    codec: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"body does not decompress as {self.codec}: {self.reason}"
+
+
+class BadProperties(TieredError, ValueError):
+    """Properties of record ``record`` are not UTF-8, from byte ``at`` of them."""
+
+    def __init__(self, record: int, at: int) -> None:
+        super().__init__(f"properties of record {record} are not valid UTF-8 at byte {at}")
+        self.record = record
+        self.at = at
+
+
+class BadRecordsError(TieredError):
+    """Records of a columnar batch fail a check: ``mask`` (a boolean array)
+    marks them, ``reasons`` pairs masks with what is wrong. Caught by the
+    batch decoder, which skips or reports those rows."""
+
+    def __init__(self, mask: Any, reasons: list[tuple[Any, str]]) -> None:
+        self.mask = mask
+        self.reasons = reasons
+        super().__init__(reasons[0][1] if reasons else "bad records")
+
+
+class OptionError(TieredError, ValueError):
+    """A data source option that cannot be used (names the option, never its value
+    when it is a secret)."""
+
+
+class NoArchiveError(TieredError, ValueError):
+    """The URL has no archive under it (no cluster/broker prefixes)."""
+
+
+class ExportError(TieredError):
+    """The export cannot go on (state changed by another export, a task failed)."""
+
+    retriable = True
+
+
+class TargetNotEmptyError(TieredError):
+    """The restore target exists and holds something: nothing was written."""
+
+    def __init__(self, path: str, entries: list[str]) -> None:
+        shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
+        super().__init__(f"{path}: not empty ({shown}); restore writes only into an empty or new directory")
+        self.path = path
+
+
+class RestoreCheckError(TieredError):
+    """The restored store differs from the archive (named queue and offset)."""

@@ -9,6 +9,7 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from tiered.cli import app
@@ -29,8 +30,27 @@ def jlines(text: str) -> list[dict]:
 def test_version() -> None:
     from importlib.metadata import version
 
+    from tiered import native
+
     result = run("--version")
-    assert result.exit_code == 0 and result.stdout == f"tiered {version('rocketmq-tiered')}\n"
+    where = native.reason
+    assert result.exit_code == 0
+    if native.core is not None:
+        assert result.stdout == f"tiered {version('rocketmq-tiered')}\nnative core: {where}\n"
+        assert where.startswith("loaded from ") and "_native" in where
+    else:
+        assert result.stdout == f"tiered {version('rocketmq-tiered')}\nnative core: {where}; running the Python path\n"
+
+
+def test_version_without_native_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiered import native
+
+    monkeypatch.setattr(native, "core", None)
+    monkeypatch.setattr(native, "reason", "not built (No module named 'tiered._native')")
+    result = run("--version")
+    assert result.exit_code == 0
+    assert result.stdout.splitlines()[1] == ("native core: not built (No module named 'tiered._native'); "
+                                             "running the Python path")
 
 
 def test_shell_completion_script() -> None:

@@ -16,7 +16,7 @@ from faultproxy import FaultProxy, FaultSchedule
 from dispatchkit import CLUSTER, BROKER, assert_exact, new_dispatcher, new_writer, produce
 from metrics import PrometheusRecorder
 from tiered.archive.coldtier import ColdTier
-from tiered.errors import PreconditionFailedError
+from tiered.errors import BadResponseError, PreconditionFailedError
 from tiered.store.localstore import LocalStore
 from tiered.archive.storage import FileStore, RetryPolicy, S3Options, open_store
 from tiered.ops.verify import verify
@@ -148,3 +148,40 @@ def test_faults_at_the_storage_interface_on_file(tmp_path, clock, recorder):
     counts = assert_exact(FileStore(str(tmp_path / "cold")), local, QUEUES)
     assert all(n == 60 for n in counts.values())
     assert recorder.retries["put"] > 0
+
+
+@pytest.mark.parametrize("fault", ["bad_response", "corrupt_local"])
+def test_a_store_failure_is_not_a_stuck_queue_a_data_stop_is(fault, tmp_path, clock, recorder):
+    """The stuck metric follows what the error carries: a store answering
+    garbage fails the queue (retried next round) without calling it stuck,
+    corrupt local data stops it as corrupt_local_data."""
+    healthy = [False]
+
+    class SpoilingFileStore(FileStore):
+        def _raw_put(self, key, data, crc=None):  # noqa: ANN001, ANN202
+            if fault == "bad_response" and not healthy[0]:
+                raise BadResponseError("put", key, "no ETag")
+            return super()._raw_put(key, data, crc)
+
+    store = SpoilingFileStore(str(tmp_path / "cold"), retry=FAST_RETRY, recorder=recorder)
+    store._sleep = lambda s: None
+    with new_writer(tmp_path / "store") as w:
+        produce(w, "TopicA", 0, 10, clock=clock, body_size=300)
+    local = LocalStore(tmp_path / "store")
+    if fault == "corrupt_local":
+        item = next(iter(local.iter_queue("TopicA", 0, 4, max_count=1, verify_crc=False)))
+        path = tmp_path / "store" / "commitlog" / f"{0:020d}"
+        with open(path, "r+b") as fh:
+            fh.seek(item.record.physical_offset + 100)  # inside the body: the CRC fails
+            fh.write(bytes([fh.read(1)[0] ^ 0x5A]))
+    d = new_dispatcher(store, local, tmp_path / "state", clock, recorder=recorder, upload_bytes=1, max_delay_ms=0)
+    result = d.run_round()
+    assert list(result.errors) == ["TopicA/0"]
+    if fault == "bad_response":
+        assert "bad response: no ETag" in result.errors["TopicA/0"] and recorder.stuck == {}
+        healthy[0] = True
+        clock.advance(60)
+        assert d.run_round().ok and recorder.stuck == {}
+        assert_exact(FileStore(str(tmp_path / "cold")), local, [("TopicA", 0)])
+    else:
+        assert recorder.stuck == {("TopicA", 0): "corrupt_local_data"}

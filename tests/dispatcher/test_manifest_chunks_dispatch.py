@@ -222,6 +222,7 @@ def test_a_lost_chunk_stops_its_queue_only_and_repair_rebuilds_it(cold_url, open
     assert set(result.errors) == {f"{TOPIC}/0"} and lost in result.errors[f"{TOPIC}/0"]
     # counted and logged as bad input naming the object (the manifest-error path of the dispatcher)
     assert rec.corrupt[(TOPIC, 0)] == 1 and d2.cold.cached(TOPIC, 1).next_offset == 43
+    assert rec.stuck == {(TOPIC, 0): "manifest"}  # `tiered repair`'s case, as the alert tells
     with pytest.raises(ManifestChunkError) as err:
         ColdTier(store, CLUSTER, BROKER).fetch(TOPIC, 0)
     assert err.value.source == lost

@@ -1,5 +1,5 @@
 """Segment buffers start at a page (dispatcher/segment.py ``fit``, the
-compiled ``realign`` of tiered/format/_runcheck.c), so a file:// store can
+compiled ``realign`` of tiered/_native.c), so a file:// store can
 write them around the page cache (O_DIRECT): from the pool, through the
 pass's reserve/buffer/extend and the v2 tail appended in place. Alignment
 never changes a byte: the same segments come out of unaligned buffers, and
@@ -17,14 +17,18 @@ from hypothesis import strategies as st
 
 from dispatcher import segment
 from dispatcher.segment import ALIGN, SEGMENT_BUFFERS, BufferPool, SegmentBuilder, fit
-from tiered.archive import filewrite, segmeta
+from tiered.archive import segmeta
 from tiered.archive.filewrite import DIRECT_MIN
 from tiered.archive.storage import open_store
 from tiered.format.batch import RecordBatch
 
 from dispatchkit import direct_opens, extend_like_the_pass, props_batch
+from nativekit import need_native
 
-pytestmark = pytest.mark.skipif(segment._realign is None, reason="the install built no _runcheck.c")
+@pytest.fixture(autouse=True, scope="module")
+def _aligned_buffers() -> None:
+    need_native()  # realign: buffers start at a page only where the native core is built
+    assert segment._realign is not None
 
 PROPS = [b"KEYS\x01k%d a%d\x02UNIQ_KEY\x01u%d" % (i, i % 3, i) for i in range(40)]
 
@@ -180,9 +184,6 @@ def test_a_buffer_in_a_direct_write_cannot_be_given_back(tmp_path, monkeypatch) 
         return real(fd, data)
 
     monkeypatch.setattr(os, "write", write)
-    # seen from Python's os.write; the compiled write holds the same references
-    # (the store's frames and its call's arguments) while the kernel reads the pages
-    monkeypatch.setattr(filewrite, "_native", None)
     store = open_store(f"file://{tmp_path}")
     store.put("T/0/obj", buf)
     assert in_flight == [False] and pool._idle == []

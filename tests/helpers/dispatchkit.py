@@ -44,6 +44,7 @@ class CountingRecorder(NullRecorder):
         self.queue_errors: Counter[tuple[str, int]] = Counter()
         self.archived_messages: Counter[tuple[str, int]] = Counter()
         self.rounds: list[bool] = []
+        self.stuck: dict[tuple[str, int], str | None] = {}
 
     def store_request(self, op: str, outcome: str, seconds: float) -> None:
         with self._lock:
@@ -68,6 +69,10 @@ class CountingRecorder(NullRecorder):
     def queue_error(self, job: str, topic: str, queue_id: int) -> None:
         with self._lock:
             self.queue_errors[(topic, queue_id)] += 1
+
+    def queue_stuck(self, topic: str, queue_id: int, reason: str | None) -> None:
+        with self._lock:
+            self.stuck[(topic, queue_id)] = reason
 
     def archived(self, topic: str, queue_id: int, messages: int, nbytes: int) -> None:
         with self._lock:
@@ -211,12 +216,7 @@ def archive_all(d: Dispatcher, local: LocalStore, queues: list[tuple[str, int]])
 
 def direct_opens(monkeypatch: Any) -> list[str]:
     """The paths ``os.open`` is asked to open with O_DIRECT from now on
-    (the opens themselves go through unchanged). File writes are made from
-    Python for it to see them, not by the compiled write
-    (tests/storage/test_filestore_compiled.py watches that one)."""
-    from tiered.archive import filewrite
-
-    monkeypatch.setattr(filewrite, "_native", None)
+    (the opens themselves go through unchanged)."""
     real_open = os.open
     direct: list[str] = []
 

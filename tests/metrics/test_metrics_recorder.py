@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from metrics import ALL_QUEUES, JOBS, OPS, OUTCOMES, PrometheusRecorder
-from tiered import __version__
+from tiered import __version__, native
 from tiered.recorder import NullRecorder, Recorder
 
 STARTED = 1_700_000_000.0
@@ -145,6 +145,14 @@ def test_job_and_store_series_exist_from_the_start(rec: PrometheusRecorder, regi
             assert value(registry, "tiered_object_store_requests_total", op=op, outcome=outcome) == 0
     assert value(registry, "tiered_orphans_collected_total") == 0
     assert value(registry, "tiered_build_info", version=__version__) == 1
+    assert value(registry, "tiered_native_core_loaded") == (0 if native.core is None else 1)
+
+
+def test_native_core_gauge_says_when_the_python_path_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "core", None)
+    registry = CollectorRegistry()
+    PrometheusRecorder(registry)
+    assert value(registry, "tiered_native_core_loaded") == 0
 
 
 def test_round_finished_updates_last_success_only_on_success(

@@ -3,10 +3,7 @@ big object in a page-aligned buffer has its whole pages written directly,
 its tail through the cache, and reads back byte for byte as any other.
 Everything here writes real files; the refusals of a file system without
 O_DIRECT are played at the os.open / os.write boundary, everything else is
-the real thing on the test's file system. These are the calls made from
-Python, the path of an install without a C compiler; the compiled write
-makes the same calls under the C library, where
-test_filestore_compiled.py watches and fails them."""
+the real thing on the test's file system."""
 
 from __future__ import annotations
 
@@ -24,17 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from tiered.archive import filewrite
 from tiered.archive.filewrite import DIRECT_ALIGN, DIRECT_MIN
 from tiered.archive.storage import FileStore, RetryPolicy, open_store
 from tiered.errors import StorageError
 
 PAGE = DIRECT_ALIGN
-
-
-@pytest.fixture(autouse=True)
-def python_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(filewrite, "_native", None)
 
 
 def _payload(n: int, seed: int = 0) -> bytes:
@@ -232,9 +223,7 @@ def test_a_write_failing_midway_leaves_no_object_and_no_temp_file(tmp_path: Path
 
 _CRASH = """
 import mmap, os, random, sys
-from tiered.archive import filewrite
 from tiered.archive.storage import open_store
-filewrite._native = None  # the calls from Python (test_filestore_compiled.py crashes the compiled one)
 data = random.Random(3).randbytes({size})
 m = mmap.mmap(-1, len(data)); m[:] = data
 real = os.fsync

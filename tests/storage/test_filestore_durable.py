@@ -12,16 +12,12 @@ from pathlib import Path
 import pytest
 
 from dispatchkit import direct_opens
-from tiered.archive import filewrite
 from tiered.archive.storage import open_store
 
 
 @pytest.fixture
 def synced(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[str, ...]]]:
-    """Each fsync as (what was synced, the names its directory held then),
-    made from Python (the compiled write's are watched under the C library
-    by test_filestore_compiled.py)."""
-    monkeypatch.setattr(filewrite, "_native", None)
+    """Each fsync as (what was synced, the names its directory held then)."""
     calls: list[tuple[str, tuple[str, ...]]] = []
     real = os.fsync
 

@@ -41,6 +41,8 @@ from tiered.errors import TieredError
 from tiered.store.localstore import LocalStore
 from tiered.store.storewriter import StoreWriter
 
+from nativekit import need_native
+
 pytestmark = pytest.mark.timeout(120)
 
 FUZZ = settings(max_examples=400, deadline=500, suppress_health_check=[HealthCheck.too_slow])
@@ -316,6 +318,9 @@ def test_batches_and_record_by_record_agree_on_corrupt_files(template: Path, run
     # built) must yield the same records and stop with the same error
     import tiered.store.queuecursor as queuecursor
     from tiered.format import batch
+
+    if run_check == "compiled":
+        need_native()
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "store"

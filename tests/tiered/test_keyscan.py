@@ -1,4 +1,4 @@
-"""The compiled key scan (tiered/format/_keyscan.c) against the numpy one.
+"""The native core's key scan (tiered/_native_keys.c) against the numpy one.
 
 Both answer ``record_key_hashes``: the keys a segment's key index holds
 (each space-separated piece of a record's last KEYS value, and its last
@@ -23,6 +23,8 @@ from tiered.format import keyindex
 from tiered.format.batch import RecordBatch
 from tiered.format.codec import decode_properties
 from tiered.format.keyindex import BadProperties, key_hash, record_key_hashes, record_key_hashes_numpy
+
+from nativekit import need_native
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -76,14 +78,16 @@ def _answer(fn, buf, starts, ends) -> tuple[object, ...]:  # noqa: ANN001
 def test_the_install_built_the_compiled_scan() -> None:
     # the extension is optional at build time: a silent build failure would
     # quietly fall back to the slower path, so the test environment says it
-    assert keyindex._native is not None
-    assert keyindex._native.key_hash(b"order-1") == key_hash("order-1")
-    assert keyindex._native.key_hash(b"") == key_hash("")
+    core = need_native()
+    assert keyindex._native is core
+    assert core.key_hash(b"order-1") == key_hash("order-1")
+    assert core.key_hash(b"") == key_hash("")
 
 
 @settings(max_examples=600, deadline=2000)
 @given(st.lists(st.tuples(_properties(), st.integers(0, 12)), max_size=12))
 def test_compiled_and_numpy_find_the_same_keys(records: list[tuple[bytes, int]]) -> None:
+    need_native()
     buf, starts, ends = _layout([p for p, _ in records], [g for _, g in records])
     native = _answer(record_key_hashes, buf, starts, ends)
     assert native == _answer(record_key_hashes_numpy, buf, starts, ends)
@@ -145,7 +149,7 @@ def test_no_records_and_spans_outside_the_buffer() -> None:
     with pytest.raises(ValueError, match="outside"):
         record_key_hashes(b"KEYS\x01a", np.array([3], np.int64), np.array([2], np.int64))
     with pytest.raises(ValueError, match="one length"):
-        keyindex._native.keys(b"KEYS\x01a", np.array([0], np.int64), np.array([6, 6], np.int64))  # type: ignore[union-attr]
+        need_native().keys(b"KEYS\x01a", np.array([0], np.int64), np.array([6, 6], np.int64))
 
 
 @settings(max_examples=300, deadline=2000)
@@ -190,6 +194,7 @@ def _segment(props: list[bytes]) -> tuple[int, bytes, bytes | None, str | None]:
 
 
 def test_a_segment_is_byte_identical_with_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    need_native()
     props = [b"KEYS\x01a b  a\x02UNIQ_KEY\x01u0", b"", b"UNIQ_KEY\x01" + b"u" * 70 + b"\x02KEYS\x01 x ",
              b"TAGS\x01t\x02KEYS\x01" + "é€😀".encode(), b"KEYS\x01bad\xe0\x80\xaf", b"KEYS\x01after"]
     compiled = _segment(props)

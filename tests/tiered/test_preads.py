@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from tiered.store import preads
 
+from nativekit import need_native
+
 PATHS = ["compiled", "python"]
 
 
@@ -21,8 +23,8 @@ PATHS = ["compiled", "python"]
 def compiled(request, monkeypatch) -> bool:  # noqa: ANN001
     if request.param == "python":
         monkeypatch.setattr(preads, "_native", None)
-    elif preads._native is None:
-        pytest.skip("the compiled reads were not built")
+    else:
+        need_native()
     return request.param == "compiled"
 
 
@@ -125,9 +127,9 @@ def test_compiled_and_file_by_file_read_the_same(tmp_path_factory, files, sizes,
         los.append(lo)
         ns.append(n)
     want = _reference(paths, los, ns, sizes)
-    native = preads._native
+    native = need_native()
     try:
-        for path_ in ([native] if native is not None else []) + [None]:
+        for path_ in (native, None):
             preads._native = path_
             assert _spans(paths, los, ns, sizes, keep) == want
     finally:
@@ -135,8 +137,7 @@ def test_compiled_and_file_by_file_read_the_same(tmp_path_factory, files, sizes,
 
 
 def test_the_compiled_call_checks_its_arrays(tmp_path):
-    if preads._native is None:
-        pytest.skip("the compiled reads were not built")
+    need_native()
     a = tmp_path / "a"
     a.write_bytes(b"x" * 10)
     one, out = np.zeros(1, np.int64), np.zeros(4, np.uint8)

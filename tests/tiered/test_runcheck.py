@@ -1,4 +1,4 @@
-"""The compiled run check (tiered/format/_runcheck.c) against the numpy one.
+"""The native core's run check (tiered/_native.c) against the numpy one.
 
 Both answer ``check_run``: how many leading records of a run are plainly
 valid, and their positions, sizes, tags codes, timestamps and properties
@@ -29,6 +29,8 @@ from tiered.format.batch import CQ_DTYPE, RecordBatch, check_run_numpy
 from tiered.format.codec import Host
 from tiered.store.storewriter import StoreWriter
 
+from nativekit import need_native
+
 FILE = 1 << 20
 V6 = Host("2001:db8::7", 50000)
 TOPICS = ("T", "t" * 200)  # 200 bytes: magic v2 and a 2-byte topic length
@@ -39,10 +41,11 @@ pytestmark = pytest.mark.timeout(120)
 def test_the_install_built_the_compiled_check() -> None:
     # the extension is optional at build time: a silent build failure would
     # quietly fall back to the slower path, so the test environment says it
-    assert batch._native is not None
-    assert batch._native.crc32(b"123456789") == 0xCBF43926
+    core = need_native()
+    assert batch._native is core
+    assert core.crc32(b"123456789") == 0xCBF43926
     data = bytes(range(256)) * 41
-    assert batch._native.crc32(memoryview(data)[3:-5]) == zlib.crc32(data[3:-5])
+    assert core.crc32(memoryview(data)[3:-5]) == zlib.crc32(data[3:-5])
 
 
 def _runs(tmp: Path) -> dict[tuple[str, int], tuple[bytes, np.ndarray]]:
@@ -121,7 +124,7 @@ def _copied(view: memoryview, entries: np.ndarray, runs: list[tuple[int, bytes, 
     kind, threads, piece, *stretch = how
     mapped = _mapped(bytes(view)) if stretch else None
     view = memoryview(mapped) if mapped is not None else view
-    native = batch._native
+    native = need_native() if kind == "compiled" else batch._native
     batch._native = native if kind == "compiled" else None
     try:
         out, _cpu = batch.check_copy_runs(view, 0, entries, table, blob, dsts, source="cl", verify_crc=verify_crc,
@@ -349,6 +352,8 @@ def test_stretches_are_refused_over_anything_but_a_read_only_mapped_file(runs: d
 def test_many_runs_refuse_tables_and_destinations_that_do_not_fit(runs: dict, monkeypatch, compiled: bool) -> None:
     if not compiled:
         monkeypatch.setattr(batch, "_native", None)
+    else:
+        need_native()
     data, entries = runs[("T", 0)]
     tails, blob = batch.run_tails([b"T"])
     view = memoryview(data)
@@ -427,7 +432,7 @@ def test_a_table_of_runs_at_any_rows_answers_as_check_run(runs: dict, how: tuple
     dsts = [bytearray(b"abc" + bytes(1 << 16)) for _ in spec]
     out = np.full((6, len(every)), -7, np.int64)
     kind, threads, piece = how
-    saved = batch._native
+    saved = need_native() if kind == "compiled" else batch._native
     batch._native = saved if kind == "compiled" else None
     try:
         got, _cpu = batch.check_copy_runs(view, 0, every, table, blob, dsts, source="cl", out=out, threads=threads,
@@ -457,8 +462,9 @@ def test_a_table_of_runs_at_any_rows_answers_as_check_run(runs: dict, how: tuple
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=3000), st.integers(0, 3000), st.integers(0, 0xFFFFFFFF))
 def test_crc32_combine_is_the_crc_of_the_two_parts_one_after_the_other(data: bytes, cut: int, start: int) -> None:
-    """The compiled call joins its pieces' CRCs with zlib-ng's crc32_combine,
-    reached through the pointer tiered.format.batch installs."""
+    """The compiled call joins its pieces' CRCs with zlib's crc32_combine,
+    linked at build time."""
     a, b = data[:cut], data[cut:]
-    assert batch._native.crc32_combine(crc32(a, start), crc32(b), len(b)) == crc32(data, start)
-    assert batch._native.crc32_combine(crc32(a), crc32(b), len(b)) == zlib.crc32(data)
+    core = need_native()
+    assert core.crc32_combine(crc32(a, start), crc32(b), len(b)) == crc32(data, start)
+    assert core.crc32_combine(crc32(a), crc32(b), len(b)) == zlib.crc32(data)

@@ -1,5 +1,5 @@
 """copy_spans and join_spans (tiered/format/batch.py): compiled where the
-install built _runcheck.c, else in Python; both give the same bytes, and
+install built tiered/_native.c, else in Python; both give the same bytes, and
 spans outside the source or a destination without room are refused."""
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from tiered.format import batch
 
+from nativekit import need_native
+
 SRC = bytes(range(256)) * 3
 
 
@@ -19,7 +21,7 @@ def impl(request, monkeypatch):  # noqa: ANN001, ANN201
     if request.param == "python":
         monkeypatch.setattr(batch, "_native", None)
     else:
-        assert getattr(batch._native, "copy_spans", None) is not None  # the install built it
+        assert getattr(need_native(), "copy_spans", None) is not None
     return request.param
 
 

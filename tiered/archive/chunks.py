@@ -62,17 +62,11 @@ from typing import Any
 from tiered.archive import layout
 from tiered.archive.manifest import (FORMAT_VERSION_CARRIED, FORMAT_VERSION_CHUNKED, ChunkRef, Manifest, Segment,
                                      check_version, segment_doc, segment_of)
-from tiered.errors import CorruptRecordError
+from tiered.errors import ManifestChunkError
 
 CHUNK_DIR = "manifest"
 CHUNK_SEGMENTS = 16  # segments per level-0 chunk (the head's tail holds fewer)
 CHUNK_FANOUT = 8  # same-level references folded into one chunk a level up
-
-
-class ManifestChunkError(CorruptRecordError):
-    """A chunk a committed head references is missing or damaged. The queue
-    stops (its segments cannot be listed); ``tiered repair`` rebuilds the
-    manifest from the segment objects."""
 
 
 def chunk_key(queue_prefix: str, name: str) -> str:

@@ -33,16 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from tiered.clock import Clock, SystemClock
-from tiered.errors import (CorruptRecordError, FormatVersionError, ObjectNotFoundError, PreconditionFailedError,
-                           StorageError, TieredError)
+from tiered.errors import (ConflictError, CorruptRecordError, FormatVersionError, ManifestChunkError,
+                           ObjectNotFoundError, PreconditionFailedError, StorageError, TieredError,
+                           UnaccountedObjectsError)
 from tiered.format.jsonfile import read_json, write_json
 from tiered.archive import chunks, layout, segmeta
 from tiered.archive.catalog import DEFAULT_REFRESH_S, CatalogKeeper
-from tiered.archive.chunks import Carried, ManifestChunkError, chunk_key
+from tiered.archive.chunks import Carried, chunk_key
 from tiered.archive.filewrite import write_whole
 from tiered.archive.manifest import (CATALOG, IDENTITY, MANIFEST, Catalog, CatalogEntry, ChunkRef, Gap, Manifest, Segment,
                                      broker_prefix, history_id, queue_prefix, topic_of_dir)
-from tiered.archive.rebuild import RebuildPlan, RepairReport, UnaccountedObjectsError, plan_rebuild, queues_in, scan_queue
+from tiered.archive.rebuild import RebuildPlan, RepairReport, plan_rebuild, queues_in, scan_queue
 from tiered.recorder import NullRecorder, Recorder
 from tiered.archive.segmeta import Descriptor
 from tiered.archive.storage import ObjectStore
@@ -50,12 +51,6 @@ from tiered.archive.storage import ObjectStore
 log = logging.getLogger(__name__)
 
 QueueKey = tuple[str, int]
-
-
-class ConflictError(TieredError):
-    """The manifest changed under us in a way the change cannot be re-applied to."""
-
-    retriable = True
 
 
 class _Entry:

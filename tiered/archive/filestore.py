@@ -92,14 +92,6 @@ class FileStore(ObjectStore):
 
     def _raw_put(self, key: str, data: bytes, crc: int | None = None) -> None:
         path = self._path(key)
-        if self._dirs.known(path.parent):
-            # the whole write in one call where it is compiled: the file
-            # written and synced, renamed, its directory synced
-            try:
-                if self._writer.put(self._tmp_name(path), data, path):
-                    return
-            except FileNotFoundError:
-                pass  # its directory was removed since: made again below
         os.replace(self._write_tmp(path, data), path)
         # the object is durable once its name is: a manifest committed after
         # this call may name it, so the rename must survive a power loss

@@ -16,12 +16,6 @@ through the cache, and is not asked again by the same writer.
 Durability does not depend on the path taken: the file is fsynced in both,
 and the name and directory protocol (tiered/archive/filestore.py FileStore,
 tiered/archive/dirsync.py) is the same.
-
-Every system call made from Python gives the GIL up, and its return takes
-the GIL back from whichever thread holds it (the CommitLog pass, most of a
-round). Where it was built, ``_filewrite.c`` makes the same calls in the
-same order in one call (``FileWriter.put``): the temp file's whole write,
-and for a put into a known directory its rename and the directory's fsync.
 """
 
 from __future__ import annotations
@@ -31,26 +25,11 @@ import fcntl
 import logging
 import os
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 
-
-def _load_native() -> ModuleType | None:
-    try:
-        from tiered.archive import _filewrite
-    except ImportError as exc:
-        log.debug("compiled file writes unavailable (%s): writing with os calls", exc)
-        return None
-    return _filewrite
-
-
-# the whole write of an object in one call without the GIL (_filewrite.c);
-# None: the same system calls from Python (the tests that fail os calls set it so)
-_native = _load_native()
-_REFUSED = 1  # _filewrite.write_file: the file system refused O_DIRECT
 
 # Objects from this size on whose buffer starts at a multiple of DIRECT_ALIGN
 # are written around the page cache. Measured here (ext4, an fsync per
@@ -102,31 +81,10 @@ class FileWriter:
 
     def write(self, path: Path, data: bytes) -> None:
         """``data`` into the file ``path`` (created or truncated), fsynced."""
-        if self.put(path, data, None):
-            return
         head = self._direct_bytes(data)
         if head and self._write_direct(path, data, head):
             return
         write_whole(path, data, sync=True)
-
-    def put(self, tmp: Path, data: bytes, dest: Path | None) -> bool:
-        """``write(tmp, data)``, then, when ``dest`` is given, ``tmp`` renamed
-        to it and its directory fsynced: in one compiled call, the GIL given
-        up once (``_filewrite.c``). False, with nothing done, where there is
-        no compiled write; the caller then makes the calls from Python.
-        Raises the OSError of the call that failed, the temp file removed
-        (unless renamed already)."""
-        native = _native
-        if native is None:
-            return False
-        directory = None if dest is None else dest.parent
-        head = self._direct_bytes(data)
-        if head and native.write_file(tmp, data, head, dest, directory) != _REFUSED:
-            return True
-        if head:
-            self._refuse(OSError(errno.EINVAL, os.strerror(errno.EINVAL)))
-        native.write_file(tmp, data, 0, dest, directory)
-        return True
 
     def _direct_bytes(self, data: bytes) -> int:
         """How many of ``data``'s first bytes to write with O_DIRECT: its

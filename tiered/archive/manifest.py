@@ -133,6 +133,16 @@ class Segment:
     # recorded): with zstd, nbytes / stored_bytes is the compression ratio.
     # Known only once the object is packed, so its own descriptor holds 0.
     stored_bytes: int = 0
+    # A BatchCQ queue's segment: q_start/q_end number its BatchConsumeQueue
+    # entries (one record each), msg_start/msg_end the queue offsets of the
+    # messages inside them, as RocketMQ counts them (docs/batchcq.md).
+    # None for any other queue.
+    msg_start: int | None = None
+    msg_end: int | None = None
+
+    @property
+    def batch(self) -> bool:
+        return self.msg_start is not None
 
     @property
     def messages(self) -> int:
@@ -156,8 +166,15 @@ class Segment:
 _SEGMENT_FIELDS = tuple(f.name for f in fields(Segment))
 
 
+_OPTIONAL_FIELDS = ("msg_start", "msg_end")  # written only when set: other queues' documents do not change
+
+
 def segment_doc(s: Segment) -> dict[str, Any]:
-    return {f: getattr(s, f) for f in _SEGMENT_FIELDS}
+    d = {f: getattr(s, f) for f in _SEGMENT_FIELDS}
+    for name in _OPTIONAL_FIELDS:
+        if d[name] is None:
+            del d[name]
+    return d
 
 
 def segment_of(d: dict[str, Any]) -> Segment:

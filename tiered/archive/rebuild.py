@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 from tiered.archive import layout, segmeta
 from tiered.format.codec import crc32
-from tiered.errors import CorruptRecordError, TieredError
+from tiered.errors import CorruptRecordError
 from tiered.archive.manifest import Gap, Manifest, Segment, topic_of_dir
 from tiered.archive.segmeta import Descriptor
 from tiered.archive.storage import ObjectStore
@@ -38,18 +38,6 @@ from tiered.archive.storage import ObjectStore
 log = logging.getLogger(__name__)
 
 CQ_ENTRY_SIZE = 20
-
-
-class UnaccountedObjectsError(TieredError):
-    """A queue's bucket objects cannot be turned into a manifest safely."""
-
-    def __init__(self, where: str, problems: tuple[str, ...]) -> None:
-        self.where = where
-        self.problems = problems
-        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
-        super().__init__(f"{where}: the bucket holds objects no manifest accounts for; nothing is written "
-                         f"for this queue until `tiered repair` or an operator resolves them: "
-                         f"{'; '.join(problems[:3])}{more}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -37,6 +37,7 @@ from tiered.errors import (
     CredentialsMissingError,
     ObjectNotFoundError,
     PreconditionFailedError,
+    SpoiledAnswerError,
     StorageError,
 )
 
@@ -338,15 +339,6 @@ def _checksum_is_ours(request: Any, **_: Any) -> None:
     checksum = request.context.setdefault("checksum", {})
     if "x-amz-checksum-crc32" in request.headers and not checksum.get("request_algorithm"):
         checksum["request_algorithm"] = {"algorithm": "crc32", "in": "header", "name": "x-amz-checksum-crc32"}
-
-
-class SpoiledAnswerError(Exception):
-    """Raised inside botocore by ``_check_answer``, where the request's key is
-    unknown; ``S3Store._translate`` makes it a ``BadResponseError``."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(reason)
 
 
 # the answers S3 always gives an ETag: the object's (GET, HEAD) or the written one's

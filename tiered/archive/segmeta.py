@@ -44,7 +44,7 @@ from typing import Any
 from tiered.format.codec import crc32
 from tiered.archive import layout
 from tiered.errors import CorruptRecordError
-from tiered.archive.manifest import Gap, Segment
+from tiered.archive.manifest import Gap, Segment, segment_doc
 
 # 1: v1 trailer on the ConsumeQueue object; 2: layout v2; 3: layout v2 carrying manifest chunks
 DESCRIPTOR_VERSION = 3
@@ -74,7 +74,7 @@ class Descriptor:
         doc: dict[str, Any] = {
             "descriptor": DESCRIPTOR_CARRIER if self.chunks else self.segment.layout, "cluster": self.cluster,
             "broker": self.broker, "topic": self.topic, "queue_id": self.queue_id, "history": self.history,
-            "segment": {f: getattr(self.segment, f) for f in _SEGMENT_FIELDS},
+            "segment": segment_doc(self.segment),
             "gaps_before": [asdict(g) for g in self.gaps_before],
         }
         if self.chunks:

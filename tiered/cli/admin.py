@@ -17,6 +17,7 @@ from tiered.config import Settings
 from tiered.configsources import explain
 from tiered.errors import PreconditionFailedError
 from tiered.archive.lease import Lease
+from tiered.query.batchread import is_batch, message_bounds
 from tiered.query.reader import Archive
 from tiered.timeparse import format_time_ms
 
@@ -52,7 +53,9 @@ def ls(
         segs = m.segments
         rows.append({
             "cluster": ref.cluster, "broker": ref.broker, "topic": ref.topic, "queue_id": ref.queue_id,
-            "first_offset": m.first_offset, "next_offset": m.next_offset,
+            # a BatchCQ queue: its messages' queue offsets, as RocketMQ counts them
+            **dict(zip(("first_offset", "next_offset"),
+                       message_bounds(m) if is_batch(m) else (m.first_offset, m.next_offset))),
             "first_stored": format_time_ms(min((s.min_store_ms for s in segs), default=None)),
             "last_stored": format_time_ms(max((s.max_store_ms for s in segs), default=None)),
             "segments": len(segs), "bytes": sum(s.nbytes for s in segs), "gaps": len(m.gaps)})

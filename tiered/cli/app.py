@@ -117,7 +117,10 @@ def package_version() -> str:
 
 def _version(value: bool) -> None:
     if value:
+        from tiered import native
+
         print(f"tiered {package_version()}")
+        print(native.describe())
         raise typer.Exit(0)
 
 

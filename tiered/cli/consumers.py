@@ -12,6 +12,8 @@ from tiered.store.consumeroffsets import ConsumerPosition, PositionState, archiv
 from tiered.errors import ExpiredLocallyError, TieredError
 from tiered.store.localstore import LocalStore
 from tiered.archive.manifest import Manifest
+from tiered.format.innerbatch import inner_records
+from tiered.query import batchread
 from tiered.query.reader import ColdReader, QueueRef
 
 
@@ -56,11 +58,15 @@ def group_records(reader: ColdReader, local: LocalStore | None, position: Consum
     local_min = position.local_min_offset
     if ref is not None and (local_min is None or offset < local_min):
         m = reader.archive.manifest(ref)
-        if m is not None and offset < m.first_offset and on_note is not None:
-            on_note(f"{position.topic}/{position.queue_id}: offsets {offset}..{m.first_offset - 1} are no longer "
-                    f"archived; starting at {m.first_offset}")
+        batch = batchread.is_batch(m)  # a BatchCQ queue: offsets count the messages in its records
+        first = batchread.message_bounds(m)[0] if batch and m is not None else m.first_offset if m else 0
+        if m is not None and offset < first and on_note is not None:
+            on_note(f"{position.topic}/{position.queue_id}: offsets {offset}..{first - 1} are no longer "
+                    f"archived; starting at {first}")
         stop = local_min  # None: the whole archive
-        for rec in reader.iter_queue(ref, offset, None if stop is None else max(0, stop - offset)):
+        archived = (batchread.iter_messages(reader, ref, m, offset) if batch and m is not None else
+                    reader.iter_queue(ref, offset, None if stop is None else max(0, stop - offset)))
+        for rec in archived:
             at = entry_offset(rec, ref.topic)  # an LMQ queue's records carry their parent's offsets
             if stop is not None and at >= stop:
                 break
@@ -72,6 +78,11 @@ def group_records(reader: ColdReader, local: LocalStore | None, position: Consum
         return
     offset = max(offset, local_min)
     try:
+        if local.is_batch(position.topic):
+            entry = local.batch_entry_of(position.topic, position.queue_id, offset)
+            for item in local.iter_queue(position.topic, position.queue_id, entry):
+                yield from (("local", msg) for msg in inner_records(item.record) if msg.queue_offset >= offset)
+            return
         for item in local.iter_queue(position.topic, position.queue_id, offset):
             yield "local", item.record
     except ExpiredLocallyError as exc:

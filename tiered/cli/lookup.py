@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from itertools import islice
 
 from tiered.format.codec import Host, Record, entry_offset, parse_offset_msg_id
+from tiered.format.innerbatch import inner_records
+from tiered.query import batchread
 from tiered.query.reader import ColdReader, QueueRef, ReadStatus
 
 
@@ -43,7 +45,9 @@ def _record_at(reader: ColdReader, ref: QueueRef, offset: int) -> tuple[Record |
     while True:
         res = reader.read(ref, offset, max_count=1)
         if res.status is ReadStatus.FOUND and res.records:
-            return res.records[0], entry_offset(res.records[0], ref.topic)
+            # where the read began: an LMQ record carries its parent's queue offset, a
+            # BatchCQ record its first message's, neither the entry read
+            return res.records[0], res.next_offset - 1
         if res.status in (ReadStatus.OFFSET_IN_GAP, ReadStatus.OFFSET_TOO_SMALL) and res.next_offset > offset:
             offset = res.next_offset
             continue
@@ -79,8 +83,9 @@ def find_msg_id(reader: ColdReader, msg_id: str, *,
         for ref in reader.archive.queues(topics):
             rec = find_physical(reader, ref, parsed.physical_offset)
             if rec is not None and rec.store_host == parsed.store_host:
-                seen.add((ref, entry_offset(rec, ref.topic)))
-                yield ref, rec
+                for msg in inner_records(rec):  # an inner batch: each of its messages shares the id
+                    seen.add((ref, entry_offset(msg, ref.topic)))
+                    yield ref, msg
     for ref, rec in reader.find_key(msg_id.strip(), topics=topics):
         if rec.unique_key == msg_id.strip() and (ref, entry_offset(rec, ref.topic)) not in seen:
             seen.add((ref, entry_offset(rec, ref.topic)))
@@ -158,15 +163,29 @@ def topic_records(reader: ColdReader, refs: Iterable[QueueRef], *, since_ms: int
     """What ``cat --topic T`` prints without ``--queue``: every queue's
     window (as :func:`window`), merged by store time, each record once; the
     last ``last`` of the merged stream, at most ``limit``."""
-    parts = []
+    parts: list[tuple[QueueRef, Iterator[Record]]] = []
     for ref in refs:
         # each queue's share of the topic's first ``limit`` or last ``last`` is within its own
+        m = reader.archive.manifest(ref)
+        if batchread.is_batch(m) and m is not None:  # a BatchCQ queue: its messages, by their offsets
+            start, end = batchread.message_window(reader, ref, m, offset=None, since_ms=since_ms,
+                                                  until_ms=until_ms, last=last, limit=limit)
+            parts.append((ref, batchread.iter_messages(reader, ref, m, start, None if end is None else end - start)))
+            continue
         win = window(reader, ref, offset=None, since_ms=since_ms, until_ms=until_ms, last=last, limit=limit)
         parts.append((ref, reader.iter_queue(ref, win.start, None if win.end is None else win.end - win.start)))
     stream = merged(parts)
     if last is not None:
         stream = iter(deque(stream, maxlen=last))
     return stream if limit is None else islice(stream, limit)
+
+
+def _records_from(reader: ColdReader, ref: QueueRef, offset: int) -> Iterator[Record]:
+    """A queue's records from queue ``offset`` on: a BatchCQ queue's messages."""
+    m = reader.archive.manifest(ref)
+    if batchread.is_batch(m) and m is not None:
+        return batchread.iter_messages(reader, ref, m, offset)
+    return reader.iter_queue(ref, offset)
 
 
 def follow_topic(reader: ColdReader, refs: Callable[[], list[QueueRef]], starts: Mapping[QueueRef, int], *,
@@ -182,8 +201,9 @@ def follow_topic(reader: ColdReader, refs: Callable[[], list[QueueRef]], starts:
         for ref in refs():
             if ref not in positions:
                 m = reader.archive.manifest(ref)
-                positions[ref] = m.first_offset if m is not None else 0
-        for ref, rec in merged((ref, reader.iter_queue(ref, at)) for ref, at in positions.items()):
+                positions[ref] = (batchread.message_bounds(m)[0] if batchread.is_batch(m) and m is not None
+                                  else m.first_offset if m is not None else 0)
+        for ref, rec in merged((ref, _records_from(reader, ref, at)) for ref, at in positions.items()):
             yield ref, rec
             positions[ref] = entry_offset(rec, ref.topic) + 1
         if stop():

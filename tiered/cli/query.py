@@ -15,7 +15,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import date, datetime
 from typing import Annotated, Any, Optional
@@ -34,6 +34,7 @@ from tiered.format.lmq import is_lmq
 from tiered.format.compression import BodyDecompressError, codec_name, decompress
 from tiered.config import Settings
 from tiered.errors import TieredError
+from tiered.query import batchread
 from tiered.query.reader import ColdReader, QueueRef, ReadStatus
 from tiered.timeparse import format_time_ms, parse_time_ms
 
@@ -195,14 +196,33 @@ def _cat_queue(reader: ColdReader, topic: str, queue: int, url: str, *, offset: 
     ref = reader.queue(topic, queue)
     if ref is None:
         fail(f"{topic}/{queue}: not in the archive at {url}", 1)
-    win = window(reader, ref, offset=offset, since_ms=since_ms, until_ms=until_ms, last=last, limit=limit)
     m = reader.archive.manifest(ref)
-    if m is not None and offset is not None and offset < m.first_offset and not quiet:
-        note(f"offsets below {m.first_offset} are no longer archived; starting there")
-    records = (follow(reader, ref, win.start, sleep=lambda: time.sleep(follow_s)) if follow_s is not None else
-               reader.iter_queue(ref, win.start, None if win.end is None else win.end - win.start))
+    records: Iterable[Record]
+    if m is not None and batchread.is_batch(m):  # offsets count the messages inside its records
+        first = batchread.message_bounds(m)[0]
+        start, end = batchread.message_window(reader, ref, m, offset=offset, since_ms=since_ms, until_ms=until_ms,
+                                              last=last, limit=limit)
+        records = (batchread.follow_messages(reader, ref, start, sleep=lambda: time.sleep(follow_s))
+                   if follow_s is not None else
+                   batchread.iter_messages(reader, ref, m, start, None if end is None else end - start))
+    else:
+        first = m.first_offset if m is not None else 0
+        win = window(reader, ref, offset=offset, since_ms=since_ms, until_ms=until_ms, last=last, limit=limit)
+        records = (follow(reader, ref, win.start, sleep=lambda: time.sleep(follow_s)) if follow_s is not None else
+                   reader.iter_queue(ref, win.start, None if win.end is None else win.end - win.start))
+    if m is not None and offset is not None and offset < first and not quiet:
+        note(f"offsets below {first} are no longer archived; starting there")
     for rec in records:
         show(ref, rec)
+
+
+def _start(reader: ColdReader, ref: QueueRef, since_ms: int | None) -> int:
+    """Where ``cat --topic --follow`` starts a queue (a BatchCQ queue: a message offset)."""
+    m = reader.archive.manifest(ref)
+    if batchread.is_batch(m) and m is not None:
+        return batchread.message_window(reader, ref, m, offset=None, since_ms=since_ms, until_ms=None, last=None,
+                                        limit=None)[0]
+    return window(reader, ref, offset=None, since_ms=since_ms, until_ms=None, last=None, limit=None).start
 
 
 def _cat_topic(reader: ColdReader, topic: str, url: str, *, since_ms: int | None, until_ms: int | None,
@@ -220,14 +240,14 @@ def _cat_topic(reader: ColdReader, topic: str, url: str, *, since_ms: int | None
         for ref, rec in topic_records(reader, found, since_ms=since_ms, until_ms=until_ms, last=last, limit=limit):
             show(ref, rec)
         return
-    starts = {ref: window(reader, ref, offset=None, since_ms=since_ms, until_ms=None, last=None, limit=None).start
-              for ref in found}
+    starts = {ref: _start(reader, ref, since_ms) for ref in found}
     if last is not None:  # from the topic's last N: where each queue's share of them starts, else its end
         tail = list(topic_records(reader, found, since_ms=None, until_ms=None, last=last, limit=None))
         for ref in found:
             m = reader.archive.manifest(ref)
-            starts[ref] = min((rec.queue_offset for r, rec in tail if r == ref),
-                              default=m.next_offset if m is not None else 0)
+            end = batchread.message_bounds(m)[1] if batchread.is_batch(m) and m is not None else \
+                m.next_offset if m is not None else 0
+            starts[ref] = min((rec.queue_offset for r, rec in tail if r == ref), default=end)
     for ref, rec in follow_topic(reader, refs, starts, sleep=lambda: time.sleep(follow_s)):
         show(ref, rec)
 
@@ -505,7 +525,7 @@ def export_cmd(
 ) -> None:
     """Export the archive to Parquet partitioned by topic and date, incrementally (reruns add only new data)."""
     require_query_extra("pyarrow", *(["pyspark"] if engine == "spark" else []))
-    from tiered.query.export import Exporter, ExportError, run_local, run_spark
+    from tiered.query.export import Exporter, run_local, run_spark
     from tiered.query.reader import Archive
     from tiered.archive.storage import open_store
 
@@ -532,7 +552,7 @@ def export_cmd(
         report = Exporter(store, target, archive=Archive(store, cluster=c, broker=b),
                           topics=(lambda t: t in wanted) if wanted else None, skip_corrupt=skip_corrupt,
                           compression=compression, executor=executor).run()
-    except (TieredError, ExportError) as exc:
+    except TieredError as exc:  # ExportError included
         fail(str(exc), 1)
     finally:
         if created and spark is not None:

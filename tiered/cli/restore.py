@@ -34,13 +34,14 @@ def restore(
     until: Annotated[Optional[str], typer.Option("--until", help="Records stored at or before (ISO 8601 or epoch ms).")] = None,
     commitlog_file_size: Annotated[int, typer.Option(min=4096, help="CommitLog file size: the broker's mappedFileSizeCommitLog.")] = DEFAULT_COMMITLOG_FILE_SIZE,
     cq_entries: Annotated[int, typer.Option(min=1, help="Entries per ConsumeQueue file: the broker's mappedFileSizeConsumeQueue / 20.")] = DEFAULT_CQ_ENTRIES,
+    bcq_entries: Annotated[int, typer.Option(min=1, help="Entries per BatchConsumeQueue file: the broker's mapperFileSizeBatchConsumeQueue / 46.")] = DEFAULT_CQ_ENTRIES,
     no_index: Annotated[bool, typer.Option("--no-index", help="Write no index/ (a broker with messageIndexEnable=false).")] = False,
     index_hash_slots: Annotated[int, typer.Option(min=1, help="Hash slots per index file: the broker's maxHashSlotNum.")] = DEFAULT_HASH_SLOTS,
     index_entries: Annotated[int, typer.Option(min=2, help="Entries per index file: the broker's maxIndexNum.")] = DEFAULT_ENTRIES,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as one JSON object.")] = False,
     config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
 ) -> None:
-    """Write a broker store (commitlog/, consumequeue/, index/, config/topics.json) from the archive,
+    """Write a broker store (commitlog/, consumequeue/, batchconsumequeue/, index/, config/topics.json) from the archive,
     then check it record by record against the archive. Exit 1 on any problem."""
     try:
         check_target(to)  # before anything else: a non-empty target is never touched
@@ -50,7 +51,7 @@ def restore(
     given = settings.model_fields_set
     try:
         options = RestoreOptions(
-            commitlog_file_size=commitlog_file_size, cq_entries_per_file=cq_entries,
+            commitlog_file_size=commitlog_file_size, cq_entries_per_file=cq_entries, bcq_entries_per_file=bcq_entries,
             topics=frozenset(topic) if topic else None, index=not no_index,
             index_hash_slots=index_hash_slots, index_entries=index_entries,
             since_ms=parse_time_ms(since) if since else None, until_ms=parse_time_ms(until) if until else None)

@@ -74,9 +74,10 @@ def inspect(
 ) -> None:
     """Print the records of a store, through its ConsumeQueues."""
     # here, not at the top: `tiered produce` imports this module alone and needs no reader
+    from tiered.store.batchcq import batch_record_dict
     from tiered.store.localstore import LocalStore
 
-    if not (store / "consumequeue").is_dir():
+    if not (store / "consumequeue").is_dir() and not (store / "batchconsumequeue").is_dir():
         fail(f"{store}: not a broker store (no consumequeue/ directory)", 2)
     rows: list[tuple[object, ...]] = []
     problems = 0
@@ -84,12 +85,22 @@ def inspect(
         for t, q in local.queues():
             if (topic is not None and t != topic) or (queue is not None and q != queue):
                 continue
+            batch = local.is_batch(t)
             rng = local.queue_range(t, q)
-            start = max(from_offset, rng.min_offset) if from_offset is not None else rng.min_offset
+            start = rng.min_offset
+            if from_offset is not None:  # a queue offset; a BatchCQ queue's records hold several
+                start = max(local.batch_entry_of(t, q, from_offset) if batch else from_offset, start)
             try:
                 for item in local.iter_queue(t, q, start, max_count=limit):
                     rec = item.record
-                    if as_json:
+                    if batch:
+                        d = batch_record_dict(rec, local.batch_entry(t, q, item.queue_offset))
+                        if as_json:
+                            out(dumps(d))
+                        rows.extend((t, q, m["queue_offset"], d["commitlog_offset"], d["size"],
+                                     format_time_ms(d["store_timestamp"]), m["tags"] or "", " ".join(m["keys"]),
+                                     m["body_length"]) for m in d["inner_messages"])
+                    elif as_json:
                         out(dumps(rec.to_dict()))
                     else:
                         d = rec.to_dict()

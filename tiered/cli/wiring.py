@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tiered import native
 from tiered.clock import Clock, SystemClock
 from tiered.archive.coldtier import ColdTier
 from tiered.config import Settings
@@ -187,6 +188,9 @@ def make_dispatcher(
 
     store = store or object_store(settings, recorder)
     cold = cold or cold_tier(settings, store, writer=True, clock=clock, recorder=recorder)
+    # the Python path is several times slower: said at start-up, once the
+    # configuration (the state directory) is known to be good
+    native.log_status()
     d = settings.dispatch
     options = DispatchOptions(
         archive=ArchiveOptions(upload_bytes=d.upload_bytes, max_delay_ms=int(d.max_delay * 1000),

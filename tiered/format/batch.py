@@ -4,8 +4,8 @@ A queue is read as runs of ConsumeQueue entries whose records lie in one
 mapped CommitLog file. ``check_run`` makes every check ``decode_and_check``
 makes (sizes, magic, queue id and offset, physical offset, topic, every
 length consistent, body CRC) over the whole run at once, reading the
-mapped file in place: in the compiled loop of ``_runcheck.c`` (built at
-install where a C compiler is there; a record costs its CRC and a few
+mapped file in place: in the native core's loop (tiered/_native.c, built
+at install where a C compiler is there; a record costs its CRC and a few
 loads, without the GIL), else with numpy (a record costs a few array
 elements and one CRC call from Python), never a struct unpack, a dozen
 comparisons and object creation in the interpreter. The run ends before the first record that is not plainly
@@ -30,17 +30,13 @@ Record layout as indexed here (big-endian; docs/design.md section 2)::
 
 from __future__ import annotations
 
-import ctypes
-import logging
 import mmap
 from dataclasses import dataclass
-from types import ModuleType
 
 import numpy as np
 
+from tiered import native
 from tiered.format.codec import CRC_MASK, MAGIC_V1, MAGIC_V2, Record, crc32, decode_record
-
-log = logging.getLogger(__name__)
 
 # ConsumeQueue entry: CommitLog offset i64 | size i32 | tags code i64
 CQ_DTYPE = np.dtype([("phys", ">i8"), ("size", ">i4"), ("tags", ">i8")])
@@ -59,29 +55,9 @@ _I8 = np.dtype(">i8")
 _I4 = np.dtype(">i4")
 
 
-def _load_native() -> ModuleType | None:
-    """The compiled run check, wired to zlib-ng's C crc32; None (the numpy
-    path) when the install did not build it or it fails its self-test."""
-    try:
-        from tiered.format import _runcheck
-        import zlib_ng.zlib_ng as zng
-
-        # the same function zlib_ng.crc32 calls, by its exported C symbol
-        lib = ctypes.CDLL(zng.__file__)
-        _runcheck.set_crc32(ctypes.cast(lib.zng_crc32, ctypes.c_void_p).value)
-        _runcheck.set_crc32_combine(ctypes.cast(lib.zng_crc32_combine, ctypes.c_void_p).value)
-        probe = bytes(range(256)) * 5
-        if (_runcheck.crc32(probe) != crc32(probe) or _runcheck.crc32(b"123456789") != 0xCBF43926
-                or _runcheck.crc32_combine(crc32(probe[:100]), crc32(probe[100:]), 1180) != crc32(probe)):
-            log.warning("compiled run check disagrees with zlib-ng's crc32: using the numpy path")
-            return None
-        return _runcheck
-    except (ImportError, OSError, AttributeError) as exc:
-        log.debug("compiled run check unavailable (%s): using the numpy path", exc)
-        return None
-
-
-_native = _load_native()
+# the native core (tiered.native), or None: the numpy path; tests set it to
+# None to run the Python twin of every function
+_native = native.core
 
 
 @dataclass(frozen=True, slots=True, eq=False, kw_only=True)
@@ -200,7 +176,7 @@ def check_run(
     guarantees every entry's record lies inside it (``0 <= phys - base`` and
     ``phys - base + size <= len(view)``) and that the entries are complete.
 
-    Compiled (``_runcheck``) where the install built it, else with numpy
+    Compiled (tiered/_native.c) where the install built it, else with numpy
     (``check_run_numpy``): the same checks, the same answer.
     """
     native = _native

@@ -20,7 +20,8 @@ decode, so callers can treat it as a per-record error.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+
+from tiered.errors import BodyDecompressError
 
 COMPRESSED_FLAG = 0x1
 COMPRESSION_TYPE_MASK = 0x7 << 8
@@ -33,17 +34,6 @@ _NAMES = {0: "zlib", ZLIB: "zlib", LZ4: "lz4", ZSTD: "zstd"}
 # 4 MiB; compressed bodies inflate a few times): a cap keeps a hostile body
 # from exhausting memory.
 MAX_BODY = 256 << 20
-
-
-@dataclass(frozen=True, kw_only=True)
-class BodyDecompressError(ValueError):
-    """A body flagged compressed that does not decompress."""
-
-    codec: str
-    reason: str
-
-    def __str__(self) -> str:
-        return f"body does not decompress as {self.codec}: {self.reason}"
 
 
 def is_compressed(sys_flag: int) -> bool:

@@ -34,8 +34,9 @@ from types import ModuleType
 
 import numpy as np
 
+from tiered import native
 from tiered.format.batch import gather, join_spans
-from tiered.errors import CorruptRecordError
+from tiered.errors import BadProperties, CorruptRecordError
 
 log = logging.getLogger(__name__)
 
@@ -100,15 +101,6 @@ def hash_spans(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 _KEYS, _UNIQ = np.void(b"KEYS\x01"), np.void(b"UNIQ_KEY\x01")
 
 
-class BadProperties(ValueError):
-    """Properties of record ``record`` are not UTF-8, from byte ``at`` of them."""
-
-    def __init__(self, record: int, at: int) -> None:
-        super().__init__(f"properties of record {record} are not valid UTF-8 at byte {at}")
-        self.record = record
-        self.at = at
-
-
 def batch_keys(
     buf: bytes | memoryview, starts: np.ndarray, ends: np.ndarray
 ) -> tuple[np.ndarray, bytes, np.ndarray, np.ndarray]:
@@ -164,27 +156,22 @@ def batch_keys(
     return key_owner[nonempty], blob, key_at[nonempty], key_end[nonempty]
 
 
-def _load_native() -> ModuleType | None:
-    """The compiled key finder and hash (``_keyscan.c``); None (the numpy
-    path) when the install did not build it or it fails its self-test."""
-    try:
-        from tiered.format import _keyscan
-    except ImportError as exc:
-        log.debug("compiled key scan unavailable (%s): using the numpy path", exc)
-        return None
-    # the format's pinned values (tests/tiered/test_keyindex.py), a word and
-    # a half, four words; not hash_spans, whose np.unique imports numpy.ma
-    if [_keyscan.key_hash(k) for k in _PINNED] != list(_PINNED.values()):
-        log.warning("compiled key hash disagrees with the format's: using the numpy path")
-        return None
-    return _keyscan
-
-
 _PINNED = {b"": 0x68850AC74E2E5A26, b"order-42": 0x2201ABFBC998EB3F,
            b"C0A8000100002A9F0000000000000001": 0x62CD0353630F83DA}
 
 
-_native = _load_native()
+def _checked(core: ModuleType | None) -> ModuleType | None:
+    """The native core when its key hash gives the format's pinned values
+    (tests/tiered/test_keyindex.py); None (the numpy path) otherwise: a key
+    index hashed wrong would answer lookups wrong."""
+    if core is not None and [core.key_hash(k) for k in _PINNED] != list(_PINNED.values()):
+        log.warning("the native core's key hash disagrees with the format's: using the numpy path")
+        return None
+    return core
+
+
+# the native core's key scan (tiered/_native_keys.c), or None: numpy
+_native = _checked(native.core)
 
 
 def record_key_hashes(
@@ -193,7 +180,7 @@ def record_key_hashes(
     """The keys of records whose properties are ``buf[starts[i]:ends[i]]``
     (as ``batch_keys`` finds them), hashed: (record index int64, version 2
     key hash uint64), in ``batch_keys``' order. Raises BadProperties for the
-    first record whose properties are not UTF-8. Compiled (``_keyscan``)
+    first record whose properties are not UTF-8. Compiled (tiered/_native_keys.c)
     where the install built it, else numpy; the two agree exactly
     (tests/tiered/test_keyscan.py)."""
     if _native is None:

@@ -27,6 +27,9 @@ load/recover, ``ConsumeQueue.recover`` and ``correctMinOffset``):
   itself writes them (``fillPreBlank``). The tags code is the archived one.
   A recorded gap inside the restored range becomes filler entries too (a
   ConsumeQueue cannot have holes) and is reported.
+- ``batchconsumequeue/{topic}/{qid}/{start:020d}``: a BatchCQ queue's
+  46-byte entries (``tiered.ops.restorebatch``); its topic keeps
+  ``"attributes":{"queue.type":"BatchCQ"}`` in topics.json.
 - ``config/topics.json`` lists the restored topics (no LMQ queue: the broker
   never lists them).
 - ``index/``: the broker's key and message-id index over the restored
@@ -57,13 +60,16 @@ from pathlib import Path
 
 from tiered.format.codec import BLANK_LENGTH, CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, Record, decode_record, encode_blank, \
     entry_offset, entry_problem
-from tiered.errors import CorruptRecordError, TieredError
+from tiered.errors import CorruptRecordError, RestoreCheckError, TargetNotEmptyError, TieredError
 from tiered.format.jsonfile import write_json
 from tiered.format.lmq import is_lmq
 from tiered.store.indexfile import DEFAULT_ENTRIES, DEFAULT_HASH_SLOTS, IndexWriter
 from tiered.store.localstore import LocalStore
 from tiered.archive.manifest import Manifest
+from tiered.query.batchread import is_batch
 from tiered.query.reader import ColdReader, QueueRef, get_range
+from tiered.ops.restorebatch import BatchQueueWriter, check_batch
+from tiered.store.batchcq import BCQ_ENTRY_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -80,23 +86,11 @@ _CHECKPOINT_SIZE = 4096  # the broker maps one OS page
 _CHECKPOINT_INDEX_AT = 16  # physicMsgTimestamp, logicsMsgTimestamp, indexMsgTimestamp, ...
 
 
-class TargetNotEmptyError(TieredError):
-    """The restore target exists and holds something: nothing was written."""
-
-    def __init__(self, path: str, entries: list[str]) -> None:
-        shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
-        super().__init__(f"{path}: not empty ({shown}); restore writes only into an empty or new directory")
-        self.path = path
-
-
-class RestoreCheckError(TieredError):
-    """The restored store differs from the archive (named queue and offset)."""
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RestoreOptions:
     commitlog_file_size: int = DEFAULT_COMMITLOG_FILE_SIZE
     cq_entries_per_file: int = DEFAULT_CQ_ENTRIES
+    bcq_entries_per_file: int = DEFAULT_CQ_ENTRIES  # mapperFileSizeBatchConsumeQueue / 46
     topics: frozenset[str] | None = None  # None: every archived topic
     since_ms: int | None = None  # first record stored at or after
     until_ms: int | None = None  # last record stored at or before
@@ -109,7 +103,7 @@ class RestoreOptions:
             raise ValueError("CommitLog files must hold at least 4096 bytes")
         if self.index_hash_slots < 1 or self.index_entries < 2:
             raise ValueError("an index file needs at least 1 hash slot and 2 entries")
-        if self.cq_entries_per_file < 1:
+        if self.cq_entries_per_file < 1 or self.bcq_entries_per_file < 1:
             raise ValueError("a ConsumeQueue file holds at least one entry")
 
 
@@ -122,6 +116,7 @@ class QueuePlan:
     first: int
     end: int
     last_original_end: int  # original CommitLog position after the queue's last restored record
+    batch: bool = False  # a BatchCQ queue: offsets number its entries (tiered.ops.restorebatch)
 
     @property
     def gaps(self) -> list[tuple[int, int]]:
@@ -207,12 +202,14 @@ def plan_restore(reader: ColdReader, options: RestoreOptions) -> RestorePlan:
             end -= 1  # never end on a gap: the last entry must point at a record
         if end <= first:
             continue
-        last = next(iter(reader.iter_queue(ref, end - 1, 1)), None)
-        if last is None or entry_offset(last, ref.topic) != end - 1:
+        batch = is_batch(m)
+        res = reader.read(ref, end - 1, max_count=1)
+        last = res.records[0] if res.records and res.next_offset == end else None
+        if last is None or (entry_offset(last, ref.topic) != end - 1 and not batch):
             raise CorruptRecordError(f"{ref.prefix}/manifest.json", end - 1,
                                      "the archive's last record of the range cannot be read")
         plans.append(QueuePlan(ref=ref, manifest=m, first=first, end=end,
-                               last_original_end=last.physical_offset + last.size))
+                               last_original_end=last.physical_offset + last.size, batch=batch))
     size = options.commitlog_file_size
     orig_end = max((p.last_original_end for p in plans), default=0)
     start = (orig_end // size + 1) * size
@@ -226,7 +223,9 @@ def plan_restore(reader: ColdReader, options: RestoreOptions) -> RestorePlan:
 def _archived(reader: ColdReader, plan: QueuePlan) -> Iterator[tuple[int, Record, int]]:
     """(queue offset, record, cold tags code) of ``plan``'s range in
     queue-offset order, checked as ``ColdReader`` checks them; gaps are
-    simply absent. (An LMQ queue's records carry their parent's offsets.)"""
+    simply absent. (An LMQ queue's records carry their parent's offsets; a
+    BatchCQ queue's offsets number its entries, its records carry their
+    first message's.)"""
     store = reader.store
     topic = plan.ref.topic.encode("utf-8")
     for seg in plan.manifest.segments:
@@ -257,7 +256,10 @@ def _archived(reader: ColdReader, plan: QueuePlan) -> Iterator[tuple[int, Record
                 q = offset + i
                 pos = off - seg.cl_start - cl_lo
                 rec = decode_record(cl, pos, seg.commitlog_key)
-                if rec.size != size or entry_problem(rec, topic=topic, queue_id=plan.ref.queue_id, queue_offset=q):
+                expect_at = q if not seg.batch else rec.queue_offset if \
+                    (seg.msg_start or 0) <= rec.queue_offset < (seg.msg_end or 0) else -1
+                if rec.size != size or entry_problem(rec, topic=topic, queue_id=plan.ref.queue_id,
+                                                     queue_offset=expect_at):
                     raise CorruptRecordError(seg.commitlog_key, off - seg.cl_start,
                                              f"queue offset {q}: record does not match its cold ConsumeQueue entry")
                 yield q, rec, tags
@@ -378,7 +380,9 @@ def write_store(reader: ColdReader, plan: RestorePlan, target: Path, options: Re
     target.mkdir(parents=True, exist_ok=True)
     cq_bytes = options.cq_entries_per_file * CQ_ENTRY_SIZE
     cl = _CommitLogWriter(target, options.commitlog_file_size, plan.commitlog_start)
-    queues = [_QueueWriter(target, q.ref.topic, q.ref.queue_id, cq_bytes, q.first) for q in plan.queues]
+    bcq_bytes = options.bcq_entries_per_file * BCQ_ENTRY_SIZE
+    queues = [BatchQueueWriter(_Files(bcq_bytes), target, q.ref.topic, q.ref.queue_id, q.first) if q.batch else
+              _QueueWriter(target, q.ref.topic, q.ref.queue_id, cq_bytes, q.first) for q in plan.queues]
     index = IndexWriter(target / "index", hash_slots=options.index_hash_slots,
                         entries=options.index_entries) if options.index else None
     fillers: list[tuple[str, int, int, int]] = []
@@ -393,7 +397,7 @@ def write_store(reader: ColdReader, plan: RestorePlan, target: Path, options: Re
                 log.warning("%s/%d: offsets %d..%d are a recorded gap in the archive; restored as filler entries "
                             "(the broker may report the minimum offset after them)",
                             q.ref.topic, q.ref.queue_id, qw.next, offset - 1)
-                while qw.next < offset:
+                while isinstance(qw, _QueueWriter) and qw.next < offset:
                     qw.add(_FILLER_ENTRY)
             if rec.physical_offset == copied[0]:
                 phys = copied[1]  # the same record through another queue (LMQ): written once, as the broker did
@@ -404,7 +408,10 @@ def write_store(reader: ColdReader, plan: RestorePlan, target: Path, options: Re
                 if index is not None:
                     keys += index.add(topic=rec.topic, properties=rec.properties, sys_flag=rec.sys_flag,
                                       phy=phys, store_ts=rec.store_timestamp)
-            qw.add(CQ_ENTRY.pack(phys, rec.size, tags))
+            if isinstance(qw, BatchQueueWriter):
+                qw.add_record(rec, phys, tags, offset)
+            else:
+                qw.add(CQ_ENTRY.pack(phys, rec.size, tags))
             messages += 1
             if progress is not None and messages % 1024 == 0:
                 progress(messages, nbytes)
@@ -436,9 +443,11 @@ def _write_checkpoint(target: Path, index_msg_timestamp: int) -> None:
 
 
 def _write_topics(target: Path, plan: RestorePlan) -> None:
+    batch = {q.ref.topic for q in plan.queues if q.batch}
     table = {
         topic: {"topicName": topic, "readQueueNums": n, "writeQueueNums": n, "perm": 6,
-                "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": False, "attributes": {}}
+                "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": False,
+                "attributes": {"queue.type": "BatchCQ"} if topic in batch else {}}
         for topic, n in sorted(plan.read_queue_nums.items())
         if not is_lmq(topic)  # the broker never lists LMQ queues there
     }
@@ -458,6 +467,9 @@ def check(reader: ColdReader, result: RestoreResult, target: Path) -> int:
     filler = {(t, q): (a, b) for t, q, a, b in result.filler_gaps}
     with LocalStore(target) as local:
         for q in result.plan.queues:
+            if q.batch:
+                compared += check_batch(local, _archived(reader, q), q.ref.topic, q.ref.queue_id)
+                continue
             name = f"{q.ref.topic}/{q.ref.queue_id}"
             rng = local.queue_range(q.ref.topic, q.ref.queue_id)
             if rng.max_offset != q.end or ((q.ref.topic, q.ref.queue_id) not in filler and rng.min_offset != q.first):

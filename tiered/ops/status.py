@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from tiered.archive.coldtier import ColdTier
 from tiered.archive.layout import compressed
 from tiered.archive.manifest import Manifest
 from tiered.errors import CorruptRecordError, StoreBehindError, TieredError
+from tiered.query.batchread import is_batch, message_bounds
 from tiered.store.brokermode import BrokerMode
 from tiered.store.localstore import LocalStore
 
@@ -39,6 +40,8 @@ class QueueStatus:
     compressed_ratio: float | None = None
     # the confirm offset (controller mode) the queue's next record ends past: it waits for the cluster
     waiting_confirm_offset: int | None = None
+    # a BatchCQ queue: offsets and lag count messages, as RocketMQ does (docs/batchcq.md)
+    batch: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,7 +94,7 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None,
                 if problem is None and mode.problem is not None:
                     problem = f"waits for the cluster to confirm: {mode.problem}"
         codec, ratio = _compression(m)
-        rows.append(QueueStatus(
+        row = QueueStatus(
             topic=topic, queue_id=qid, local_min_offset=lmin, local_max_offset=lmax,
             archived_first_offset=m.first_offset if m else None, archived_next_offset=m.next_offset if m else None,
             lag_messages=lag, oldest_archived_ms=m.min_store_ms if m else None,
@@ -99,8 +102,31 @@ def queue_status(cold: ColdTier, local: LocalStore | None = None,
             nbytes=m.nbytes if m else 0, gaps=len(m.gaps) if m else 0, problem=problem, compression_ratio=m.compression_ratio if m else None,
             pending_since_ms=pending_since, compression=codec, compressed_ratio=ratio,
             waiting_confirm_offset=waiting_at,
-        ))
+        )
+        if is_batch(m) or (local is not None and local.is_batch(topic)):
+            row = _in_messages(row, m, local)
+        rows.append(row)
     return rows
+
+
+def _in_messages(row: QueueStatus, m: Manifest | None, local: LocalStore | None) -> QueueStatus:
+    """A BatchCQ queue's row in message offsets: its entries' base offsets
+    and batch sizes (local), its segments' message ranges (archived)."""
+    first = nxt = lmin = lmax = lag = None
+    if m is not None and is_batch(m):
+        first, nxt = message_bounds(m)
+    if local is not None and row.local_max_offset is not None:
+        try:
+            rng = local.batch_offset_range(row.topic, row.queue_id)
+            lmin, lmax = rng.min_offset, rng.max_offset
+            if row.lag_messages is not None:
+                pending = local.batch_entry(row.topic, row.queue_id, max(row.archived_next_offset or 0,
+                                                                         row.local_min_offset or 0))
+                lag = 0 if pending is None else max(0, lmax - pending.base_offset)
+        except (OSError, TieredError):
+            pass
+    return replace(row, local_min_offset=lmin, local_max_offset=lmax, archived_first_offset=first,
+                   archived_next_offset=nxt, lag_messages=lag, batch=True)
 
 
 def _store_ms(local: LocalStore, topic: str, qid: int, offset: int) -> int | None:

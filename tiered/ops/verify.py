@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from tiered.archive import segmeta
 from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record, entry_problem
+from tiered.format.innerbatch import batch_size
 from tiered.archive.coldtier import ColdTier
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, NotWrittenYetError, TieredError
 from tiered.format.keyindex import lookup
@@ -81,6 +82,7 @@ def verify_segment(cold: ColdTier, m: Manifest, seg: Segment, report: VerifyRepo
         except TieredError:
             local_iter = None
     expected_pos = seg.cl_start
+    next_msg = seg.msg_start  # a BatchCQ segment: the queue offset its next record starts at
     for i in range(seg.messages):
         off, size, _tags = CQ_ENTRY.unpack_from(cq, i * CQ_ENTRY_SIZE)
         q = seg.q_start + i
@@ -93,9 +95,16 @@ def verify_segment(cold: ColdTier, m: Manifest, seg: Segment, report: VerifyRepo
         except TieredError as exc:
             report.problems.append(f"{where}: offset {q}: {exc}")
             return
-        if rec.size != size or entry_problem(rec, topic=topic_raw, queue_id=m.queue_id, queue_offset=q):
+        if rec.size != size or entry_problem(rec, topic=topic_raw, queue_id=m.queue_id,
+                                             queue_offset=q if next_msg is None else next_msg):
             report.problems.append(f"{where}: offset {q}: record does not match its cold ConsumeQueue entry")
             return
+        if next_msg is not None:
+            try:
+                next_msg += batch_size(rec)
+            except TieredError as exc:
+                report.problems.append(f"{where}: offset {q}: {exc}")
+                return
         report.records += 1
         if local_iter is None:
             report.expired_locally += 1
@@ -118,6 +127,9 @@ def verify_segment(cold: ColdTier, m: Manifest, seg: Segment, report: VerifyRepo
                                    f"local {item.tags_code}")
             return
         report.compared_locally += 1
+    if next_msg is not None and next_msg != seg.msg_end:
+        report.problems.append(f"{where}: records end at queue offset {next_msg}, the segment at {seg.msg_end}")
+        return
     if expected_pos != seg.cl_end:
         report.problems.append(f"{where}: records end at cold CommitLog byte {expected_pos}, the segment at "
                                f"{seg.cl_end}")
@@ -194,15 +206,26 @@ def check_pending(manifests: dict[tuple[str, int], Manifest], local: LocalStore,
             if age_ms < check.max_delay_ms:
                 report.within_delay.add(where)
                 continue
+            first, count, end = start, rng.max_offset - start, m.next_offset if m is not None else 0
+            if local.is_batch(topic):  # offsets and counts of messages, not of BatchConsumeQueue entries
+                first, count = _batch_pending(local, topic, qid, start)
+                end = first
             if held:
                 why = (f"waiting for the cluster to confirm: confirmed CommitLog offset {mode.confirm_offset}, "
                        f"the first record ends at {entry[0] + entry[1]}"
                        + (f" ({mode.problem})" if mode.problem else ""))
             else:
-                why = "never archived (no manifest)" if m is None else f"archive ends at offset {m.next_offset}"
+                why = "never archived (no manifest)" if m is None else f"archive ends at offset {end}"
             report.pending[where] = (
-                f"{rng.max_offset - start} messages from offset {start} not archived, the oldest stored "
+                f"{count} messages from offset {first} not archived, the oldest stored "
                 f"{age_ms // 1000} s ago (max delay {check.max_delay_ms // 1000} s); {why}")
+
+
+def _batch_pending(local: LocalStore, topic: str, qid: int, entry: int) -> tuple[int, int]:
+    """(first queue offset, messages) of a BatchCQ queue from ``entry`` on."""
+    unit = local.batch_entry(topic, qid, entry)
+    end = local.batch_offset_range(topic, qid).max_offset
+    return (end, 0) if unit is None else (unit.base_offset, end - unit.base_offset)
 
 
 def verify(cold: ColdTier, local: LocalStore | None = None, *, orphans: bool = True,
@@ -256,6 +279,8 @@ def verify(cold: ColdTier, local: LocalStore | None = None, *, orphans: bool = T
         if local is not None:
             try:
                 ahead = local.max_offset(topic, qid) - m.next_offset
+                if ahead > 0 and local.is_batch(topic):
+                    ahead = _batch_pending(local, topic, qid, m.next_offset)[1]
             except (OSError, TieredError):
                 ahead = 0
             if ahead > 0:

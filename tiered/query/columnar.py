@@ -48,7 +48,7 @@ from tiered.format.codec import (
 )
 from tiered.format.lmq import is_lmq
 from tiered.format.compression import COMPRESSED_FLAG, BodyDecompressError, decompress
-from tiered.errors import CorruptRecordError, TieredError
+from tiered.errors import BadRecordsError, CorruptRecordError, TieredError
 from tiered.query.spark_schema import ARROW_TYPES, COLUMN_NAMES, TIMESTAMP, arrow_schema
 
 _FIXED_V4 = 88  # where the body length ends (and the body starts) with two IPv4 hosts
@@ -170,12 +170,6 @@ class _Props:
             return pc.map_lookup(self.map, name, "first")
         return pc.replace_with_mask(pa.nulls(self.n, pa.string()), pc.greater(per_row, 0),
                                     pc.filter(self.values, match))
-
-
-class _Bad(Exception):
-    def __init__(self, mask: pa.Array, reasons: list[tuple[pa.Array, str]]) -> None:
-        self.mask = mask
-        self.reasons = reasons
 
 
 def parse_entries(cq: bytes | memoryview | pa.Buffer, where: Where, first_queue_offset: int
@@ -316,6 +310,16 @@ class BatchDecoder:
                   for i, c in enumerate(self.columns)]
         return rows_batch(arrays, self.schema, n)
 
+    def decode_made(self, records: list[bytes], queue_offsets: list[int], positions: list[int],
+                    where: Where) -> pa.RecordBatch:
+        """Records made apart from any object (a BatchCQ record's messages,
+        ``tiered.query.batchscan``): ``positions`` name, for errors, where the
+        record they came from lies in ``where.cl_key``."""
+        if not records:
+            return self._empty()
+        return self._decode_rows(pa.array(records, pa.large_binary()), pa.array(queue_offsets, pa.int64()),
+                                 pa.array(positions, pa.int64()), where)[0]
+
     # --- rows, possibly in several layout groups -----------------------------------
 
     def _decode_rows(self, records: pa.Array, qoffs: pa.Array, positions: pa.Array, where: Where) -> Decoded:
@@ -437,7 +441,7 @@ class BatchDecoder:
         if self.decompress and bodies is not None:
             try:
                 bodies = _decompressed(bodies, _be_int(records, 36, 4, pa.int32()))
-            except _Bad as exc:
+            except BadRecordsError as exc:
                 return self._handle_bad(records, qoffs, positions, where, exc.mask, exc.reasons)
 
         props_map = None
@@ -445,7 +449,7 @@ class BatchDecoder:
             raw_props = pc.binary_slice(tails, tail_fixed, tail_fixed + 0x8000)
             try:
                 props_map = self._properties(raw_props)
-            except _Bad as exc:
+            except BadRecordsError as exc:
                 return self._handle_bad(records, qoffs, positions, where, exc.mask, exc.reasons)
 
         out = self._fixed(records, n, a, b, queue_id, queue_offset, bodies, crc)
@@ -523,7 +527,7 @@ class BatchDecoder:
                 except UnicodeDecodeError:
                     bad.append(True)
             mask = pa.array(bad)
-            raise _Bad(mask, [(mask, "properties are not valid UTF-8")]) from None
+            raise BadRecordsError(mask, [(mask, "properties are not valid UTF-8")]) from None
         items = _drop_empty(pc.split_pattern(text, "\x02").cast(pa.list_(pa.large_string())))
         flat = items.flatten()
         kv = pc.split_pattern(flat, "\x01", max_splits=1)
@@ -532,7 +536,7 @@ class BatchDecoder:
             parents = pc.list_parent_indices(items)
             bad_rows = pc.unique(pc.filter(parents, pc.invert(whole)))
             mask = pc.is_in(_arange(0, len(raw)), value_set=bad_rows.cast(pa.int64()))
-            raise _Bad(mask, [(mask, "property without a value separator")])
+            raise BadRecordsError(mask, [(mask, "property without a value separator")])
         keys = pc.list_element(kv, 0).cast(pa.string())
         values = pc.list_element(kv, 1).cast(pa.string())
         offsets = items.offsets.cast(pa.int32())
@@ -584,7 +588,7 @@ def _decompressed(bodies: pa.Array, sys_flag: pa.Array) -> pa.Array:
             reason = reason or str(exc)
     if any(failed):
         mask = pa.array(failed)
-        raise _Bad(mask, [(mask, reason)])
+        raise BadRecordsError(mask, [(mask, reason)])
     return pa.array(values, pa.large_binary())
 
 

@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tiered.query.columnar import BatchDecoder, QueueInfo
-from tiered.errors import ObjectNotFoundError, PreconditionFailedError, TieredError
+from tiered.errors import ExportError, ObjectNotFoundError, PreconditionFailedError
 from tiered.query.reader import Archive, QueueRef, ReadStats
 from tiered.query.scan import DEFAULT_SLICE_BYTES, Slice, SliceResult, manifest_slices, read_slice
 from tiered.query.spark_schema import COLUMN_NAMES
@@ -62,12 +62,6 @@ _DAY_US = 86_400_000_000
 
 # Spark's ExternalCatalogUtils.escapePathName: these become %XX in partition paths.
 _ESCAPE = set(chr(c) for c in range(0x01, 0x20)) | set('"#%\'*/:=?\\\x7f{[]^')
-
-
-class ExportError(TieredError):
-    """The export cannot go on (state changed by another export, a task failed)."""
-
-    retriable = True
 
 
 def escape_path_name(value: str) -> str:

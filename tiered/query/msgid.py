@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 import logging
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tiered.errors import CorruptRecordError, StorageError
 from tiered.format.codec import CQ_ENTRY_SIZE, MAGIC_V1, MAGIC_V2, Host, parse_offset_msg_id
@@ -102,8 +102,11 @@ class _Probe:
         if len(head) < _HEAD.size:
             raise CorruptRecordError(sl.commitlog_key, pos, "record header beyond the end of the object")
         _size, magic, _crc, _qid, _flag, queue_offset, physical = _HEAD.unpack_from(head, 0)
-        # an LMQ queue holds its parents' records, with their queue offsets
-        if magic not in (MAGIC_V1, MAGIC_V2) or (queue_offset != q and not is_lmq(sl.topic)):
+        # an LMQ queue holds its parents' records, with their queue offsets; a
+        # BatchCQ record's queue offset is its first message's, inside the segment's range
+        in_place = (queue_offset == q or is_lmq(sl.topic)) if not sl.batch else \
+            (sl.msg_start or 0) <= queue_offset < (sl.msg_end or 0)
+        if magic not in (MAGIC_V1, MAGIC_V2) or not in_place:
             raise CorruptRecordError(sl.commitlog_key, pos, f"no record of queue offset {q} here")
         return physical
 
@@ -133,8 +136,5 @@ def locate(store: ObjectStore, slices: list[Slice], physical_offset: int, *,
         log.warning("message id search in %s unusable, reading the queue instead: %s", slices[0].ref, exc)
         return list(slices)
     sl, q = probe.at(i)
-    return [Slice(cluster=sl.cluster, broker=sl.broker, topic=sl.topic, queue_id=sl.queue_id,
-                  commitlog_key=sl.commitlog_key, consumequeue_key=sl.consumequeue_key, seg_q_start=sl.seg_q_start,
-                  seg_q_end=sl.seg_q_end, seg_cl_start=sl.seg_cl_start, seg_cl_end=sl.seg_cl_end,
-                  min_store_ms=sl.min_store_ms, max_store_ms=sl.max_store_ms, q_start=q, q_end=q + 1)]
+    return [replace(sl, q_start=q, q_end=q + 1)]
 

@@ -40,6 +40,7 @@ from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, CQ_FILLER_SIZE, MAGIC_V
     decode_record, entry_offset, entry_problem
 from tiered.archive.coldtier import ColdTier
 from tiered.errors import CorruptRecordError, ObjectNotFoundError, StorageError, TieredError
+from tiered.format.innerbatch import inner_records
 from tiered.format.keyindex import bloom_may_contain, lookup
 from tiered.archive.layout import read_part, read_range
 from tiered.archive.manifest import CATALOG, LEASE, MANIFEST, Catalog, Gap, Manifest, Segment, queue_prefix, topic_of_dir
@@ -397,7 +398,10 @@ class ColdReader:
                 if rec.size != size:
                     problem = f"total size {rec.size} != ConsumeQueue size {size}"
                 else:
-                    problem = entry_problem(rec, topic=topic, queue_id=ref.queue_id, queue_offset=q)
+                    # a BatchCQ record's queue offset is its first message's, inside the segment's range
+                    at = q if not seg.batch else rec.queue_offset if \
+                        (seg.msg_start or 0) <= rec.queue_offset < (seg.msg_end or 0) else -1
+                    problem = entry_problem(rec, topic=topic, queue_id=ref.queue_id, queue_offset=at)
                 if problem:
                     raise CorruptRecordError(seg.commitlog_key, pos, problem)
             except CorruptRecordError as exc:
@@ -506,12 +510,15 @@ class ColdReader:
             if seg.q_start <= start and start + count <= seg.q_end:
                 wanted = set(offsets[i:j + 1])
                 for rec in self._read_segment(ref, seg, start, count, 1 << 62)[0]:
-                    if entry_offset(rec, ref.topic) in wanted and self._has_key(rec, key):
+                    if seg.batch:  # the index names records; a batch's key is one of its messages'
+                        yield from (msg for msg in inner_records(rec) if self._has_key(msg, key))
+                    elif entry_offset(rec, ref.topic) in wanted and self._has_key(rec, key):
                         yield rec
             i = j + 1
 
     def _scan_for_key(self, ref: QueueRef, seg: Segment, key: str) -> Iterator[Record]:
         for rec in self._read_segment(ref, seg, seg.q_start, seg.messages, 1 << 62)[0]:
-            if self._has_key(rec, key):
-                yield rec
+            for msg in inner_records(rec) if seg.batch else (rec,):
+                if self._has_key(msg, key):
+                    yield msg
 

@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tiered.format.codec import CQ_ENTRY_SIZE
+from tiered.query.batchscan import decode_batch_records
 from tiered.query.columnar import BatchDecoder, Where, check_entries, parse_entries, rows_batch
 from tiered.query.columnar import _arange as queue_offsets
 from tiered.errors import CorruptRecordError, StorageError
@@ -108,7 +109,8 @@ class ScanSpec:
         return self.queue_ids is None or queue_id in self.queue_ids
 
     def segment_ok(self, seg: Segment) -> bool:
-        return (self.queue_offset.overlaps(seg.q_start, seg.q_end - 1)
+        q_lo, q_hi = (int(seg.msg_start or 0), int(seg.msg_end or 0)) if seg.batch else (seg.q_start, seg.q_end)
+        return (self.queue_offset.overlaps(q_lo, q_hi - 1)
                 and self.store_us.overlaps(seg.min_store_ms * 1000, seg.max_store_ms * 1000 + 999)
                 and self.born_us.overlaps(seg.min_born_ms * 1000, seg.max_born_ms * 1000 + 999))
 
@@ -131,6 +133,14 @@ class Slice:
     max_store_ms: int
     q_start: int
     q_end: int
+    # a BatchCQ queue's segment: records of several messages each, at queue
+    # offsets [msg_start, msg_end) of the whole segment (docs/batchcq.md)
+    msg_start: int | None = None
+    msg_end: int | None = None
+
+    @property
+    def batch(self) -> bool:
+        return self.msg_start is not None
 
     @property
     def ref(self) -> QueueRef:
@@ -164,6 +174,8 @@ def segment_slices(ref: QueueRef, seg: Segment, q_lo: int, q_hi: int, max_bytes:
         return []
     est = seg.nbytes * (hi - lo) // max(1, seg.messages)
     parts = max(1, math.ceil(est / max(1, max_bytes)))
+    if seg.batch:  # one slice: the whole segment's message range is what its rows count
+        parts = 1
     step = math.ceil((hi - lo) / parts)
     out = []
     for start in range(lo, hi, step):
@@ -171,7 +183,7 @@ def segment_slices(ref: QueueRef, seg: Segment, q_lo: int, q_hi: int, max_bytes:
                          commitlog_key=seg.commitlog_key, consumequeue_key=seg.consumequeue_key,
                          seg_q_start=seg.q_start, seg_q_end=seg.q_end, seg_cl_start=seg.cl_start, seg_cl_end=seg.cl_end,
                          min_store_ms=seg.min_store_ms, max_store_ms=seg.max_store_ms, q_start=start,
-                         q_end=min(hi, start + step)))
+                         q_end=min(hi, start + step), msg_start=seg.msg_start, msg_end=seg.msg_end))
     return out
 
 
@@ -381,6 +393,19 @@ def read_slice(store: ObjectStore, sl: Slice, decoder: BatchDecoder, *, store_us
                     b, cut = short
                 elif p + 1 < len(pieces):
                     pending = pool.submit(fetch, *pieces[p + 1])
+                if sl.batch:  # one row per message of each record
+                    msg_range = (int(sl.msg_start or 0), int(sl.msg_end or 0))
+                    batch = decode_batch_records(work, data, base, offsets.slice(a, b - a), sizes.slice(a, b - a),
+                                                 where, msg_range)
+                    if filter_rows and batch.num_rows:
+                        batch = _in_time(batch, lo_ts, hi_ts).select(list(decoder.columns))
+                    result.rows += batch.num_rows
+                    if batch.num_rows:
+                        yield batch
+                    if short is not None:
+                        _skip_slice(decoder, result, sl, m - b, cut)
+                        return
+                    continue
                 buf = pa.py_buffer(data)
                 for k in range(a, b, step):
                     count = min(step, b - k)
@@ -465,8 +490,11 @@ def metadata_batches(sl: Slice, columns: tuple[str, ...]) -> Iterator[pa.RecordB
     if bad:
         raise ValueError(f"columns {bad} need the records; only {sorted(METADATA_COLUMNS)} come from manifests")
     schema = arrow_schema(columns)
-    for start in range(sl.q_start, sl.q_end, METADATA_ROWS):
-        n = min(METADATA_ROWS, sl.q_end - start)
+    lo, hi = (int(sl.msg_start or 0), int(sl.msg_end or 0)) if sl.batch else (sl.q_start, sl.q_end)
+    if sl.batch and (sl.q_start, sl.q_end) != (sl.seg_q_start, sl.seg_q_end):
+        raise ValueError(f"{sl}: a part of a BatchCQ segment has no message count without its records")
+    for start in range(lo, hi, METADATA_ROWS):
+        n = min(METADATA_ROWS, hi - start)
         values = {"cluster": sl.cluster, "broker": sl.broker, "topic": sl.topic, "queue_id": sl.queue_id}
         arrays = [queue_offsets(start, n) if c == "queue_offset"
                   else pa.repeat(pa.scalar(values[c], schema.field(c).type), n) for c in columns]

@@ -112,6 +112,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from tiered.query.columnar import BatchDecoder, QueueInfo
 from tiered.config import parse_size
+from tiered.errors import NoArchiveError, OptionError
 from tiered.query.reader import Archive, ReadStats
 from tiered.query.msgid import MessageId, locate, parse_message_id
 from tiered.query.scan import (DEFAULT_SLICE_BYTES, METADATA_COLUMNS, Bounds, ScanSpec, Slice, SliceResult,
@@ -134,15 +135,6 @@ OPTIONS = ("path", "endpoint", "endpoint_url", "region", "access_key_id", "secre
            "skipCorrupt", "verifyCrc", "narrowTime", "maxPartitionBytes", "openCostInBytes", "statsPath",
            "decompress", "key", "msgId", "columns")
 _KNOWN = {o.lower() for o in OPTIONS} | {"paths"}
-
-
-class OptionError(ValueError):
-    """A data source option that cannot be used (names the option, never its value
-    when it is a secret)."""
-
-
-class NoArchiveError(ValueError):
-    """The URL has no archive under it (no cluster/broker prefixes)."""
 
 
 def _flag(options: dict[str, str], name: str, default: bool) -> bool:

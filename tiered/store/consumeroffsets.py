@@ -188,11 +188,18 @@ def store_positions(local: LocalStore, archived: Mapping[tuple[str, int], tuple[
     for o in committed:
         key = (o.topic, o.queue_id)
         if key in present and key not in ranges:
-            rng = local.queue_range(*key)
+            # consumers commit message offsets: a BatchCQ queue's are its entries' base offsets
+            rng = local.batch_offset_range(*key) if local.is_batch(key[0]) else local.queue_range(*key)
             ranges[key] = (rng.min_offset, rng.max_offset)
     return positions(committed, ranges, archived)
 
 
 def archived_ranges(manifests: Mapping[tuple[str, int], Manifest]) -> dict[tuple[str, int], tuple[int, int]]:
     """(topic, queue) -> [first archived record's offset, next offset) of queues with data."""
-    return {k: (m.segments[0].q_start, m.next_offset) for k, m in manifests.items() if m.segments}
+    out = {}
+    for k, m in manifests.items():
+        if m.segments and m.segments[0].batch:  # a BatchCQ queue: its segments' message offsets
+            out[k] = (int(m.segments[0].msg_start or 0), int(m.segments[-1].msg_end or 0))
+        elif m.segments:
+            out[k] = (m.segments[0].q_start, m.next_offset)
+    return out

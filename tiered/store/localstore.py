@@ -209,12 +209,22 @@ class _FileSet:
 
 
 class _QueueFiles(_FileSet):
+    is_batch = False  # a BatchConsumeQueue shown as a ConsumeQueue (tiered.store.batchcq)
+    unit_size = CQ_ENTRY_SIZE  # bytes of one entry in the files themselves
+
     def __init__(self, directory: str | os.PathLike[str], topic: str, queue_id: int) -> None:
         super().__init__(directory)
         self.topic = topic
         self.queue_id = queue_id
         # file start -> written entries at the last look (a hint, checked when used)
         self.written: dict[int, int] = {}
+
+    def written_count(self, start: int, n: int) -> int:
+        """Written entries of the first ``n`` of file ``start``, from the file."""
+        return written_by_reads(self.name(start), n)
+
+    def file_size(self, start: int) -> int:
+        return self.path(start).stat().st_size
 
     def entries_per_file(self, start: int, view: memoryview) -> int:
         """Derived from the next file's name when there is one (files may be
@@ -248,18 +258,35 @@ class LocalStore:
         self.commitlog = _FileSet(self.root / "commitlog")
         self._queues_prefix = os.path.join(os.fspath(self.root), "consumequeue", "")
         self._queues: dict[tuple[str, int], _QueueFiles] = {}
+        self._batch: set[str] | None = None  # BatchCQ topics, at the last ``topics()``
 
     # --- discovery -------------------------------------------------------
 
     def topics(self) -> list[str]:
+        """Topics with queues: under ``consumequeue/`` and, for BatchCQ
+        topics, ``batchconsumequeue/``."""
         try:
-            return sorted(e.name for e in os.scandir(self.root / "consumequeue") if e.is_dir())
+            names = {e.name for e in os.scandir(self.root / "consumequeue") if e.is_dir()}
         except FileNotFoundError:
-            return []
+            names = set()
+        from tiered.store.batchcq import batch_topics  # it builds on this module
+
+        try:
+            configs = self.topic_configs()
+        except (OSError, CorruptRecordError):
+            configs = {}  # unreadable: the directories alone tell (status reports the file)
+        self._batch = batch_topics(self.root, configs, names)
+        return sorted(names | self._batch)
+
+    def is_batch(self, topic: str) -> bool:
+        """The topic's queues are BatchConsumeQueues (``tiered.store.batchcq``)."""
+        if self._batch is None:
+            self.topics()
+        return self._batch is not None and topic in self._batch
 
     def queue_ids(self, topic: str) -> list[int]:
         try:
-            names = os.listdir(self.root / "consumequeue" / topic)
+            names = os.listdir(self.root / ("batchconsumequeue" if self.is_batch(topic) else "consumequeue") / topic)
         except FileNotFoundError:
             return []
         return sorted(int(n) for n in names if n.isdigit())
@@ -330,7 +357,12 @@ class LocalStore:
     def _queue(self, topic: str, queue_id: int) -> _QueueFiles:
         files = self._queues.get((topic, queue_id))
         if files is None:
-            files = _QueueFiles(f"{self._queues_prefix}{topic}{os.sep}{queue_id}", topic, queue_id)
+            if self.is_batch(topic):
+                from tiered.store.batchcq import BatchQueueFiles
+
+                files = BatchQueueFiles(self.root / "batchconsumequeue" / topic / str(queue_id), topic, queue_id)
+            else:
+                files = _QueueFiles(f"{self._queues_prefix}{topic}{os.sep}{queue_id}", topic, queue_id)
             self._queues[(topic, queue_id)] = files
         return files
 
@@ -358,6 +390,35 @@ class LocalStore:
         except FileNotFoundError:
             return None
 
+    def batch_entry(self, topic: str, queue_id: int, offset: int) -> Any:
+        """The BatchConsumeQueue entry (``tiered.store.batchcq.BatchEntry``)
+        at entry ``offset`` of a BatchCQ queue; None when not written."""
+        files = self._queue(topic, queue_id)
+        if not files.is_batch or self.entry_at(topic, queue_id, offset) is None:
+            return None
+        return files.unit(offset)  # type: ignore[attr-defined]
+
+    def batch_offset_range(self, topic: str, queue_id: int) -> QueueRange:
+        """A BatchCQ queue's queue offsets as RocketMQ counts its messages:
+        the first entry's base offset to the last one's base + batch size."""
+        rng = self.queue_range(topic, queue_id)
+        if rng.count <= 0:
+            return QueueRange(0, 0)
+        first = self.batch_entry(topic, queue_id, rng.min_offset)
+        last = self.batch_entry(topic, queue_id, rng.max_offset - 1)
+        if first is None or last is None:
+            return QueueRange(0, 0)
+        return QueueRange(first.base_offset, last.base_offset + last.batch_size)
+
+    def batch_entry_of(self, topic: str, queue_id: int, queue_offset: int) -> int:
+        """The entry offset of the record holding message ``queue_offset`` of a
+        BatchCQ queue (the range's end when it is not written yet)."""
+        from tiered.store.batchcq import entry_of
+
+        rng = self.queue_range(topic, queue_id)
+        return entry_of(self._queue(topic, queue_id), queue_offset, rng.min_offset,  # type: ignore[arg-type]
+                        rng.max_offset)
+
     def truncated(self, topic: str, queue_id: int) -> bool:
         """The last ConsumeQueue file ends inside an entry (from its mapping:
         no system call), so an "idle" queue is really stopped on corruption."""
@@ -365,6 +426,8 @@ class LocalStore:
         if not files.starts:
             return False
         try:
+            if files.is_batch:
+                return files.file_size(files.starts[-1]) % files.unit_size != 0
             return len(files.view(files.starts[-1])) % CQ_ENTRY_SIZE != 0
         except FileNotFoundError:
             return False
@@ -380,14 +443,15 @@ class LocalStore:
         start = files.locate(byte)
         if start is None:
             return None
-        path = files.path(start)
+        path, unit = files.name(start), files.unit_size
         try:
-            size = path.stat().st_size
+            size = files.file_size(start)
         except FileNotFoundError:
             return None
-        if size % CQ_ENTRY_SIZE and byte - start + CQ_ENTRY_SIZE > size:
-            return CorruptRecordError(str(path), size - size % CQ_ENTRY_SIZE,
-                                      f"ConsumeQueue file ends inside entry {offset} ({size} bytes): truncated")
+        kind = "BatchConsumeQueue" if files.is_batch else "ConsumeQueue"
+        if size % unit and (byte - start) // CQ_ENTRY_SIZE * unit + unit > size:
+            return CorruptRecordError(path, size - size % unit,
+                                      f"{kind} file ends inside entry {offset} ({size} bytes): truncated")
         try:
             if self._entry(files, offset) is not None:
                 return None
@@ -395,8 +459,8 @@ class LocalStore:
         except FileNotFoundError:
             return None
         if end > offset:
-            return CorruptRecordError(str(path), byte - start,
-                                      f"ConsumeQueue entry {offset} is zero while entries up to {end} are written")
+            return CorruptRecordError(path, (byte - start) // CQ_ENTRY_SIZE * unit,
+                                      f"{kind} entry {offset} is zero while entries up to {end} are written")
         return None
 
     def queue_range(self, topic: str, queue_id: int) -> QueueRange:
@@ -452,7 +516,7 @@ class LocalStore:
                 hint = files.written.get(start)
                 if hint is None:
                     try:
-                        lo = written_by_reads(files.name(start), n)
+                        lo = files.written_count(start, n)
                     except FileNotFoundError:
                         gone = True  # deleted since it was mapped: as if it could not be mapped
                         break

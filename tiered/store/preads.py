@@ -6,9 +6,9 @@ entry again. File by file that is three or four system calls a queue, and
 each gives the GIL up: while the upload threads run Python, the pass waits
 to get it back after every one (at 1,000 queues most of the pass's wall
 time went there). ``read_files`` makes all of a pass's reads in one call:
-compiled (``_preads.c``, built at install where a C compiler is there), the
-GIL is given up once; else file by file with ``os`` calls, with the same
-answers (held equal by tests/tiered/test_preads.py).
+in the native core (tiered/_native_reads.c), the GIL given up once; else
+file by file with ``os`` calls, with the same answers (held equal by
+tests/tiered/test_preads.py).
 
 Nothing is mapped: no page to fault in, none to give back after, and a file
 truncated meanwhile reads short instead of raising SIGBUS.
@@ -17,26 +17,15 @@ truncated meanwhile reads short instead of raising SIGBUS.
 from __future__ import annotations
 
 import errno
-import logging
 import os
 from dataclasses import dataclass
-from types import ModuleType
 
 import numpy as np
 
-log = logging.getLogger(__name__)
+from tiered import native
 
-
-def _load_native() -> ModuleType | None:
-    try:
-        from tiered.store import _preads
-    except ImportError as exc:
-        log.debug("compiled reads unavailable (%s): reading file by file", exc)
-        return None
-    return _preads
-
-
-_native = _load_native()
+# the native core's reads (tiered/_native_reads.c), or None: file by file
+_native = native.core
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -144,7 +133,7 @@ def _raise_first(errs: np.ndarray, got: np.ndarray, names: list[str]) -> None:
 
 def _read_one_by_one(paths: list[str], los: np.ndarray, ns: np.ndarray, data: np.ndarray, at: np.ndarray,
                      got: np.ndarray, size: np.ndarray, errs: np.ndarray, sizes: bool, kept: np.ndarray | None) -> None:
-    """``_preads.read_files`` in Python: the same reads, file by file."""
+    """The native ``read_files`` in Python: the same reads, file by file."""
     out = data.data
     for i, (path, lo, n, slot) in enumerate(zip(paths, los.tolist(), ns.tolist(), at.tolist())):
         try:
@@ -168,7 +157,7 @@ def _read_one_by_one(paths: list[str], los: np.ndarray, ns: np.ndarray, data: np
 
 def _read_kept_one_by_one(kept: np.ndarray, los: np.ndarray, ns: np.ndarray, data: np.ndarray, at: np.ndarray,
                           got: np.ndarray, errs: np.ndarray) -> None:
-    """``_preads.read_fds`` in Python."""
+    """The native ``read_fds`` in Python."""
     out = data.data
     for i, (fd, lo, n, slot) in enumerate(zip(kept.tolist(), los.tolist(), ns.tolist(), at.tolist())):
         if fd < 0:

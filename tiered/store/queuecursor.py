@@ -76,6 +76,9 @@ class QueueCursor:
         self.topic = topic
         self.queue_id = queue_id
         self.topic_raw = topic.encode("utf-8")
+        # a BatchCQ queue: offsets number its entries, each record's queue
+        # offset is its entry's base offset (checked record by record)
+        self.batch = self.files.is_batch
         # an LMQ queue's records are its parents': check_run would refuse each one
         self.lmq = is_lmq(topic)
         self.verify_crc = verify_crc
@@ -179,7 +182,7 @@ class QueueCursor:
         last whose records lie in the window, checked at once; None when
         not even the first qualifies."""
         j = min(chunk.count - 1, i + _RUN)
-        if j <= i or self.cl_view is EMPTY or self.lmq:
+        if j <= i or self.cl_view is EMPTY or self.batch or self.lmq:
             return None
         run = chunk.entries[i:j]
         phys = run["phys"].astype(np.int64)
@@ -231,7 +234,8 @@ class QueueCursor:
                 if not self._move_window(phys, size, offset == chunk.last, offset):
                     return None
                 pos = phys - self.cl_start
-            rec = decode_and_check(self.cl_view, pos, self.cl_source, self.topic_raw, self.queue_id, offset, phys,
+            expect = self.files.unit(offset).base_offset if self.batch else offset  # type: ignore[attr-defined]
+            rec = decode_and_check(self.cl_view, pos, self.cl_source, self.topic_raw, self.queue_id, expect, phys,
                                    size, self.verify_crc)
         except NotWrittenYetError:
             if offset != chunk.last:

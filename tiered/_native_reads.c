@@ -1,6 +1,6 @@
 /* Many small file reads in one call, without the GIL: tiered.store.preads.
  *
- * Built at install when a C compiler is there (setup.py: an optional
+ * Part of the native core (tiered._native, setup.py: an optional
  * extension); without it tiered.store.preads reads file by file with
  * os.open/os.pread/os.fstat/os.close, which gives the same answers (held
  * equal by tests/tiered/test_preads.py).
@@ -12,8 +12,7 @@
  * pass's wall time at 1,000 queues). Here the GIL is given up once for all
  * the files.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_native.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -201,12 +200,9 @@ static PyObject *py_read_fds(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyMethodDef methods[] = {
+/* tiered._native's read functions (the module is made in _native.c). */
+PyMethodDef tiered_native_read_methods[] = {
     {"read_files", py_read_files, METH_VARARGS, "Read a span of each of many files, without the GIL."},
     {"read_fds", py_read_fds, METH_VARARGS, "Read a span of each of many open files, then close them."},
     {NULL, NULL, 0, NULL},
 };
-
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_preads", NULL, -1, methods};
-
-PyMODINIT_FUNC PyInit__preads(void) { return PyModule_Create(&module); }

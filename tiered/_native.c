@@ -7,13 +7,12 @@
  * Why C: in Python every record costs at least one call through the
  * interpreter (the body CRC over a memoryview slice, ~180 ns here), more
  * than a raw read of the record's bytes costs. Here a record costs its
- * CRC (zlib-ng's SIMD crc32, reached through the function pointer
- * tiered.format.batch hands over from the zlib_ng extension) and a few
- * loads. The loop runs without the GIL. check_copy_runs, the CommitLog
- * pass's call, also copies each record into its segment, checks it there
- * and keeps the segment's CRC-32, a window cut over POSIX threads.
+ * CRC (linked at build time, below) and a few loads. The loop runs
+ * without the GIL. check_copy_runs, the CommitLog pass's call, also copies
+ * each record into its segment, checks it there and keeps the segment's
+ * CRC-32, a window cut over POSIX threads.
  *
- * Layout (big-endian; DESIGN.md section 2, tiered/format/codec.py):
+ * Layout (big-endian; tiered/format/codec.py):
  *   0 size i32 | 4 magic u32 | 8 body crc i32 | 12 queue id i32 | 16 flag i32
  *   20 queue offset i64 | 28 physical offset i64 | 36 sys flag i32
  *   40 born ts i64 | 48 born host (8, IPv6 20) | store ts i64 | store host
@@ -21,8 +20,7 @@
  *   | topic length (v1 u8, v2 u16) | topic | properties length i16 | props
  * ConsumeQueue entry: phys i64 | size i32 | tags code i64 (20 bytes).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_native.h"
 #include <stdint.h>
 #include <string.h>
 #include <pthread.h>
@@ -30,9 +28,27 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef uint32_t (*crc32_fn)(uint32_t crc, const uint8_t *buf, uint32_t len);
-
-static crc32_fn crc32_impl = NULL;
+/* CRC-32 (zlib's polynomial: the broker's body CRC), linked at build time:
+ * ISA-L's folding crc32_gzip_refl where setup.py found the library (SIMD,
+ * about four times zlib's table CRC here), else zlib's own crc32. Either
+ * continues a CRC as zlib's does; crc32_combine is zlib's in both (it
+ * works on CRCs, not on bytes). */
+#include <zlib.h>
+#ifdef TIERED_CRC_ISAL
+#include <isa-l/crc.h>
+#define CRC_LIBRARY "isa-l"
+static inline uint32_t crc32_impl(uint32_t crc, const uint8_t *buf, uint32_t len) {
+    return crc32_gzip_refl(crc, buf, len);
+}
+#else
+#define CRC_LIBRARY "zlib"
+static inline uint32_t crc32_impl(uint32_t crc, const uint8_t *buf, uint32_t len) {
+    return (uint32_t)crc32(crc, buf, len);
+}
+#endif
+static inline uint32_t crc32_combine_impl(uint32_t crc1, uint32_t crc2, int64_t len2) {
+    return (uint32_t)crc32_combine(crc1, crc2, (z_off_t)len2);
+}
 
 #define FIXED_V4 88      /* the fixed part when both hosts are IPv4 */
 #define BORN_HOST_AT 48
@@ -41,24 +57,25 @@ static crc32_fn crc32_impl = NULL;
 #define CRC_MASK 0x7FFFFFFFu
 #define OUTPUTS 6
 
+/* big-endian fields, whatever the machine's order */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define FROM_BE64(v) (v)
+#define FROM_BE32(v) (v)
+#else
+#define FROM_BE64(v) __builtin_bswap64(v)
+#define FROM_BE32(v) __builtin_bswap32(v)
+#endif
+
 static inline uint64_t load64(const uint8_t *p) {
     uint64_t v;
     memcpy(&v, p, 8);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    return v;
-#else
-    return __builtin_bswap64(v);
-#endif
+    return FROM_BE64(v);
 }
 
 static inline uint32_t load32(const uint8_t *p) {
     uint32_t v;
     memcpy(&v, p, 4);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    return v;
-#else
-    return __builtin_bswap32(v);
-#endif
+    return FROM_BE32(v);
 }
 
 typedef struct {
@@ -164,10 +181,6 @@ static PyObject *py_check_run(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OLOOkiLpO", &view_obj, &base, &entries_obj, &tail_obj, &magic, &queue_id,
                           &first_offset, &verify_crc, &out_obj))
         return NULL;
-    if (verify_crc && crc32_impl == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "set_crc32 was not called");
-        return NULL;
-    }
     Py_buffer views[4];
     int held = 0;
     PyObject *objs[4] = {view_obj, entries_obj, tail_obj, out_obj};
@@ -224,10 +237,6 @@ static PyObject *py_check_run(PyObject *self, PyObject *args) {
  * (crc32_combine) behind the pieces before it. A piece that stops short
  * ends its run there: the pieces after it are discarded, skipped when not
  * begun. */
-typedef uint32_t (*crc32_combine_fn)(uint32_t crc1, uint32_t crc2, int64_t len2);
-
-static crc32_combine_fn crc32_combine_impl = NULL;
-
 #define COPY_FIELDS 11
 #define MAX_THREADS 64
 #define PIECES_PER_THREAD 4  /* pieces are taken in turn: a slow one holds no thread idle for long */
@@ -546,10 +555,6 @@ static PyObject *py_check_copy_runs(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OLOOOpOO!iL|L", &view_obj, &base, &entries_obj, &runs_obj, &tails_obj, &verify_crc,
                           &out_obj, &PyList_Type, &dsts_obj, &threads, &piece, &release))
         return NULL;
-    if (crc32_impl == NULL || crc32_combine_impl == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "set_crc32 and set_crc32_combine were not called");
-        return NULL;
-    }
     Py_buffer views[5];
     PyObject *objs[5] = {view_obj, entries_obj, tails_obj, runs_obj, out_obj};
     int held = 0;
@@ -623,26 +628,11 @@ done:
     return PyLong_FromLongLong(helpers_ns);
 }
 
-/* set_crc32_combine(address): zng_crc32_combine of the zlib_ng extension. */
-static PyObject *py_set_crc32_combine(PyObject *self, PyObject *arg) {
-    void *address = PyLong_AsVoidPtr(arg);
-    if (address == NULL) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null function address");
-        return NULL;
-    }
-    crc32_combine_impl = (crc32_combine_fn)address;
-    Py_RETURN_NONE;
-}
-
-/* crc32_combine(crc1, crc2, len2) -> int: through the installed pointer (a self-test). */
+/* crc32_combine(crc1, crc2, len2) -> int (a self-test). */
 static PyObject *py_crc32_combine(PyObject *self, PyObject *args) {
     unsigned long crc1, crc2;
     long long len2;
     if (!PyArg_ParseTuple(args, "kkL", &crc1, &crc2, &len2)) return NULL;
-    if (crc32_combine_impl == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "set_crc32_combine was not called");
-        return NULL;
-    }
     if (crc1 > 0xFFFFFFFFul || crc2 > 0xFFFFFFFFul || len2 < 0) {
         PyErr_SetString(PyExc_ValueError, "CRCs are 32-bit, lengths not negative");
         return NULL;
@@ -650,23 +640,8 @@ static PyObject *py_crc32_combine(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(crc32_combine_impl((uint32_t)crc1, (uint32_t)crc2, (int64_t)len2));
 }
 
-/* set_crc32(address): zng_crc32 of the zlib_ng extension, as an integer. */
-static PyObject *py_set_crc32(PyObject *self, PyObject *arg) {
-    void *address = PyLong_AsVoidPtr(arg);
-    if (address == NULL) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null function address");
-        return NULL;
-    }
-    crc32_impl = (crc32_fn)address;
-    Py_RETURN_NONE;
-}
-
-/* crc32(data) -> int: through the pointer set_crc32 installed (a self-test). */
+/* crc32(data) -> int (a self-test). */
 static PyObject *py_crc32(PyObject *self, PyObject *arg) {
-    if (crc32_impl == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "set_crc32 was not called");
-        return NULL;
-    }
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) != 0) return NULL;
     uint32_t crc = 0;
@@ -689,10 +664,6 @@ static PyObject *py_crc32_rows(PyObject *self, PyObject *args) {
     PyObject *rows_obj, *out_obj;
     Py_ssize_t at, row_size, length;
     if (!PyArg_ParseTuple(args, "OnnnO", &rows_obj, &at, &row_size, &length, &out_obj)) return NULL;
-    if (crc32_impl == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "set_crc32 was not called");
-        return NULL;
-    }
     if (row_size <= 0 || at < 0 || length < 0 || length > 0x7FFFFFFF || at > row_size - length) {
         PyErr_SetString(PyExc_ValueError, "span outside the row");
         return NULL;
@@ -741,6 +712,18 @@ static Py_ssize_t spans_total(const Py_buffer *src, const Py_buffer *starts, con
     return total;
 }
 
+/* src[s[i]:e[i]] one after the other from out, each behind the byte sep
+ * when sep >= 0 (the bounds checked by spans_total before). */
+static void put_spans(uint8_t *out, const uint8_t *src, const int64_t *s, const int64_t *e, Py_ssize_t n,
+                      int sep) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        size_t len = (size_t)(e[i] - s[i]);
+        if (sep >= 0) *out++ = (uint8_t)sep;
+        memcpy(out, src + s[i], len);
+        out += len;
+    }
+}
+
 /* copy_spans(dst, at, src, starts, ends) -> bytes copied: the spans of src,
  * one after the other, into the writable dst from byte at (the segment
  * builder's buffer: one call per batch instead of one Python operation per
@@ -768,11 +751,7 @@ static PyObject *py_copy_spans(PyObject *self, PyObject *args) {
     const int64_t *s = (const int64_t *)views[2].buf, *e = (const int64_t *)views[3].buf;
     Py_ssize_t n = views[2].len / 8;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        size_t len = (size_t)(e[i] - s[i]);
-        memcpy(out, src + s[i], len);
-        out += len;
-    }
+    put_spans(out, src, s, e, n, -1);
     Py_END_ALLOW_THREADS
     release_all(views, 4);
     return PyLong_FromSsize_t(total);
@@ -800,12 +779,7 @@ static PyObject *py_join_spans(PyObject *self, PyObject *args) {
     const int64_t *s = (const int64_t *)views[1].buf, *e = (const int64_t *)views[2].buf;
     if (n == 0) out[0] = (uint8_t)sep;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        size_t len = (size_t)(e[i] - s[i]);
-        *out++ = (uint8_t)sep;
-        memcpy(out, src + s[i], len);
-        out += len;
-    }
+    put_spans(out, src, s, e, n, sep);
     Py_END_ALLOW_THREADS
     release_all(views, 3);
     return result;
@@ -907,13 +881,26 @@ static PyMethodDef methods[] = {
     {"crc32_rows", py_crc32_rows, METH_VARARGS, "CRC-32 of the same span of every row of a 2-D buffer."},
     {"check_copy_runs", py_check_copy_runs, METH_VARARGS, "Check, copy and CRC many runs of one window, on threads."},
     {"check_run", py_check_run, METH_VARARGS, "Validate a run of records; returns how many lead the run."},
-    {"set_crc32", py_set_crc32, METH_O, "Install the crc32(crc, buf, len) function at this address."},
-    {"set_crc32_combine", py_set_crc32_combine, METH_O, "Install crc32_combine(crc1, crc2, len2) at this address."},
-    {"crc32_combine", py_crc32_combine, METH_VARARGS, "crc32_combine through the installed function."},
-    {"crc32", py_crc32, METH_O, "CRC-32 of a buffer through the installed function."},
+    {"crc32_combine", py_crc32_combine, METH_VARARGS, "zlib's crc32_combine."},
+    {"crc32", py_crc32, METH_O, "CRC-32 of a buffer, by the library linked (crc_library)."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_runcheck", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, NULL};
 
-PyMODINIT_FUNC PyInit__runcheck(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    /* the functions of every file of the core, into the one module */
+    PyMethodDef *tables[] = {methods, tiered_native_key_methods, tiered_native_read_methods};
+    for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++)
+        if (PyModule_AddFunctions(m, tables[t]) != 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
+    if (PyModule_AddStringConstant(m, "crc_library", CRC_LIBRARY) != 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -6,7 +6,7 @@
  * each space-separated piece of the last KEYS value and the last UNIQ_KEY
  * value (empty pieces dropped), hashed with the version 2 key hash.
  *
- * Built at install when a C compiler is there (setup.py: an optional
+ * Part of the native core (tiered._native, setup.py: an optional
  * extension); without it keyindex.record_key_hashes keeps the numpy path.
  * tests/tiered/test_keyscan.py holds the two to identical results.
  *
@@ -24,8 +24,7 @@
  * sequences) stop the call: it reports the first such record and the
  * byte inside its properties where the bad sequence starts.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_native.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -275,12 +274,9 @@ static PyObject *py_key_hash(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLongLong(h);
 }
 
-static PyMethodDef methods[] = {
+/* tiered._native's key functions (the module is made in _native.c). */
+PyMethodDef tiered_native_key_methods[] = {
     {"keys", py_keys, METH_VARARGS, "The records' keys (owner, version 2 hash), or the first bad record."},
     {"key_hash", py_key_hash, METH_VARARGS, "The version 2 key hash of one key's bytes."},
     {NULL, NULL, 0, NULL},
 };
-
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_keyscan", NULL, -1, methods, NULL, NULL, NULL, NULL};
-
-PyMODINIT_FUNC PyInit__keyscan(void) { return PyModule_Create(&module); }

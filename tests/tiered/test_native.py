@@ -1,0 +1,73 @@
+"""tiered.native: the one loader of the native core, what it says about it,
+and the tests' rule for it (skipped where absent, failed where required)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from tiered import native
+
+from nativekit import need_native
+
+# an install without the extension, played by refusing its import
+_HIDDEN = """
+import sys
+class Hide:
+    def find_spec(self, name, path=None, target=None):
+        if name == "tiered._native":
+            raise ImportError("no compiler at install", name=name)
+sys.meta_path.insert(0, Hide())
+from tiered import native
+from tiered.format import batch, keyindex
+from tiered.store import preads
+from dispatcher import segment
+print(native.core is None, batch._native is None, segment._realign is None, keyindex._native is None,
+      preads._native is None)
+print(native.describe())
+"""
+
+
+def test_without_the_extension_every_user_runs_the_python_path() -> None:
+    out = subprocess.run([sys.executable, "-c", _HIDDEN], capture_output=True, text=True, timeout=120, check=True)
+    flags, said = out.stdout.splitlines()
+    assert flags == "True True True True True"
+    assert said == "native core: not built (no compiler at install); running the Python path"
+
+
+def test_the_core_loaded_is_the_one_every_user_holds() -> None:
+    from dispatcher import segment
+    from tiered.format import batch, keyindex
+    from tiered.store import preads
+
+    core = need_native()
+    assert batch._native is core and segment._realign is core.realign
+    assert keyindex._native is core and preads._native is core
+    assert native.loaded() and native.describe() == f"native core: loaded from {core.__file__} (CRC-32: {core.crc_library})"
+
+
+def test_start_up_says_at_info_whether_it_loaded(caplog: pytest.LogCaptureFixture,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    with caplog.at_level(logging.INFO, logger="tiered.native"):
+        native.log_status()
+        monkeypatch.setattr(native, "core", None)
+        monkeypatch.setattr(native, "reason", "not built (gone)")
+        native.log_status()
+    said = [(r.levelno, r.getMessage(), r.native_core) for r in caplog.records if r.name == "tiered.native"]
+    assert said[1] == (logging.INFO, "native core: not built (gone); running the Python path", False)
+    assert said[0][0] == logging.INFO and len(said) == 2
+
+
+def test_a_test_needing_the_core_skips_where_absent_and_fails_where_required(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "core", None)
+    monkeypatch.setattr(native, "reason", "not built (gone)")
+    monkeypatch.delenv(native.REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="running the Python path"):
+        need_native()
+    monkeypatch.setenv(native.REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="TIERED_TEST_REQUIRE_NATIVE=1 and native core: not built"):
+        need_native()
