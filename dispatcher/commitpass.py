@@ -79,7 +79,8 @@ from tiered.errors import CorruptRecordError, ExpiredLocallyError
 from tiered.format.batch import COPY_FIELDS, CQ_DTYPE, check_copy_runs, copies_in_stretches, run_tails
 from tiered.format.keyindex import BadProperties, record_key_hashes
 from tiered.format.codec import CQ_ENTRY_SIZE, CQ_FILLER_SIZE, crc32
-from tiered.store.localstore import LocalStore, _QueueFiles
+from tiered.store.localstore import LocalStore
+from tiered.store.mappedfiles import QueueFiles
 from tiered.store.preads import close_kept, read_files, read_kept
 from tiered.store.queuecursor import NO_LIMIT
 
@@ -108,7 +109,7 @@ class PassOptions:
     queues_per_step: int = 256
     # ConsumeQueue entries read at first by ``_pending``, then four times more
     # each step; and read past those the round's look found written
-    # (``_QueueFiles.written``): what the broker may have added since
+    # (``QueueFiles.written``): what the broker may have added since
     scan: int = 1024
     slack: int = 64
 
@@ -229,7 +230,7 @@ class _Heads:
     one item a job. Entries ``first[i]:first[i] + count[i]`` of ``table``
     are job i's from its start offset, in the file of that offset."""
 
-    files: list[_QueueFiles]
+    files: list[QueueFiles]
     start: np.ndarray  # int64: that file's start byte; -1: there is none (before the first file)
     rel: np.ndarray  # the job's start byte in that file
     end: np.ndarray  # where that file's entries end (``entries_end``); -1: not read (no file, or gone)
@@ -381,7 +382,7 @@ def _taken(heads: _Heads, parts: dict[int, tuple[np.ndarray, int | None]], k: np
     return source.take(_ragged(starts, k))
 
 
-def _read_on(files: _QueueFiles, start: int, rel: int, end: int, head: np.ndarray, step: int, phys_limit: int,
+def _read_on(files: QueueFiles, start: int, rel: int, end: int, head: np.ndarray, step: int, phys_limit: int,
              budget: int) -> tuple[np.ndarray, int | None]:
     """``_pending`` of a queue from its start, in ConsumeQueue file ``start``
     whose entries end at ``end``, the first entries from ``head`` (read

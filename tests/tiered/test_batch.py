@@ -13,7 +13,7 @@ import pytest
 
 from tiered.format.codec import Host
 from tiered.errors import CorruptRecordError
-from tiered.store import localstore
+from tiered.store import mappedfiles
 from tiered.store.localstore import LocalStore
 from tiered.store.storewriter import Appended, StoreWriter
 
@@ -137,13 +137,13 @@ def test_pages_are_mapped_at_once_only_for_dense_runs(tmp_path: Path) -> None:
             if i % 100 == 0:
                 w.put("T", 1, b"s" * 1000)
     calls: list[tuple[int, int]] = []
-    original = localstore._FileSet.populate
+    original = mappedfiles.FileSet.populate
 
     def counting(self, start, lo, hi):  # noqa: ANN001, ANN202
         calls.append((lo, hi))
         return original(self, start, lo, hi)
 
-    with mock.patch.object(localstore._FileSet, "populate", counting), LocalStore(tmp_path) as store:
+    with mock.patch.object(mappedfiles.FileSet, "populate", counting), LocalStore(tmp_path) as store:
         assert sum(b.count for b in store.iter_batches("T", 1, 0)) == 30
         assert calls == []  # sparse: faults map what is read, a populate would map 3 MiB for 30 records
         assert sum(b.count for b in store.iter_batches("T", 0, 0)) == 1500

@@ -652,7 +652,7 @@ def test_truncated_commitlog_with_later_entries_is_corruption(tmp_path: Path) ->
 
 
 def test_read_gives_a_files_bytes_as_they_are_now_without_mapping(tmp_path: Path) -> None:
-    """``_FileSet.read`` (the CommitLog pass's ConsumeQueue reads): the bytes
+    """``FileSet.read`` (the CommitLog pass's ConsumeQueue reads): the bytes
     asked, fewer where the file ends, the file's size, and nothing mapped;
     ``entries_end`` bounds a file's entries by the next file's start."""
     d = tmp_path / "consumequeue" / "T" / "0"

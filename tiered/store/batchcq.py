@@ -42,7 +42,7 @@ import numpy as np
 
 from tiered.format.codec import CQ_ENTRY_SIZE, Record
 from tiered.format.innerbatch import unwrap
-from tiered.store.localstore import _QueueFiles
+from tiered.store.mappedfiles import QueueFiles
 
 BATCH_DIR = "batchconsumequeue"
 BCQ_ENTRY = struct.Struct(">qiqqqhii")
@@ -106,7 +106,7 @@ def batch_topics(root: str | os.PathLike[str], configs: dict[str, Any], cq_topic
     return {t for t in names if queue_type(configs.get(t)) == "BatchCQ" or t not in cq_topics}
 
 
-class BatchQueueFiles(_QueueFiles):
+class BatchQueueFiles(QueueFiles):
     """A BatchConsumeQueue directory seen as a ConsumeQueue of its entries.
 
     File ``start`` (bytes, a multiple of 46) appears at ``start / 46 * 20``;
