@@ -190,9 +190,17 @@ def test_an_html_page_on_every_attempt_ends_in_the_typed_error(moto_endpoint, s3
     assert rec.retries["get"] == 2 and rec.requests[("get", "error")] == 3
 
 
-def test_a_ranged_answer_of_other_bytes_is_a_bad_response(moto_endpoint, s3_bucket):
+def test_a_ranged_answer_of_other_bytes_is_a_bad_response(real_moto_endpoint):
     """A range answered with the whole object (a server or proxy dropping the
-    Range header) is not the bytes asked for: retried, then exact."""
+    Range header) is not the bytes asked for: retried, then exact. On moto
+    whatever server the S3 tests run on: dropping a signed header is refused
+    (SignatureDoesNotMatch) by a server that checks signatures."""
+    import uuid
+
+    import boto3
+
+    moto_endpoint, s3_bucket = real_moto_endpoint, f"tiered-range-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", endpoint_url=moto_endpoint).create_bucket(Bucket=s3_bucket)
     _seed(moto_endpoint, s3_bucket)
     dropped: list[str] = []
 
