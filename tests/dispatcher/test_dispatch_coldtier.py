@@ -154,9 +154,9 @@ def test_server_side_encryption_on_every_object(sse, moto_endpoint, s3_bucket, s
                        max_delay_ms=0)
     assert d.run_round().ok
     objects = s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="enc/")["Contents"]
-    kinds = {o["Key"].rsplit("/", 2)[-2] if "/commitlog/" in o["Key"] or "/consumequeue/" in o["Key"]
-             or "/index/" in o["Key"] else o["Key"].rsplit("/", 1)[-1] for o in objects}
-    assert {"commitlog", "consumequeue", "index", "manifest.json", "_lease.json", "_catalog.json"} <= kinds
+    kinds = {o["Key"].rsplit("/", 2)[-2] if "/segment/" in o["Key"] else o["Key"].rsplit("/", 1)[-1]
+             for o in objects}
+    assert {"segment", "manifest.json", "_lease.json", "_catalog.json"} <= kinds  # layout v2: one object a segment
     for o in objects:  # data (s3fs) and conditional writes (boto3) alike
         head = s3_client.head_object(Bucket=s3_bucket, Key=o["Key"])
         assert head["ServerSideEncryption"] == sse, o["Key"]

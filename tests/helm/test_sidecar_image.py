@@ -250,5 +250,5 @@ def test_readme_demo_runs_without_spark_or_arrow(tmp_path: Path) -> None:
     done = _blocked(["demo", "--dir", str(tmp_path / "demo"), "--duration", "5", "--rate", "20"], log,
                     env=dict(os.environ), timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert re.search(r"archive verified\s+│\s+OK: \d+ records byte-identical", done.stdout), done.stdout[-3000:]
+    assert re.search(r"archive verified\s+OK: \d+ records byte-identical", done.stdout), done.stdout[-3000:]
     assert not log.exists(), log.read_text()

@@ -39,7 +39,7 @@ def test_spark_reads_bodies_as_consumers_see_them(spark, tmp_path: Path) -> None
         df = load(spark, url, **options).selectExpr("commitlog_offset", "queue_id", "queue_offset", "body")
         return {2 * r["queue_offset"] + r["queue_id"]: bytes(r["body"]) for r in df.collect()}
 
-    bad = r"Pay/1/commitlog/\d+-\d+ @ \d+: queue offset 4: body does not decompress as zlib"
+    bad = r"Pay/1/segment/[\d.-]+#\d+\+\d+ @ \d+: queue offset 4: body does not decompress as zlib"
     with pytest.raises(Exception, match=bad):  # the object and the record's offset in it
         rows()
     stats = tmp_path / "stats"

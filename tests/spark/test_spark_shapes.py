@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from readerkit import BROKER, CLUSTER, T0, local_rows
 from tiered.query.reader import Archive, QueueRef
+from tiered.archive import layout
 from tiered.archive.storage import open_store
 from tiered.cli import app
 from tiered.query.spark_source import load, register
@@ -132,10 +133,11 @@ def test_sql_command_is_exact_and_names_the_cause(spark, archived, build, tmp_pa
     assert bad.stderr == f"tiered: no archive at {missing} (nothing under it: check the bucket and prefix)\n"
     store = open_store(url)
     seg = Archive(store).manifest(QueueRef(CLUSTER, BROKER, ORDERS, 1)).segments[1]
-    data = bytearray(store.get(seg.commitlog_key))
-    pos = int.from_bytes(store.get(seg.consumequeue_key)[20:28], "big") - seg.cl_start  # its second record
-    data[pos + 100] ^= 0x55  # inside the body
-    store.put(seg.commitlog_key, bytes(data))
+    obj, at, _length = layout.split(seg.commitlog_key)  # the records' section of the segment's object
+    data = bytearray(store.get(obj))
+    pos = int.from_bytes(layout.read_part(store, seg.consumequeue_key)[20:28], "big") - seg.cl_start  # 2nd record
+    data[at + pos + 100] ^= 0x55  # inside the body
+    store.put(obj, bytes(data))
     # (a query that reads the body: one that does not never touches it, tests/spark/test_spark_sql_prune.py)
     bad = sql(url, f"SELECT count(*), sum(length(body)) FROM messages WHERE topic = '{ORDERS}'")
     assert bad.exit_code == 1 and len(bad.stderr.strip().splitlines()) <= 2

@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from readerkit import BROKER, CLUSTER, T0, local_rows
+from tiered.archive import layout
 from tiered.archive.storage import open_store
 from tiered.format.codec import Host, offset_msg_id
 from tiered.cli import app
@@ -120,10 +121,11 @@ def corrupt_a_body(url: str) -> tuple[str, int, int]:
     (object, offset in it, queue offset)."""
     store = open_store(url)
     seg = Archive(store).manifest(QueueRef(CLUSTER, BROKER, ORDERS, 1)).segments[1]
-    data = bytearray(store.get(seg.commitlog_key))
-    pos = int.from_bytes(store.get(seg.consumequeue_key)[20:28], "big") - seg.cl_start
-    data[pos + 100] ^= 0x55
-    store.put(seg.commitlog_key, bytes(data))
+    obj, at, _length = layout.split(seg.commitlog_key)  # the records' section of the segment's object
+    data = bytearray(store.get(obj))
+    pos = int.from_bytes(layout.read_part(store, seg.consumequeue_key)[20:28], "big") - seg.cl_start
+    data[at + pos + 100] ^= 0x55
+    store.put(obj, bytes(data))
     return seg.commitlog_key, pos, seg.q_start + 1
 
 

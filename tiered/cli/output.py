@@ -123,13 +123,15 @@ class Col:
     must shrink. ``keep``: a name (a topic, a group), never wrapped nor cut:
     a cell longer than the column gets a line of its own; the first column
     is always kept so. The others wrap only between words. ``wide``: only
-    in the wide table (``--wide``)."""
+    in the wide table (``--wide``). ``literal``: the header as named (a
+    query's column names are data), not in capitals."""
 
     name: str
     right: bool = False
     wrap: bool = False
     keep: bool = False
     wide: bool = False
+    literal: bool = False
 
 
 def table_width(stream: TextIO | None = None) -> int | None:
@@ -181,7 +183,7 @@ def render_table(columns: Sequence[Col], rows: Iterable[Sequence[Any]], *, width
     keep = [i for i, c in enumerate(columns) if wide or not c.wide]
     cols = [columns[i] for i in keep]
     cells = [[_cell_text(row[i]) for i in keep] for row in rows]
-    heads = [c.name.upper() if header else "" for c in cols]
+    heads = [(c.name if c.literal else c.name.upper()) if header else "" for c in cols]
 
     def lay_out(widths: list[int]) -> list[str]:
         lines = _render_row(cols, heads, widths) if header else []

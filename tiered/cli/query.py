@@ -496,7 +496,8 @@ def sql(
                     rows = (result.limit(limit) if limit else result).collect()
             if not as_json:
                 # any column may hold long text (a body, properties): it wraps; topics stay whole
-                table([Col(name=c, keep=c.lower() == "topic", wrap=c.lower() != "topic") for c in result.columns],
+                table([Col(name=c, keep=c.lower() == "topic", wrap=c.lower() != "topic", literal=True)
+                       for c in result.columns],
                       ([_cell(v) for v in row] for row in rows))
         except typer.Exit:
             raise
