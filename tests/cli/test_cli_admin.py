@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from tiered.cli import app
 from tiered.cli.output import progress, table
-from tiered.cli.wiring import JsonFormatter, TextFormatter
+from tiered.cli.wiring import JsonFormatter, TextFormatter, setup_logging
 from tiered.archive.lease import LeaseManager
 from tiered.archive.storage import open_store
 
@@ -164,6 +164,25 @@ def test_log_times_are_utc_iso_with_milliseconds() -> None:
                    "topic": "Orders"}
     text = TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s").format(rec)
     assert text == "2023-11-14T22:13:20.123Z INFO t: hello x topic=Orders"
+
+
+def test_log_lines_go_to_stderr_as_it_is_when_they_come(monkeypatch) -> None:
+    """A command run in-process after another (CliRunner, a notebook) logs to
+    its own stderr, not to the closed stream of the run that set logging up."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        first = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", first)
+        setup_logging("text", "WARNING")
+        first.close()
+        second = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", second)
+        logging.getLogger("tiered.t").error("manifest unreadable")
+        assert second.getvalue().endswith(" ERROR tiered.t: manifest unreadable\n")
+    finally:
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
 
 
 class _Tty(io.StringIO):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from tiered import native
 from tiered.clock import Clock, SystemClock
@@ -152,8 +153,22 @@ class TextFormatter(logging.Formatter):
         return f"{base} {extra}" if extra else base
 
 
+class StderrHandler(logging.StreamHandler):
+    """Writes to ``sys.stderr`` as it is when a record comes, not as it was when
+    logging was set up: a CLI run inside another program (a test runner, a
+    notebook) swaps stderr between commands, and a closed stream loses the line."""
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
 def setup_logging(fmt: str, level: str) -> None:
-    handler = logging.StreamHandler()
+    handler = StderrHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else
                          TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
