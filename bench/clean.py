@@ -38,7 +38,7 @@ import zlib
 from collections import Counter
 from pathlib import Path
 
-from cleaner import CleanOptions, Cleaner
+from tiered.cleaner import CleanOptions, Cleaner
 from tiered.clock import ManualClock
 from tiered.archive.coldtier import ColdTier
 from tiered.config import RetentionSettings

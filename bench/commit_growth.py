@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter  # noqa: E402
+from tiered.dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter  # noqa: E402
 from tiered.clock import ManualClock  # noqa: E402
 from tiered.archive.coldtier import ColdTier  # noqa: E402
 from tiered.store.localstore import LocalStore  # noqa: E402

@@ -172,7 +172,7 @@ def phase_generate(args: argparse.Namespace) -> dict:
 
 def _dispatcher(args: argparse.Namespace, url: str, endpoint: str | None, recorder=None,  # noqa: ANN001, ANN202
                 segment_bytes: int | None = None):
-    from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
+    from tiered.dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
     from tiered.archive.coldtier import ColdTier
     from tiered.archive.lease import LeaseManager
     from tiered.store.localstore import LocalStore
@@ -224,7 +224,7 @@ def phase_dispatch(args: argparse.Namespace) -> dict:
 def _record_passes() -> list[list]:
     """The jobs of every CommitLog pass the round makes, as it makes them
     (``_replay`` runs them again)."""
-    import dispatcher.archiver as archiver
+    import tiered.dispatcher.archiver as archiver
 
     jobs_of: list[list] = []
     real = archiver.build_pass
@@ -242,8 +242,8 @@ def _replay(local, jobs_of: list[list]) -> list:  # noqa: ANN001
     same bytes, once the round is over (nothing uploaded or committed beside
     them, no upload thread asking for the GIL), each pass's buffers given
     back to the pool as the round's uploads give them back."""
-    from dispatcher.commitpass import build_pass
-    from dispatcher.segment import SEGMENT_BUFFERS
+    from tiered.dispatcher.commitpass import build_pass
+    from tiered.dispatcher.segment import SEGMENT_BUFFERS
 
     stats = []
     for jobs in jobs_of:

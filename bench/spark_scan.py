@@ -95,7 +95,7 @@ def write_store(root: Path, size_bytes: int, seed: int = 1) -> tuple[int, int]:
 
 
 def archive(store_dir: Path, cold_url: str, state_dir: Path, layout: int) -> None:
-    from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
+    from tiered.dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
     from tiered.archive.coldtier import ColdTier
     from tiered.store.localstore import LocalStore
     from tiered.archive.storage import open_store

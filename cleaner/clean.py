@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cleaner.execute import Executor
-from cleaner.orphans import collect_orphans
-from cleaner.plan import CleanPlan, PlanOptions, make_plan
-from cleaner.report import CleanReport
-from cleaner.retention import RetentionPolicy, load_retention
+from tiered.cleaner.execute import Executor
+from tiered.cleaner.orphans import collect_orphans
+from tiered.cleaner.plan import CleanPlan, PlanOptions, make_plan
+from tiered.cleaner.report import CleanReport
+from tiered.cleaner.retention import RetentionPolicy, load_retention
 from tiered.clock import Clock, SystemClock
 from tiered.archive.coldtier import ColdTier
 from tiered.config import CleanerSettings, RetentionSettings

@@ -27,9 +27,9 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from cleaner.merge import MergedSegment, build_merged
-from cleaner.plan import CleanPlan, QueuePlan
-from cleaner.report import CleanReport, QueueOutcome
+from tiered.cleaner.merge import MergedSegment, build_merged
+from tiered.cleaner.plan import CleanPlan, QueuePlan
+from tiered.cleaner.report import CleanReport, QueueOutcome
 from tiered.clock import Clock
 from tiered.archive.coldtier import ColdTier
 from tiered.errors import ConflictError, FencedError, TieredError

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 
 from apscheduler.schedulers.base import BaseScheduler
 
-from cleaner.clean import Cleaner
+from tiered.cleaner.clean import Cleaner
 
 JOB_ID = "clean"
 

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from cleaner.plan import MergeRun
+from tiered.cleaner.plan import MergeRun
 from tiered.archive import layout, segmeta
 from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record, entry_problem
 from tiered.format.innerbatch import batch_size, inner_records, is_inner_batch

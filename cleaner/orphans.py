@@ -27,8 +27,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from cleaner.plan import accountable_orphans, plan_orphans
-from cleaner.report import CleanReport
+from tiered.cleaner.plan import accountable_orphans, plan_orphans
+from tiered.cleaner.report import CleanReport
 from tiered.archive.coldtier import ColdTier
 from tiered.archive import segmeta
 from tiered.errors import CorruptRecordError, FencedError, TieredError

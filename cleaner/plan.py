@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from cleaner.retention import Retention
+from tiered.cleaner.retention import Retention
 from tiered.archive.chunks import CHUNK_DIR, span
 from tiered.archive.manifest import Gap, Manifest, PendingDelete, Segment, topic_of_dir
 from tiered.archive.segmeta import Descriptor

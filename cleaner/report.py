@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cleaner.plan import CleanPlan, MergeRun, QueueKey, QueuePlan
+from tiered.cleaner.plan import CleanPlan, MergeRun, QueueKey, QueuePlan
 from tiered.archive.manifest import Manifest, Segment
 
 

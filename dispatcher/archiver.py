@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from dispatcher.commitpass import BuildJob, PassOptions, PassStats, Planned, build_pass, build_segment
-from dispatcher.firststarts import FirstStarts, starts_path
-from dispatcher.segment import SEGMENT_BUFFERS, BuiltSegment
+from tiered.dispatcher.commitpass import BuildJob, PassOptions, PassStats, Planned, build_pass, build_segment
+from tiered.dispatcher.firststarts import FirstStarts, starts_path
+from tiered.dispatcher.segment import SEGMENT_BUFFERS, BuiltSegment
 from tiered.clock import Clock
 from tiered.archive.coldtier import ColdTier, ConflictError
 from tiered.format.codec import crc32

@@ -73,8 +73,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dispatcher.segment import BuiltSegment, SegmentBuilder
-from dispatcher.segment import ragged as _ragged
+from tiered.dispatcher.segment import BuiltSegment, SegmentBuilder
+from tiered.dispatcher.segment import ragged as _ragged
 from tiered.errors import CorruptRecordError, ExpiredLocallyError
 from tiered.format.batch import COPY_FIELDS, CQ_DTYPE, check_copy_runs, copies_in_stretches, run_tails
 from tiered.format.keyindex import BadProperties, record_key_hashes

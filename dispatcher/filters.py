@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from dispatcher.systopics import classify
+from tiered.dispatcher.systopics import classify
 
 SYSTEM_TOPICS = frozenset({
     "SCHEDULE_TOPIC_XXXX", "TBW102", "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC",

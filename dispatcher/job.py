@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 
 from apscheduler.schedulers.base import BaseScheduler
 
-from dispatcher.round import Dispatcher
+from tiered.dispatcher.round import Dispatcher
 
 JOB_ID = "dispatch"
 

@@ -34,9 +34,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
-from dispatcher.archiver import ArchiveOptions, QueueArchiver, QueueResult
-from dispatcher.filters import TopicFilter
-from dispatcher.layoutwatch import LayoutWatch
+from tiered.dispatcher.archiver import ArchiveOptions, QueueArchiver, QueueResult
+from tiered.dispatcher.filters import TopicFilter
+from tiered.dispatcher.layoutwatch import LayoutWatch
 from tiered.clock import Clock, SystemClock
 from tiered.archive.coldtier import ColdTier
 from tiered.config import RetentionSettings

@@ -6,7 +6,7 @@ The core never imports this package: the CLI's composition root builds a
 ``PrometheusRecorder`` and hands it to the jobs as a ``tiered.recorder.Recorder``.
 """
 
-from metrics.recorder import ALL_QUEUES, JOBS, OPS, OUTCOMES, PrometheusRecorder
-from metrics.server import MetricsServer
+from tiered.metrics.recorder import ALL_QUEUES, JOBS, OPS, OUTCOMES, PrometheusRecorder
+from tiered.metrics.server import MetricsServer
 
 __all__ = ["ALL_QUEUES", "JOBS", "OPS", "OUTCOMES", "MetricsServer", "PrometheusRecorder"]

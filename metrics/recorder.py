@@ -41,7 +41,7 @@ from prometheus_client import disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from metrics.consumers import ConsumerPositionCollector
+from tiered.metrics.consumers import ConsumerPositionCollector
 from tiered import __version__, native
 from tiered.store.survey import KINDS as LAYOUT_KINDS
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cleaner import CleanOptions, Cleaner
+from tiered.cleaner import CleanOptions, Cleaner
 from dispatchkit import cq_entries
-from cleaner.plan import parse_data_key
-from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
+from tiered.cleaner.plan import parse_data_key
+from tiered.dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
 from tiered.archive import layout
 from tiered.clock import ManualClock
 from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE

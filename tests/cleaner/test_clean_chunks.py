@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from clean_support import PREFIX, Rig
 
-from cleaner import CleanOptions
-from cleaner.plan import PlanOptions, Verdict, plan_queue, still_referenced
-from cleaner.retention import Retention
+from tiered.cleaner import CleanOptions
+from tiered.cleaner.plan import PlanOptions, Verdict, plan_queue, still_referenced
+from tiered.cleaner.retention import Retention
 from tiered.archive.chunks import CHUNK_DIR, span
 from tiered.archive.coldtier import ColdTier
 from tiered.archive.manifest import MANIFEST, Manifest, Segment

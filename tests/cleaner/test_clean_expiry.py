@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from clean_support import HOUR_MS, PREFIX, Rig
 
-from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
+from tiered.dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
 from tiered.archive.coldtier import ColdTier
 from tiered.config import RetentionSettings
 from tiered.errors import StorageError

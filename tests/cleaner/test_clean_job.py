@@ -9,7 +9,7 @@ import pytest
 from apscheduler.schedulers.background import BackgroundScheduler
 from clean_support import Rig
 
-from cleaner.job import JOB_ID, schedule
+from tiered.cleaner.job import JOB_ID, schedule
 
 
 @pytest.mark.parametrize("interval_s", [1, 20, 60, 3600, 86400])

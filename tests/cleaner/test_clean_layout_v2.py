@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from clean_support import BROKER, CLUSTER, Rig
 
-from cleaner import CleanOptions
+from tiered.cleaner import CleanOptions
 from tiered.archive import layout
 from tiered.config import RetentionSettings
 from tiered.archive.manifest import queue_prefix

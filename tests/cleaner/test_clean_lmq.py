@@ -7,7 +7,7 @@ from pathlib import Path
 
 from clean_support import Rig
 
-from cleaner import CleanOptions
+from tiered.cleaner import CleanOptions
 from tiered.config import RetentionSettings
 
 ROOM = "%LMQ%room"

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from cleaner import CleanOptions
+from tiered.cleaner import CleanOptions
 from tiered.clock import ManualClock
 from tiered.archive.coldtier import ColdTier
 from tiered.config import RetentionSettings

@@ -9,10 +9,10 @@ import pytest
 from clean_support import Rig, read_archive
 from dispatchkit import cq_entries
 
-from cleaner import CleanOptions
-from cleaner.execute import _change
-from cleaner.merge import MergedSegment
-from cleaner.plan import MergeRun, QueuePlan
+from tiered.cleaner import CleanOptions
+from tiered.cleaner.execute import _change
+from tiered.cleaner.merge import MergedSegment
+from tiered.cleaner.plan import MergeRun, QueuePlan
 from tiered.config import RetentionSettings
 from tiered.errors import ObjectNotFoundError
 from tiered.format.keyindex import bloom_may_contain, lookup

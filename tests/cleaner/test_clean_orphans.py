@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from clean_support import PREFIX, Rig
 
-from cleaner import CleanOptions
+from tiered.cleaner import CleanOptions
 from tiered.config import RetentionSettings
 from tiered.archive.manifest import CATALOG, LEASE
 

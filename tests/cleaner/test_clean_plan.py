@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 import pytest
 
-from cleaner.plan import (
+from tiered.cleaner.plan import (
     LONG_MAX,
     PlanOptions,
     Verdict,
@@ -19,7 +19,7 @@ from cleaner.plan import (
     plan_queue,
     verdict,
 )
-from cleaner.retention import Retention, RetentionPolicy
+from tiered.cleaner.retention import Retention, RetentionPolicy
 from tiered.archive.manifest import Gap, Manifest, PendingDelete, Segment, segment_keys
 from tiered.archive.storage import ObjectInfo
 

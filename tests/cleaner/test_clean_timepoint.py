@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from clean_support import Rig
 
-from cleaner import CleanOptions
+from tiered.cleaner import CleanOptions
 from tiered.clock import ManualClock
 from tiered.config import RetentionSettings
 from tiered.archive.storage import ObjectStore

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher import TopicFilter
+from tiered.dispatcher import TopicFilter
 from dispatchkit import BROKER, CLUSTER, archive_all, new_dispatcher, new_writer
 from tiered.archive.storage import open_store
 from tiered.clock import ManualClock

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher import commitpass
+from tiered.dispatcher import commitpass
 from tiered.format.batch import CQ_DTYPE
 from tiered.format.codec import CQ_ENTRY_SIZE, CQ_FILLER_SIZE
 from tiered.store.queuecursor import _written_end
@@ -194,7 +194,7 @@ def test_every_queue_at_once_takes_what_each_queue_read_alone_took(tmp_path_fact
     not: ``_gather`` gives each queue exactly what reading it alone gave."""
     import shutil
 
-    from dispatcher.commitpass import BuildJob
+    from tiered.dispatcher.commitpass import BuildJob
     from tiered.store import preads
     from tiered.store.localstore import LocalStore
 

@@ -64,7 +64,7 @@ def test_expired_local_data_becomes_a_recorded_gap(cold_url, open_cold, tmp_path
     expected_min = {q: LocalStore(sd).queue_range(*q).min_offset for q in (A, B)}
     assert all(expected_min[q] > archived_to[q] for q in (A, B))
 
-    caplog.set_level(logging.ERROR, logger="dispatcher")
+    caplog.set_level(logging.ERROR, logger="tiered.dispatcher")
     result = d.run_round()
     assert result.ok, result.errors
     assert result.gaps == 2
@@ -167,7 +167,7 @@ def test_corrupt_record_stops_its_queue_at_that_offset(quarantine, cold_url, ope
     local = LocalStore(sd)
     d = new_dispatcher(store, local, tmp_path / "state", clock, recorder=recorder, upload_bytes=1, max_delay_ms=0,
                        segment_bytes=2500, quarantine_corrupt=quarantine)
-    caplog.set_level(logging.ERROR, logger="dispatcher")
+    caplog.set_level(logging.ERROR, logger="tiered.dispatcher")
     result = d.run_round()
     mb = read_manifest(store, *B)
     assert mb.next_offset == 30 and not mb.gaps  # the other queue is untouched by A's trouble

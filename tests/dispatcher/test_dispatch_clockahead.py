@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
+from tiered.dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
 from tiered.clock import ManualClock
 from tiered.archive.coldtier import ColdTier
 from tiered.store.localstore import LocalStore

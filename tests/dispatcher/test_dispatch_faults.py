@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from faultproxy import FaultProxy, FaultSchedule
 from dispatchkit import CLUSTER, BROKER, assert_exact, new_dispatcher, new_writer, produce
-from metrics import PrometheusRecorder
+from tiered.metrics import PrometheusRecorder
 from tiered.archive.coldtier import ColdTier
 from tiered.errors import BadResponseError, PreconditionFailedError
 from tiered.store.localstore import LocalStore

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from dispatcher import TopicFilter
+from tiered.dispatcher import TopicFilter
 from dispatchkit import (BROKER, CLUSTER, assert_exact, expire_below, new_dispatcher, new_writer, produce,
                          read_manifest)
-from metrics import PrometheusRecorder
+from tiered.metrics import PrometheusRecorder
 from tiered.clock import ManualClock
 from tiered.store.localstore import LocalStore
 from tiered.archive.storage import ObjectStore, S3Options, open_store
@@ -135,7 +135,7 @@ def test_an_unreadable_file_is_unknown(tmp_path: Path, content: bytes, caplog: p
     path.parent.mkdir(parents=True)
     path.write_bytes(content)
     path.with_name(path.name + ".bak").write_bytes(content)  # no usable backup either
-    with caplog.at_level(logging.WARNING, logger="dispatcher.firststarts"):
+    with caplog.at_level(logging.WARNING, logger="tiered.dispatcher.firststarts"):
         d = new_dispatcher(store, LocalStore(sd), state, clock, max_delay_ms=HOUR_MS)
     assert [r.getMessage() for r in caplog.records if str(path) in r.getMessage() and "unusable" in r.getMessage()]
     assert d.run_round().ok
@@ -160,7 +160,7 @@ def test_a_start_past_the_store_end_is_fixed_again(tmp_path: Path, caplog: pytes
     path.write_text(json.dumps({"version": 1, "starts": [{"topic": "Orders", "queue": 0, "offset": 5000},
                                                          {"topic": "Orders", "queue": 1, "offset": 7}]}))
     d = new_dispatcher(store, LocalStore(sd), state, clock, max_delay_ms=HOUR_MS)
-    with caplog.at_level(logging.WARNING, logger="dispatcher.archiver"):
+    with caplog.at_level(logging.WARNING, logger="tiered.dispatcher.archiver"):
         assert d.run_round().ok
     assert [r.getMessage() for r in caplog.records] == [
         "Orders/0: first-seen start 5000 is past the store's end 300; fixing it again"]
@@ -180,7 +180,7 @@ def test_an_unwritable_state_keeps_the_start_in_memory(tmp_path: Path, caplog: p
     (state / "first-starts").write_text("a file where the directory should be")
     rec = PrometheusRecorder(CollectorRegistry())
     d = new_dispatcher(store, LocalStore(sd), state, clock, recorder=rec, max_delay_ms=HOUR_MS)
-    with caplog.at_level(logging.ERROR, logger="dispatcher.firststarts"):
+    with caplog.at_level(logging.ERROR, logger="tiered.dispatcher.firststarts"):
         assert d.run_round().ok
         first = _expire_oldest(sd)
         clock.advance(3600)

@@ -9,7 +9,7 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from dispatchkit import new_dispatcher, new_writer, produce, read_manifest
-from dispatcher.job import JOB_ID, schedule
+from tiered.dispatcher.job import JOB_ID, schedule
 from tiered.store.localstore import LocalStore
 from tiered.archive.storage import FileStore
 

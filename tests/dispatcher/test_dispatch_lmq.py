@@ -93,7 +93,7 @@ def test_lmq_entry_past_the_commitlog_end_stops_that_queue_alone(rmq5_store: Pat
 
     cold = open_cold(f"file://{tmp_path / 'cold'}", recorder=recorder)
     d = new_dispatcher(cold, local, tmp_path / "state", clock, recorder=recorder, upload_bytes=1, max_delay_ms=0)
-    caplog.set_level(logging.ERROR, logger="dispatcher")
+    caplog.set_level(logging.ERROR, logger="tiered.dispatcher")
     result = d.run_round()
     assert f"{RED}/0" in result.errors
     assert read_manifest(cold, RED, 0).next_offset == bad  # stopped exactly at the bad entry

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from zlib_ng.zlib_ng import crc32
 
-import dispatcher.commitpass as commitpass
+import tiered.dispatcher.commitpass as commitpass
 from dispatchkit import BROKER, CLUSTER, assert_exact, new_dispatcher, new_writer, produce, read_manifest
 from tiered.archive import segmeta
 from tiered.archive.storage import open_store
@@ -115,7 +115,7 @@ def counted(monkeypatch):  # noqa: ANN001, ANN201
 def _as_per_queue(local: LocalStore, job, planned: dict, *context: object):  # noqa: ANN001, ANN202
     """The pass's segment (None: no record) and stop for ``job``, asserted to
     be exactly what the per-queue build (``build_segment``) makes of it."""
-    from dispatcher.commitpass import build_segment
+    from tiered.dispatcher.commitpass import build_segment
 
     want, want_stop = build_segment(local, job, 5)
     got_job, builder, stop = planned[(job.topic, job.queue_id)]
@@ -157,7 +157,7 @@ def test_one_pass_builds_the_per_queue_segments(tmp_path, clock, recorder, monke
     _flip_body_byte(sd, *BAD, BAD_OFFSET)
     clock.advance(1)
     stores, locals_, watched, segments = {}, {}, {}, 0
-    caplog.set_level(logging.ERROR, logger="dispatcher")
+    caplog.set_level(logging.ERROR, logger="tiered.dispatcher")
     for single in (True, False):
         store = stores[single] = open_store(f"file://{tmp_path / f'cold-{single}'}")
         local = locals_[single] = LocalStore(sd)
@@ -221,7 +221,7 @@ def test_pass_and_per_queue_build_agree_on_every_start(tmp_path, clock, monkeypa
     ``build_segment``'s, record and stop alike; also with every pass taken
     as sparse, in 16 KiB windows copied in 4 KiB stretches whose pages are
     given back behind them."""
-    from dispatcher.commitpass import BuildJob, PassOptions
+    from tiered.dispatcher.commitpass import BuildJob, PassOptions
 
     options = PassOptions()
     if stretches:
@@ -253,7 +253,7 @@ def test_a_last_entry_written_during_the_pass_is_read_again(tmp_path, clock, mon
     pass reads it (its tags code last): the entry is read again after its
     record; when it changed, the queue is read again by the per-queue read,
     which sees the completed entry."""
-    from dispatcher.commitpass import BuildJob, build_segment
+    from tiered.dispatcher.commitpass import BuildJob, build_segment
     from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE
 
     sd = tmp_path / "store"
@@ -317,7 +317,7 @@ def test_windows_go_on_the_cores_available_at_most_max_threads(tmp_path, clock, 
     MAX_THREADS, or ``PassOptions.threads`` when set."""
     seen = _threads_seen(monkeypatch)
     queues, local, _biggest = _five_queues(tmp_path, clock)
-    from dispatcher.commitpass import BuildJob
+    from tiered.dispatcher.commitpass import BuildJob
 
     jobs = [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=0, cl_start=0, segment_bytes=1 << 20,
                      key_index=True, layout=2) for t, q in queues]
@@ -404,7 +404,7 @@ def test_a_corrupt_record_in_a_window_of_many_queues_stops_only_its_queue(tmp_pa
     error naming the CommitLog file and the record's offset, the queue with
     properties that are not UTF-8 at its record, every other queue is built
     whole; all exactly as ``build_segment`` builds them, compiled or not."""
-    from dispatcher.commitpass import BuildJob
+    from tiered.dispatcher.commitpass import BuildJob
     from tiered.errors import CorruptRecordError
     from tiered.format import batch as batch_module
 
@@ -451,7 +451,7 @@ def test_queues_with_and_without_a_key_index_in_one_window(tmp_path, clock, monk
     queue at that record (the window's builders then find their own keys);
     an unkeyed queue never reads them and takes it (the window's keys are
     found at once)."""
-    from dispatcher.commitpass import BuildJob
+    from tiered.dispatcher.commitpass import BuildJob
     from tiered.errors import CorruptRecordError
     from tiered.format import batch as batch_module
 
@@ -489,7 +489,7 @@ def _small_queues(sd: Path, clock, queues: list[tuple[str, int]], records: int, 
 
 
 def _jobs(queues: list[tuple[str, int]], segment_bytes: int = 1 << 20) -> list:
-    from dispatcher.commitpass import BuildJob
+    from tiered.dispatcher.commitpass import BuildJob
 
     return [BuildJob(prefix=f"p/{t}/{q}", topic=t, queue_id=q, start=0, cl_start=0, segment_bytes=segment_bytes,
                      key_index=True, layout=2) for t, q in queues]
@@ -514,7 +514,7 @@ def test_a_consumequeue_file_damaged_between_the_gather_and_the_walk(tmp_path, c
     stays readable through it). The other queues are built whole. (A file
     cut while mapped is not a case: reading past its new end faults, which
     is why the pass reads with pread.)"""
-    from dispatcher.commitpass import build_segment
+    from tiered.dispatcher.commitpass import build_segment
     from tiered.errors import ExpiredLocallyError
     from tiered.format.codec import CQ_ENTRY_SIZE
 

@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 import pytest
 
 from dispatchkit import BROKER, CLUSTER, CountingRecorder, assert_exact, new_dispatcher, new_writer, produce, read_manifest
-from dispatcher import TopicFilter, is_system_topic
-from dispatcher.filters import TopicVerdict
+from tiered.dispatcher import TopicFilter, is_system_topic
+from tiered.dispatcher.filters import TopicVerdict
 from tiered.store.localstore import LocalStore
 from tiered.archive.storage import FileStore, RetryPolicy
 

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 import tiered.cli.archive as cli_archive
 from dispatchkit import BROKER, CLUSTER, assert_exact, new_dispatcher, read_manifest
-from dispatcher import TopicFilter
-from metrics import PrometheusRecorder
+from tiered.dispatcher import TopicFilter
+from tiered.metrics import PrometheusRecorder
 from tiered.archive.coldtier import ColdTier
 from tiered.archive.storage import FileStore
 from tiered.cli import app
@@ -183,7 +183,7 @@ def test_controller_mode_with_a_zeroed_confirm_offset_archives_nothing_and_says_
                                                                                        caplog):
     (rmq5_store / "checkpoint").write_bytes((rmq5_store / "checkpoint").read_bytes()[:32] + b"\0" * 8)
     recorder = PrometheusRecorder()
-    with caplog.at_level("INFO", logger="dispatcher.round"):
+    with caplog.at_level("INFO", logger="tiered.dispatcher.round"):
         store, _local, _clock = dispatch(rmq5_store, tmp_path, "controller", recorder)
     assert all(read_manifest(store, t, q) is None for t, q in QUEUES)
     assert recorder.registry.get_sample_value("tiered_broker_confirm_offset_bytes") == 0

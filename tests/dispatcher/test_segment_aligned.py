@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher import segment
-from dispatcher.segment import ALIGN, SEGMENT_BUFFERS, BufferPool, SegmentBuilder, fit
+from tiered.dispatcher import segment
+from tiered.dispatcher.segment import ALIGN, SEGMENT_BUFFERS, BufferPool, SegmentBuilder, fit
 from tiered.archive import segmeta
 from tiered.archive.filewrite import DIRECT_MIN
 from tiered.archive.storage import open_store

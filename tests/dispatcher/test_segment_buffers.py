@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher.segment import SEGMENT_BUFFERS, BufferPool, SegmentBuilder
+from tiered.dispatcher.segment import SEGMENT_BUFFERS, BufferPool, SegmentBuilder
 from tiered.archive import segmeta
 from tiered.format.batch import RecordBatch
 from tiered.format.keyindex import lookup
@@ -179,7 +179,7 @@ def test_extend_many_hands_each_builder_what_extend_hands_it(rounds, gap):
     hold exactly what one ``extend`` each gives them."""
     import numpy as np
 
-    from dispatcher.segment import ragged
+    from tiered.dispatcher.segment import ragged
 
     whole = _batch()
     n = len(rounds)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from zlib_ng.zlib_ng import crc32
 
-from dispatcher.segment import SegmentBuilder
+from tiered.dispatcher.segment import SegmentBuilder
 from tiered.errors import CorruptRecordError
 from tiered.format.batch import RecordBatch
 from tiered.format.keyindex import record_key_hashes

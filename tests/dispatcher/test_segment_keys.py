@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher.segment import SegmentBuilder
+from tiered.dispatcher.segment import SegmentBuilder
 from tiered.format.codec import decode_properties
 from tiered.errors import CorruptRecordError
 from tiered.format.keyindex import batch_keys, lookup

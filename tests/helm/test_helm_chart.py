@@ -465,7 +465,7 @@ def test_probes_point_at_the_real_endpoint(rendered, parent_docs) -> None:
     the rendered config makes it listen on."""
     from prometheus_client import CollectorRegistry
 
-    from metrics.server import MetricsServer
+    from tiered.metrics.server import MetricsServer
     from tiered.config import MetricsSettings
 
     pods = all_tiered_pods(rendered, parent_docs)

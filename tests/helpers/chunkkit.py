@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from cleaner.orphans import collect_orphans
-from cleaner.report import CleanReport
+from tiered.cleaner.orphans import collect_orphans
+from tiered.cleaner.report import CleanReport
 from dispatchkit import BROKER, CLUSTER
 from tiered.archive import layout, segmeta
 from tiered.archive.chunks import CHUNK_DIR

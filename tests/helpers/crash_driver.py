@@ -23,7 +23,7 @@ def main() -> None:
     endpoint = sys.argv[4] if len(sys.argv) > 4 else None
     layout = int(os.environ.get("CRASH_LAYOUT", "1"))  # 2: one zstd object per segment
 
-    from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
+    from tiered.dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
     from tiered.archive.coldtier import ColdTier
     from tiered.archive.lease import LeaseManager
     from tiered.store.localstore import LocalStore

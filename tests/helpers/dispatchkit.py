@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
+from tiered.dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
 from tiered.clock import ManualClock
 from tiered.format.batch import RecordBatch
 from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, Host, decode_record

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from metrics import PrometheusRecorder
-from metrics.names import (
+from tiered.metrics import PrometheusRecorder
+from tiered.metrics.names import (
     ALERTS_PATH,
     DASHBOARD_PATH,
     dashboard_queries,
@@ -268,7 +268,7 @@ def test_required_alerts(rules: list[dict[str, Any]]) -> None:
 
 
 def test_rule_outcomes_are_known_values(rules: list[dict[str, Any]]) -> None:
-    from metrics import OUTCOMES
+    from tiered.metrics import OUTCOMES
 
     for rule in rules:
         for match in re.findall(r'outcome(?:=|!=|=~|!~)"([^"]*)"', rule["expr"]):

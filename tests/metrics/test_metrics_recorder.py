@@ -10,7 +10,7 @@ import threading
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from metrics import ALL_QUEUES, JOBS, OPS, OUTCOMES, PrometheusRecorder
+from tiered.metrics import ALL_QUEUES, JOBS, OPS, OUTCOMES, PrometheusRecorder
 from tiered import __version__, native
 from tiered.recorder import NullRecorder, Recorder
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from metrics import MetricsServer, PrometheusRecorder
+from tiered.metrics import MetricsServer, PrometheusRecorder
 
 
 class Readiness:

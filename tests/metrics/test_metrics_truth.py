@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from dispatchkit import assert_exact, expire_below, new_dispatcher, new_writer, produce, read_manifest
 from faultproxy import FaultProxy, FaultSchedule
-from metrics import PrometheusRecorder
+from tiered.metrics import PrometheusRecorder
 from tiered.clock import ManualClock
 from tiered.store.localstore import LocalStore
 from tiered.archive.storage import RetryPolicy, S3Options, open_store
@@ -195,7 +195,7 @@ def test_series_per_queue_at_a_large_broker() -> None:
 
 
 def test_a_queue_no_longer_watched_loses_its_series(tmp_path: Path) -> None:
-    from dispatcher import TopicFilter
+    from tiered.dispatcher import TopicFilter
 
     clock = ManualClock()
     registry = CollectorRegistry()

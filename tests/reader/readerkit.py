@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
+from tiered.dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
 from tiered.archive.coldtier import ColdTier
 from tiered.store.localstore import LocalStore
 from tiered.recorder import NullRecorder

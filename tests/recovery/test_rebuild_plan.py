@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cleaner.plan import accountable_orphans
+from tiered.cleaner.plan import accountable_orphans
 from tiered.archive import segmeta
 from tiered.errors import CorruptRecordError
 from tiered.archive.manifest import Gap, Manifest, Segment, segment_keys

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from prometheus_client import generate_latest
 from typer.testing import CliRunner
 
-from metrics import PrometheusRecorder
+from tiered.metrics import PrometheusRecorder
 from tiered.cli import app
 from tiered.cli.wiring import make_dispatcher
 from tiered.config import Settings

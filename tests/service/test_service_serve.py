@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from metrics.names import declared_sample_names, metric_names_in_dashboard, metric_names_in_rules
+from tiered.metrics.names import declared_sample_names, metric_names_in_dashboard, metric_names_in_rules
 from tiered.archive.coldtier import ColdTier
 from tiered.archive.storage import S3Options, open_store
 from tiered.store.storewriter import StoreWriter

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher.segment import SegmentBuilder
+from tiered.dispatcher.segment import SegmentBuilder
 from tiered.errors import CorruptRecordError
 from tiered.format import keyindex
 from tiered.format.batch import RecordBatch

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from lmqkit import LMQ_COUNTS, invoke, lmq_lines, unconfirmed
 
-from dispatcher.filters import TopicFilter
+from tiered.dispatcher.filters import TopicFilter
 from tiered.errors import CorruptRecordError
 from tiered.format.codec import Message, check_against_entry, decode_record, encode_record, entry_offset
 from tiered.format.lmq import is_lmq, lmq_offset, lmq_problem

@@ -24,7 +24,7 @@ sys.meta_path.insert(0, Hide())
 from tiered import native
 from tiered.format import batch, keyindex
 from tiered.store import preads
-from dispatcher import segment
+from tiered.dispatcher import segment
 print(native.core is None, batch._native is None, segment._realign is None, keyindex._native is None,
       preads._native is None)
 print(native.describe())
@@ -39,7 +39,7 @@ def test_without_the_extension_every_user_runs_the_python_path() -> None:
 
 
 def test_the_core_loaded_is_the_one_every_user_holds() -> None:
-    from dispatcher import segment
+    from tiered.dispatcher import segment
     from tiered.format import batch, keyindex
     from tiered.store import preads
 

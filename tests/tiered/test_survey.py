@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.layoutwatch import SURVEY_INTERVAL_S, LayoutWatch
-from metrics import PrometheusRecorder
+from tiered.dispatcher.layoutwatch import SURVEY_INTERVAL_S, LayoutWatch
+from tiered.metrics import PrometheusRecorder
 from tiered.clock import ManualClock
 from tiered.format.codec import BLANK_MAGIC, MAGIC_V2
 from tiered.store.localstore import LocalStore

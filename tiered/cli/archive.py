@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dispatcher import Dispatcher
+from tiered.dispatcher import Dispatcher
 from tiered.cli.app import app, fail
 from tiered.cli.common import (BrokerModeOpt, BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, OnceOpt, StoreOpt, TopicsOpt,
                                settings_from, topic_matcher)

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cleaner import CleanReport
+from tiered.cleaner import CleanReport
 from tiered.cli.app import app, fail
 from tiered.cli.common import (BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, OnceOpt, StoreOpt, TopicsOpt, settings_from,
                                topic_matcher)

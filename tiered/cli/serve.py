@@ -37,7 +37,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor as APThreadPool
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
-from metrics import MetricsServer, PrometheusRecorder
+from tiered.metrics import MetricsServer, PrometheusRecorder
 from tiered.cli.app import app, fail
 from tiered.cli.common import BrokerModeOpt, BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, StoreOpt, settings_from
 from tiered.cli.wiring import cold_tier, lease, make_cleaner, make_dispatcher, object_store, setup_logging

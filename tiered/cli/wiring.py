@@ -21,8 +21,8 @@ from tiered.recorder import NullRecorder, Recorder
 from tiered.archive.storage import ObjectStore, RetryPolicy, S3Options, open_store
 
 if TYPE_CHECKING:
-    from cleaner import Cleaner
-    from dispatcher import Dispatcher, TopicFilter
+    from tiered.cleaner import Cleaner
+    from tiered.dispatcher import Dispatcher, TopicFilter
 
 
 def s3_options(settings: Settings) -> S3Options:
@@ -180,7 +180,7 @@ def setup_logging(fmt: str, level: str) -> None:
 
 def topic_filter(settings: Settings) -> TopicFilter:
     """The topics the dispatcher archives (and so verify and status answer for)."""
-    from dispatcher import TopicFilter
+    from tiered.dispatcher import TopicFilter
 
     return TopicFilter(tuple(settings.topics.include), tuple(settings.topics.exclude),
                        settings.topics.include_system, frozenset({settings.cluster, settings.broker}))
@@ -199,7 +199,7 @@ def make_dispatcher(
 ) -> Dispatcher:
     """A Dispatcher from settings; the service passes its shared store, cold
     tier and lease so the dispatcher and the cleaner see one manifest cache."""
-    from dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, PassOptions
+    from tiered.dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, PassOptions
 
     store = store or object_store(settings, recorder)
     cold = cold or cold_tier(settings, store, writer=True, clock=clock, recorder=recorder)
@@ -232,7 +232,7 @@ def make_cleaner(
 ) -> Cleaner:
     """The cleaner for ``settings``; shares ``cold`` (and its per-queue locks)
     with the dispatcher when both run in one process."""
-    from cleaner import CleanOptions, Cleaner
+    from tiered.cleaner import CleanOptions, Cleaner
 
     return Cleaner(cold, local=local, retention=settings.retention, options=CleanOptions.from_settings(settings.cleaner),
                    lease=lease_manager, recorder=recorder, clock=clock)
