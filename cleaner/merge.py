@@ -20,12 +20,12 @@ objects until their deferred deletion.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from tiered.cleaner.plan import MergeRun
 from tiered.archive import layout, segmeta
-from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record, entry_problem
+from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, Record, crc32, decode_record, entry_problem
 from tiered.format.innerbatch import batch_size, inner_records, is_inner_batch
 from tiered.errors import CorruptRecordError, NotWrittenYetError
 from tiered.format.keyindex import build_bloom, build_index
@@ -67,6 +67,18 @@ def build_merged(
         if b.q_start != a.q_end or b.cl_start != a.cl_end:
             raise ValueError(f"{topic}/{queue_id}: segments [{a.q_start},{a.q_end}) and [{b.q_start},{b.q_end}) "
                              "are not adjacent")
+    cl, cq = _read_run(store, segs)
+    want_index = any(s.index_key for s in segs)
+    keys, times = _check_records(segs, cl, cq, topic, queue_id, want_index)
+    if times[0] != min(s.min_store_ms for s in segs) or times[1] != max(s.max_store_ms for s in segs):
+        log.warning("merged records' store times differ from the manifest's; using the records'",
+                    extra={"topic": topic, "queue": queue_id, "offset": segs[0].q_start})
+    return _pack(run, prefix, cl, cq, keys, want_index, times, now_ms, describe)
+
+
+def _read_run(store: ObjectStore, segs: Sequence[Segment]) -> tuple[bytearray, bytearray]:
+    """The run's CommitLog bytes and ConsumeQueue entries, each concatenated,
+    every object held to its manifest entry's length and CRC."""
     cl = bytearray()
     cq = bytearray()
     for seg in segs:
@@ -79,21 +91,27 @@ def build_merged(
         if len(entries) != seg.messages * CQ_ENTRY_SIZE or crc32(entries) != seg.consumequeue_crc:
             raise CorruptRecordError(seg.consumequeue_key, 0, "length or CRC differs from the manifest")
         cq += entries
+    return cl, cq
 
+
+def _where(segs: Sequence[Segment], cl_offset: int) -> tuple[str, int]:
+    """The input object and offset in it that hold a cold CommitLog offset."""
+    for seg in segs:
+        if seg.cl_start <= cl_offset < seg.cl_end:
+            return seg.commitlog_key, cl_offset - seg.cl_start
+    return segs[-1].commitlog_key, cl_offset - segs[-1].cl_start
+
+
+def _check_records(segs: Sequence[Segment], cl: bytearray, cq: bytearray, topic: str, queue_id: int,
+                   want_index: bool) -> tuple[list[tuple[int, list[str]]], tuple[int, int, int, int]]:
+    """Every entry of the run against the record it points at, the records
+    tiling the run's CommitLog bytes exactly: the keys to index (when
+    ``want_index``) and the records' (min, max) store and born times."""
     first, last = segs[0], segs[-1]
-
-    def where(cl_offset: int) -> tuple[str, int]:
-        """The input object and offset in it that hold a cold CommitLog offset."""
-        for seg in segs:
-            if seg.cl_start <= cl_offset < seg.cl_end:
-                return seg.commitlog_key, cl_offset - seg.cl_start
-        return last.commitlog_key, cl_offset - last.cl_start
-
     view = memoryview(cl)
     topic_raw = topic.encode("utf-8")
-    want_index = any(s.index_key for s in segs)
     keys: list[tuple[int, list[str]]] = []
-    min_store = max_store = min_born = max_born = 0
+    times = _Times()
     expect = first.cl_start
     next_msg = first.msg_start  # a BatchCQ run: the queue offset the next record starts at (docs/batchcq.md)
     for i in range(last.q_end - first.q_start):
@@ -106,43 +124,58 @@ def build_merged(
         try:
             rec = decode_record(view, off - first.cl_start, first.commitlog_key)
         except (CorruptRecordError, NotWrittenYetError) as exc:
-            key, at = where(off)
+            key, at = _where(segs, off)
             raise CorruptRecordError(key, at, f"record {q}: {getattr(exc, 'reason', exc)}") from None
         if rec.size != size or entry_problem(rec, topic=topic_raw, queue_id=queue_id,
                                              queue_offset=q if next_msg is None else next_msg):
-            key, at = where(off)
+            key, at = _where(segs, off)
             raise CorruptRecordError(key, at, f"record does not match its ConsumeQueue entry {q}")
         if next_msg is not None:
             next_msg += batch_size(rec)
         expect += size
-        st, bt = rec.store_timestamp, rec.born_timestamp
-        if i == 0:
-            min_store = max_store = st
-            min_born = max_born = bt
-        else:
-            min_store, max_store = min(min_store, st), max(max_store, st)
-            min_born, max_born = min(min_born, bt), max(max_born, bt)
-        if want_index:
-            ks = rec.keys
-            uniq = rec.unique_key
-            if uniq:
-                ks.append(uniq)
-            if next_msg is not None and is_inner_batch(rec.sys_flag):  # a batch's messages' keys too
-                for msg in inner_records(rec):
-                    ks += msg.keys + ([msg.unique_key] if msg.unique_key else [])
-            if ks:
-                keys.append((q, ks))
+        times.add(rec.store_timestamp, rec.born_timestamp)
+        if want_index and (ks := _record_keys(rec, batch=next_msg is not None)):
+            keys.append((q, ks))
     if next_msg != last.msg_end:
-        key, at = where(expect)
+        key, at = _where(segs, expect)
         raise CorruptRecordError(key, at, f"records end at queue offset {next_msg}, the run at {last.msg_end}")
     if expect != last.cl_end:
-        key, at = where(expect)
+        key, at = _where(segs, expect)
         raise CorruptRecordError(key, at, f"records end at {expect}, the run at {last.cl_end}")
-    if min_store != min(s.min_store_ms for s in segs) or max_store != max(s.max_store_ms for s in segs):
-        log.warning("merged records' store times differ from the manifest's; using the records'",
-                    extra={"topic": topic, "queue": queue_id, "offset": first.q_start})
+    return keys, times.bounds()
 
-    return _pack(run, prefix, cl, cq, keys, want_index, (min_store, max_store, min_born, max_born), now_ms, describe)
+
+class _Times:
+    """The lowest and highest store and born times of the records seen (all 0 before the first)."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.min_store = self.max_store = self.min_born = self.max_born = 0
+
+    def add(self, st: int, bt: int) -> None:
+        if not self.seen:
+            self.seen = True
+            self.min_store = self.max_store = st
+            self.min_born = self.max_born = bt
+            return
+        self.min_store, self.max_store = min(self.min_store, st), max(self.max_store, st)
+        self.min_born, self.max_born = min(self.min_born, bt), max(self.max_born, bt)
+
+    def bounds(self) -> tuple[int, int, int, int]:
+        return self.min_store, self.max_store, self.min_born, self.max_born
+
+
+def _record_keys(rec: Record, *, batch: bool) -> list[str]:
+    """The keys a record is found by: its KEYS, its UNIQ_KEY and, in a BatchCQ
+    queue, those of the messages an inner batch holds."""
+    ks = rec.keys
+    uniq = rec.unique_key
+    if uniq:
+        ks.append(uniq)
+    if batch and is_inner_batch(rec.sys_flag):
+        for msg in inner_records(rec):
+            ks += msg.keys + ([msg.unique_key] if msg.unique_key else [])
+    return ks
 
 
 def _pack(run: MergeRun, prefix: str, cl: bytearray, cq: bytearray, keys: list[tuple[int, list[str]]],

@@ -13,16 +13,16 @@ collects them after a grace period).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from tiered.archive import segmeta
-from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, crc32, decode_record, entry_problem
+from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, Record, crc32, decode_record, entry_problem
 from tiered.format.innerbatch import batch_size
 from tiered.archive.coldtier import ColdTier
 from tiered.errors import CorruptRecordError, ExpiredLocallyError, NotWrittenYetError, TieredError
 from tiered.format.keyindex import lookup
-from tiered.store.localstore import LocalStore
+from tiered.store.localstore import LocalStore, QueuedRecord
 from tiered.archive.manifest import CATALOG, IDENTITY, LEASE, MANIFEST, Manifest, Segment
 from tiered.archive.rebuild import queues_in
 from tiered.query.reader import list_dirs
@@ -52,81 +52,14 @@ class VerifyReport:
 
 def verify_segment(cold: ColdTier, m: Manifest, seg: Segment, report: VerifyReport,
                    local: LocalStore | None) -> None:
-    store = cold.store
     where = f"{m.topic}/{m.queue_id} [{seg.q_start},{seg.q_end})"
-    try:
-        parts = segmeta.read_parts(store, seg)  # either layout; a compressed v2 object is inflated
-    except CorruptRecordError as exc:
-        report.problems.append(f"{where}: {exc}")
+    parts = _checked_parts(cold, m, seg, report, where)
+    if parts is None:
         return
-    except TieredError as exc:
-        report.problems.append(f"{m.topic}/{m.queue_id} segment {seg.q_start}-{seg.q_end}: {exc}")
+    ends = _verify_records(m, seg, parts, report, where, _local_records(local, m, seg))
+    if ends is None:
         return
-    cl, cq, desc = parts.commitlog, parts.entries, parts.descriptor
-    if len(cl) != seg.nbytes or crc32(cl) != seg.commitlog_crc:
-        report.problems.append(f"{where}: {seg.commitlog_key} size/checksum differs from the manifest")
-        return
-    if desc is not None and replace(desc.segment, bloom=seg.bloom, created_ms=seg.created_ms,
-                                    stored_bytes=seg.stored_bytes) != seg:
-        # reported, and the records are still compared: they say what differs
-        report.problems.append(f"{where}: {parts.carrier} descriptor differs from the manifest")
-    if len(cq) != seg.messages * CQ_ENTRY_SIZE or crc32(cq) != seg.consumequeue_crc:
-        report.problems.append(f"{where}: {seg.consumequeue_key} size/checksum differs from the manifest")
-        return
-    view = memoryview(cl)
-    topic_raw = m.topic.encode()
-    local_iter = None
-    if local is not None:
-        try:
-            local_iter = iter(local.iter_queue(m.topic, m.queue_id, seg.q_start, max_count=seg.messages))
-        except TieredError:
-            local_iter = None
-    expected_pos = seg.cl_start
-    next_msg = seg.msg_start  # a BatchCQ segment: the queue offset its next record starts at
-    for i in range(seg.messages):
-        off, size, _tags = CQ_ENTRY.unpack_from(cq, i * CQ_ENTRY_SIZE)
-        q = seg.q_start + i
-        if off != expected_pos:
-            report.problems.append(f"{where}: entry {q} points at {off}, expected {expected_pos}")
-            return
-        expected_pos += size
-        try:
-            rec = decode_record(view, off - seg.cl_start, seg.commitlog_key)
-        except TieredError as exc:
-            report.problems.append(f"{where}: offset {q}: {exc}")
-            return
-        if rec.size != size or entry_problem(rec, topic=topic_raw, queue_id=m.queue_id,
-                                             queue_offset=q if next_msg is None else next_msg):
-            report.problems.append(f"{where}: offset {q}: record does not match its cold ConsumeQueue entry")
-            return
-        if next_msg is not None:
-            try:
-                next_msg += batch_size(rec)
-            except TieredError as exc:
-                report.problems.append(f"{where}: offset {q}: {exc}")
-                return
-        report.records += 1
-        if local_iter is None:
-            report.expired_locally += 1
-            continue
-        try:
-            item = next(local_iter)
-        except (StopIteration, ExpiredLocallyError):
-            local_iter = None
-            report.expired_locally += 1
-            continue
-        except TieredError as exc:
-            report.problems.append(f"{where}: local read at {q}: {exc}")
-            local_iter = None
-            continue
-        if item.queue_offset != q or item.record.raw != rec.raw:
-            report.problems.append(f"{where}: offset {q}: archived bytes differ from the local record")
-            return
-        if item.tags_code != _tags:
-            report.problems.append(f"{where}: offset {q}: cold ConsumeQueue tags code {_tags} differs from the "
-                                   f"local {item.tags_code}")
-            return
-        report.compared_locally += 1
+    expected_pos, next_msg = ends
     if next_msg is not None and next_msg != seg.msg_end:
         report.problems.append(f"{where}: records end at queue offset {next_msg}, the segment at {seg.msg_end}")
         return
@@ -139,6 +72,109 @@ def verify_segment(cold: ColdTier, m: Manifest, seg: Segment, report: VerifyRepo
             lookup(parts.index, "", seg.index_key)
         except TieredError as exc:
             report.problems.append(f"{where}: key index: {exc}")
+
+
+def _checked_parts(cold: ColdTier, m: Manifest, seg: Segment, report: VerifyReport,
+                   where: str) -> segmeta.SegmentParts | None:
+    """The segment's objects, read and held to the manifest's sizes and
+    checksums; None (the problem reported) when they cannot be."""
+    try:
+        parts = segmeta.read_parts(cold.store, seg)  # either layout; a compressed v2 object is inflated
+    except CorruptRecordError as exc:
+        report.problems.append(f"{where}: {exc}")
+        return None
+    except TieredError as exc:
+        report.problems.append(f"{m.topic}/{m.queue_id} segment {seg.q_start}-{seg.q_end}: {exc}")
+        return None
+    cl, cq, desc = parts.commitlog, parts.entries, parts.descriptor
+    if len(cl) != seg.nbytes or crc32(cl) != seg.commitlog_crc:
+        report.problems.append(f"{where}: {seg.commitlog_key} size/checksum differs from the manifest")
+        return None
+    if desc is not None and replace(desc.segment, bloom=seg.bloom, created_ms=seg.created_ms,
+                                    stored_bytes=seg.stored_bytes) != seg:
+        # reported, and the records are still compared: they say what differs
+        report.problems.append(f"{where}: {parts.carrier} descriptor differs from the manifest")
+    if len(cq) != seg.messages * CQ_ENTRY_SIZE or crc32(cq) != seg.consumequeue_crc:
+        report.problems.append(f"{where}: {seg.consumequeue_key} size/checksum differs from the manifest")
+        return None
+    return parts
+
+
+def _local_records(local: LocalStore | None, m: Manifest, seg: Segment) -> Iterator[QueuedRecord] | None:
+    """The broker's own records of the segment's range, or None where it has none to read."""
+    if local is None:
+        return None
+    try:
+        return iter(local.iter_queue(m.topic, m.queue_id, seg.q_start, max_count=seg.messages))
+    except TieredError:
+        return None
+
+
+def _verify_records(m: Manifest, seg: Segment, parts: segmeta.SegmentParts, report: VerifyReport, where: str,
+                    local_iter: Iterator[QueuedRecord] | None) -> tuple[int, int | None] | None:
+    """Every cold ConsumeQueue entry against the record it points at (and the
+    broker's copy of it, while there is one): where the records end (cold
+    CommitLog byte, next queue offset of a BatchCQ segment), or None once a
+    problem is reported."""
+    cq = parts.entries
+    view = memoryview(parts.commitlog)
+    topic_raw = m.topic.encode()
+    expected_pos = seg.cl_start
+    next_msg = seg.msg_start  # a BatchCQ segment: the queue offset its next record starts at
+    for i in range(seg.messages):
+        off, size, tags = CQ_ENTRY.unpack_from(cq, i * CQ_ENTRY_SIZE)
+        q = seg.q_start + i
+        if off != expected_pos:
+            report.problems.append(f"{where}: entry {q} points at {off}, expected {expected_pos}")
+            return None
+        expected_pos += size
+        try:
+            rec = decode_record(view, off - seg.cl_start, seg.commitlog_key)
+        except TieredError as exc:
+            report.problems.append(f"{where}: offset {q}: {exc}")
+            return None
+        if rec.size != size or entry_problem(rec, topic=topic_raw, queue_id=m.queue_id,
+                                             queue_offset=q if next_msg is None else next_msg):
+            report.problems.append(f"{where}: offset {q}: record does not match its cold ConsumeQueue entry")
+            return None
+        if next_msg is not None:
+            try:
+                next_msg += batch_size(rec)
+            except TieredError as exc:
+                report.problems.append(f"{where}: offset {q}: {exc}")
+                return None
+        report.records += 1
+        same, local_iter = _against_local(local_iter, q, rec, tags, report, where)
+        if not same:
+            return None
+    return expected_pos, next_msg
+
+
+def _against_local(local_iter: Iterator[QueuedRecord] | None, q: int, rec: Record, tags: int, report: VerifyReport,
+                   where: str) -> tuple[bool, Iterator[QueuedRecord] | None]:
+    """One archived record against the broker's copy: (False, _) when they
+    differ (reported), else (True, the local records to go on with, None
+    once there are no more)."""
+    if local_iter is None:
+        report.expired_locally += 1
+        return True, None
+    try:
+        item = next(local_iter)
+    except (StopIteration, ExpiredLocallyError):
+        report.expired_locally += 1
+        return True, None
+    except TieredError as exc:
+        report.problems.append(f"{where}: local read at {q}: {exc}")
+        return True, None
+    if item.queue_offset != q or item.record.raw != rec.raw:
+        report.problems.append(f"{where}: offset {q}: archived bytes differ from the local record")
+        return False, None
+    if item.tags_code != tags:
+        report.problems.append(f"{where}: offset {q}: cold ConsumeQueue tags code {tags} differs from the "
+                               f"local {item.tags_code}")
+        return False, None
+    report.compared_locally += 1
+    return True, local_iter
 
 
 def verify_gaps(m: Manifest, report: VerifyReport, local: LocalStore) -> None:

@@ -104,6 +104,14 @@ def _as_binary8(arr: pa.Array) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(8), len(arr), [None, arr.buffers()[1]]).cast(pa.binary())
 
 
+def _any_of(checks: list[tuple[pa.Array, str]]) -> pa.Array:
+    """The rows any check's mask flags."""
+    bad = checks[0][0]
+    for mask, _ in checks[1:]:
+        bad = pc.or_(bad, mask)
+    return bad
+
+
 def _interleave(*cols: pa.Array) -> pa.Buffer:
     """One int64 buffer holding cols[0][0], cols[1][0], ..., cols[0][1], ..."""
     joined = pc.binary_join_element_wise(*[_as_binary8(c) for c in cols], b"")
@@ -403,39 +411,14 @@ class BatchDecoder:
             (pc.not_equal(queue_offset, qoffs), "queue offset differs from its position in the queue"),
             (pc.or_(pc.less(body_len, 0), pc.less(tail_len, tail_fixed)), "body length runs past the record"),
         ]
-        bad = checks[0][0]
-        for mask, _ in checks[1:]:
-            bad = pc.or_(bad, mask)
+        bad = _any_of(checks)
         if pc.any(bad).as_py():
             return self._handle_bad(records, qoffs, positions, where, bad, checks)
 
-        # body and tail: one array over the same bytes, every third element
-        starts = _offsets(records).slice(0, n)
-        body_start = pc.add(starts, body_at)
-        body_end = pc.add(body_start, body_len.cast(pa.int64()))
-        next_start = _offsets(records).slice(1, n)
-        pieces_off = _interleave(body_start, body_end, next_start)
-        pieces = pa.Array.from_buffers(pa.large_binary(), 3 * n - 1, [None, pieces_off, records.buffers()[2]])
-        # bodies copied and CRC-checked only for the body column (Parquet reads
-        # and checksums no page of an unread column either)
-        bodies = pieces.take(_arange(0, n, 3)) if self._need_body else None
-        tails = pieces.take(_arange(1, n, 3))
-
-        props_len = _be_int(tails, tail_fixed - 2, 2, pa.int16())
-        checks = [
-            (pc.not_equal(pc.binary_slice(tails, 0, tail_fixed - 2), pa.scalar(prefix + self._topic, pa.binary())),
-             f"topic differs from {q.topic!r}"),
-            (pc.not_equal(pc.add(props_len.cast(pa.int64()), tail_fixed), pc.binary_length(tails)),
-             "properties length does not end at the total size"),
-        ]
+        bodies, tails = self._bodies_and_tails(records, n, body_at, body_len)
         crc = _be_int(records, 8, 4, pa.int32())
-        if self.verify_crc and bodies is not None:
-            mismatch = self._crc_mismatch(bodies, crc)
-            if mismatch is not None:
-                checks.append((mismatch, "body CRC mismatch"))
-        bad = checks[0][0]
-        for mask, _ in checks[1:]:
-            bad = pc.or_(bad, mask)
+        checks = self._tail_checks(tails, bodies, crc, prefix, tail_fixed)
+        bad = _any_of(checks)
         if pc.any(bad).as_py():
             return self._handle_bad(records, qoffs, positions, where, bad, checks)
         if self.decompress and bodies is not None:
@@ -456,6 +439,39 @@ class BatchDecoder:
         if props_map is not None:
             out.update(self._derived(props_map, n))
         return rows_batch([out[c] for c in self.columns], self.schema, n), qoffs
+
+    def _bodies_and_tails(self, records: pa.Array, n: int, body_at: int,
+                          body_len: pa.Array) -> tuple[pa.Array | None, pa.Array]:
+        """Each record's body (None unless the body column is read) and its tail
+        (topic length, topic, properties length and properties)."""
+        # body and tail: one array over the same bytes, every third element
+        starts = _offsets(records).slice(0, n)
+        body_start = pc.add(starts, body_at)
+        body_end = pc.add(body_start, body_len.cast(pa.int64()))
+        next_start = _offsets(records).slice(1, n)
+        pieces_off = _interleave(body_start, body_end, next_start)
+        pieces = pa.Array.from_buffers(pa.large_binary(), 3 * n - 1, [None, pieces_off, records.buffers()[2]])
+        # bodies copied and CRC-checked only for the body column (Parquet reads
+        # and checksums no page of an unread column either)
+        bodies = pieces.take(_arange(0, n, 3)) if self._need_body else None
+        return bodies, pieces.take(_arange(1, n, 3))
+
+    def _tail_checks(self, tails: pa.Array, bodies: pa.Array | None, crc: pa.Array, prefix: bytes,
+                     tail_fixed: int) -> list[tuple[pa.Array, str]]:
+        """The checks of the bytes after the body (topic, properties length),
+        and of the body's CRC where bodies are read and checked."""
+        props_len = _be_int(tails, tail_fixed - 2, 2, pa.int16())
+        checks = [
+            (pc.not_equal(pc.binary_slice(tails, 0, tail_fixed - 2), pa.scalar(prefix + self._topic, pa.binary())),
+             f"topic differs from {self.queue.topic!r}"),
+            (pc.not_equal(pc.add(props_len.cast(pa.int64()), tail_fixed), pc.binary_length(tails)),
+             "properties length does not end at the total size"),
+        ]
+        if self.verify_crc and bodies is not None:
+            mismatch = self._crc_mismatch(bodies, crc)
+            if mismatch is not None:
+                checks.append((mismatch, "body CRC mismatch"))
+        return checks
 
     def _fixed(self, records: pa.Array, n: int, a: int, b: int, queue_id: pa.Array, queue_offset: pa.Array,
                bodies: pa.Array | None, crc: pa.Array) -> dict[str, pa.Array]:

@@ -360,74 +360,117 @@ def read_slice(store: ObjectStore, sl: Slice, decoder: BatchDecoder, *, store_us
         return
     offsets, sizes, i, first, last_end = span
     m = len(offsets)
-    pieces = _pieces(offsets, first, m)
-
-    def fetch(a: int, b: int) -> tuple[int, bytes]:
-        lo = offsets[a].as_py()
-        hi = offsets[b - 1].as_py() + sizes[b - 1].as_py()
-        # a short object comes back short: the whole records in it are still read
-        return lo, get_range(store, sl.commitlog_key, lo - sl.seg_cl_start, hi - sl.seg_cl_start, stats)
-
     avg = max(1, (last_end - first) // m)
-    step = max(1, min(CHUNK_ROWS, CHUNK_BYTES // avg))
-    filter_rows = not exact_store_us.unbounded and not exact_store_us.covers(
-        sl.min_store_ms * 1000, sl.max_store_ms * 1000 + 999)
-    lo_ts = pa.scalar(exact_store_us.lo, pa.int64()).cast(TIMESTAMP) if exact_store_us.lo is not None else None
-    hi_ts = pa.scalar(exact_store_us.hi, pa.int64()).cast(TIMESTAMP) if exact_store_us.hi is not None else None
+    rows = _TimeFilter.of(sl, exact_store_us)
     work = decoder
-    if filter_rows and "store_timestamp" not in decoder.columns:
+    if rows.active and "store_timestamp" not in decoder.columns:
         work = BatchDecoder(decoder.queue, decoder.columns + ("store_timestamp",), verify_crc=decoder.verify_crc,
                             skip_corrupt=decoder.skip_corrupt, decompress=decoder.decompress)
+    read = _SliceRead(store=store, sl=sl, decoder=decoder, work=work, result=result, stats=stats, where=where,
+                      offsets=offsets, sizes=sizes, first_row=i, step=max(1, min(CHUNK_ROWS, CHUNK_BYTES // avg)),
+                      rows=rows)
     try:
-        # each piece of the CommitLog range is fetched while the one before is decoded
-        with ThreadPoolExecutor(1, thread_name_prefix="tiered-fetch") as pool:
-            pending = pool.submit(fetch, *pieces[0])
-            for p, (a, b) in enumerate(pieces):
-                try:
-                    base, data = pending.result()
-                except (CorruptRecordError, StorageError) as exc:
-                    _skip_slice(decoder, result, sl, m - a, exc)
-                    return
-                short = _short_piece(sl, offsets, sizes, a, b, base, len(data))
-                if short is not None:
-                    b, cut = short
-                elif p + 1 < len(pieces):
-                    pending = pool.submit(fetch, *pieces[p + 1])
-                if sl.batch:  # one row per message of each record
-                    msg_range = (int(sl.msg_start or 0), int(sl.msg_end or 0))
-                    batch = decode_batch_records(work, data, base, offsets.slice(a, b - a), sizes.slice(a, b - a),
-                                                 where, msg_range)
-                    if filter_rows and batch.num_rows:
-                        batch = _in_time(batch, lo_ts, hi_ts).select(list(decoder.columns))
-                    result.rows += batch.num_rows
-                    if batch.num_rows:
-                        yield batch
-                    if short is not None:
-                        _skip_slice(decoder, result, sl, m - b, cut)
-                        return
-                    continue
-                buf = pa.py_buffer(data)
-                for k in range(a, b, step):
-                    count = min(step, b - k)
-                    before = work.skipped
-                    batch = work.decode(buf, base, offsets.slice(k, count), sizes.slice(k, count),
-                                        sl.q_start + i + k, where)
-                    if work.skipped != before:
-                        result.skipped += work.skipped - before
-                        result.problems.extend(work.skipped_at[-3:])
-                        log.warning("skipped %d corrupt archived records of %s", work.skipped - before, sl)
-                    if filter_rows and batch.num_rows:
-                        batch = _in_time(batch, lo_ts, hi_ts).select(list(decoder.columns))
-                    result.rows += batch.num_rows
-                    if batch.num_rows:
-                        yield batch
-                if short is not None:  # the object ends inside this piece: the rest is missing
-                    _skip_slice(decoder, result, sl, m - b, cut)
-                    return
+        yield from read.batches(_pieces(offsets, first, m))
     finally:
         if work is not decoder:
             decoder.skipped += work.skipped
             decoder.skipped_at.extend(work.skipped_at)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _TimeFilter:
+    """Rows kept by their exact store time; inactive when the slice lies wholly
+    inside the range (every row kept)."""
+
+    active: bool
+    lo: pa.Scalar | None
+    hi: pa.Scalar | None
+
+    @classmethod
+    def of(cls, sl: Slice, exact_store_us: Bounds) -> _TimeFilter:
+        lo, hi = exact_store_us.lo, exact_store_us.hi
+        return cls(active=not exact_store_us.unbounded and not exact_store_us.covers(
+                       sl.min_store_ms * 1000, sl.max_store_ms * 1000 + 999),
+                   lo=pa.scalar(lo, pa.int64()).cast(TIMESTAMP) if lo is not None else None,
+                   hi=pa.scalar(hi, pa.int64()).cast(TIMESTAMP) if hi is not None else None)
+
+    def apply(self, batch: pa.RecordBatch, columns: tuple[str, ...]) -> pa.RecordBatch:
+        if self.active and batch.num_rows:
+            return _in_time(batch, self.lo, self.hi).select(list(columns))
+        return batch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _SliceRead:
+    """The read of a slice's CommitLog bytes once its entries are known and
+    checked: pieces fetched one ahead, decoded in steps of rows."""
+
+    store: ObjectStore
+    sl: Slice
+    decoder: BatchDecoder  # the caller's: its columns are what comes back
+    work: BatchDecoder  # the decoder used: the caller's, or one reading store_timestamp too for the filter
+    result: SliceResult
+    stats: ReadStats
+    where: Where
+    offsets: pa.Array
+    sizes: pa.Array
+    first_row: int  # the first entry's index in the slice
+    step: int  # rows per decode call
+    rows: _TimeFilter
+
+    def fetch(self, a: int, b: int) -> tuple[int, bytes]:
+        lo = self.offsets[a].as_py()
+        hi = self.offsets[b - 1].as_py() + self.sizes[b - 1].as_py()
+        # a short object comes back short: the whole records in it are still read
+        sl = self.sl
+        return lo, get_range(self.store, sl.commitlog_key, lo - sl.seg_cl_start, hi - sl.seg_cl_start, self.stats)
+
+    def batches(self, pieces: list[tuple[int, int]]) -> Iterator[pa.RecordBatch]:
+        m = len(self.offsets)
+        # each piece of the CommitLog range is fetched while the one before is decoded
+        with ThreadPoolExecutor(1, thread_name_prefix="tiered-fetch") as pool:
+            pending = pool.submit(self.fetch, *pieces[0])
+            for p, (a, b) in enumerate(pieces):
+                try:
+                    base, data = pending.result()
+                except (CorruptRecordError, StorageError) as exc:
+                    _skip_slice(self.decoder, self.result, self.sl, m - a, exc)
+                    return
+                short = _short_piece(self.sl, self.offsets, self.sizes, a, b, base, len(data))
+                if short is not None:
+                    b, cut = short
+                elif p + 1 < len(pieces):
+                    pending = pool.submit(self.fetch, *pieces[p + 1])
+                yield from self.decode(data, base, a, b)
+                if short is not None:  # the object ends inside this piece: the rest is missing
+                    _skip_slice(self.decoder, self.result, self.sl, m - b, cut)
+                    return
+
+    def decode(self, data: bytes, base: int, a: int, b: int) -> Iterator[pa.RecordBatch]:
+        """The rows of records [a, b), fetched as ``data`` from cold CommitLog offset ``base``."""
+        sl, work = self.sl, self.work
+        if sl.batch:  # one row per message of each record
+            msg_range = (int(sl.msg_start or 0), int(sl.msg_end or 0))
+            yield from self._counted(decode_batch_records(work, data, base, self.offsets.slice(a, b - a),
+                                                          self.sizes.slice(a, b - a), self.where, msg_range))
+            return
+        buf = pa.py_buffer(data)
+        for k in range(a, b, self.step):
+            count = min(self.step, b - k)
+            before = work.skipped
+            batch = work.decode(buf, base, self.offsets.slice(k, count), self.sizes.slice(k, count),
+                                sl.q_start + self.first_row + k, self.where)
+            if work.skipped != before:
+                self.result.skipped += work.skipped - before
+                self.result.problems.extend(work.skipped_at[-3:])
+                log.warning("skipped %d corrupt archived records of %s", work.skipped - before, sl)
+            yield from self._counted(batch)
+
+    def _counted(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+        batch = self.rows.apply(batch, self.decoder.columns)
+        self.result.rows += batch.num_rows
+        if batch.num_rows:
+            yield batch
 
 
 def _in_time(batch: pa.RecordBatch, lo_ts: pa.Scalar | None, hi_ts: pa.Scalar | None) -> pa.RecordBatch:
