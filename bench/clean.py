@@ -38,6 +38,7 @@ import zlib
 from collections import Counter
 from pathlib import Path
 
+from benchdocs import add_option, recorded
 from tiered.cleaner import CleanOptions, Cleaner
 from tiered.clock import ManualClock
 from tiered.archive.coldtier import ColdTier
@@ -207,16 +208,18 @@ def main() -> None:
     ap.add_argument("--queues", type=int, default=100)
     ap.add_argument("--backend", choices=["file", "s3", "both"], default="both")
     ap.add_argument("--dir", type=Path, default=None, help="where to build the file:// tier (default: a temp dir)")
+    add_option(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     workdir = Path(tempfile.mkdtemp(prefix="tiered-bench-clean-", dir=args.dir))
     ok = True
     try:
-        print(f"cold tier of {args.segments:,} segments over {args.queues} queues")
-        if args.backend in ("file", "both"):
-            ok &= bench_file(args.segments, args.queues, workdir)
-        if args.backend in ("s3", "both"):
-            ok &= bench_s3(args.segments, args.queues, workdir)
+        with recorded(args, "clean"):
+            print(f"cold tier of {args.segments:,} segments over {args.queues} queues")
+            if args.backend in ("file", "both"):
+                ok &= bench_file(args.segments, args.queues, workdir)
+            if args.backend in ("s3", "both"):
+                ok &= bench_s3(args.segments, args.queues, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     sys.exit(0 if ok else 1)

@@ -49,6 +49,7 @@ import time
 import zlib
 from pathlib import Path
 
+from benchdocs import add_option, recorded
 from tiered.format.codec import (
     BLANK_LENGTH,
     CQ_ENTRY,
@@ -364,7 +365,13 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=5,
                         help="raw and decode passes per store, interleaved, best kept (default 5)")
     parser.add_argument("--bodies", type=int, nargs="+", default=[1024, 100], help="body sizes (default 1024 100)")
+    add_option(parser)
     args = parser.parse_args()
+    with recorded(args, "codec"):
+        report(args)
+
+
+def report(args: argparse.Namespace) -> None:
     print(f"tiered codec benchmark: {args.size_mib} MiB stores under {args.dir}, Python {sys.version.split()[0]}, "
           f"{os.cpu_count()} CPUs, measured on one core, speeds per CPU second (user + system)\n", flush=True)
     summary(run(args.size_mib, args.dir, args.passes, tuple(args.bodies)))

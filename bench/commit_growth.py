@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchdocs import add_option, recorded  # noqa: E402
 from tiered.dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter  # noqa: E402
 from tiered.clock import ManualClock  # noqa: E402
 from tiered.archive.coldtier import ColdTier  # noqa: E402
@@ -77,7 +78,13 @@ def run(root: Path, segments: int, layout: int) -> tuple[list[int], int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--segments", type=int, default=300)
+    add_option(ap)
     args = ap.parse_args()
+    with recorded(args, "commit_growth"):
+        report(args)
+
+
+def report(args: argparse.Namespace) -> None:
     print(f"cores: {os.cpu_count()}; {args.segments} one-message segments of one queue, file://")
     for layout in (1, 2):
         with tempfile.TemporaryDirectory() as tmp:

@@ -30,6 +30,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchdocs import add_option, recorded
+
 ROOT = Path(__file__).resolve().parents[1]
 GOAL_BYTES = 250 * 1000 * 1000
 VENV = "/opt/tiered"
@@ -145,8 +147,9 @@ def main() -> int:
     ap.add_argument("--spark", action="store_true", help="also measure the spark image's virtualenv")
     ap.add_argument("--keep", type=Path, help="build here and keep the virtualenvs")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_option(ap)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="tiered-image-size-") as tmp:
+    with recorded(args, "image_size"), tempfile.TemporaryDirectory(prefix="tiered-image-size-") as tmp:
         out = Path(args.keep or tmp)
         results = {"runtime": measure(build(out / "runtime"))}
         if args.spark:

@@ -31,6 +31,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import dispatch as bench  # noqa: E402
+from benchdocs import recorded  # noqa: E402
+from benchkit import run_phase, set_aside  # noqa: E402
+from dispatchphases import HIDE_ENV  # noqa: E402
 from floors import MiB  # noqa: E402
 from pagecache import huge_share, reread  # noqa: E402
 
@@ -58,8 +61,8 @@ def prepare(args: argparse.Namespace, work: Path) -> dict:
             "many_queues": args.many_queues}
     if any(meta.get(k) != v for k, v in want.items()):
         print(f"generating {args.size_mb} MiB over {args.queues} and {args.many_queues} queues ...", flush=True)
-        gen = bench.run_phase("generate", args)
-        many = bench.run_phase("generate", args, store_name="store-many", queues=args.many_queues)
+        gen = run_phase("generate", args)
+        many = run_phase("generate", args, store_name="store-many", queues=args.many_queues)
         meta = {**want, **gen, "many_bytes": many["bytes"]}
         marker.write_text(json.dumps(meta))
     logs = [f for name in ("store", "store-many") for f in sorted((work / name / "commitlog").iterdir())]
@@ -70,15 +73,15 @@ def prepare(args: argparse.Namespace, work: Path) -> dict:
 
 
 def run_once(args: argparse.Namespace, cold: Path, hide: str, store: str | None, alone: bool) -> dict:
-    os.environ[bench.HIDE_ENV] = hide
+    os.environ[HIDE_ENV] = hide
     extra: dict[str, object] = {"url": f"file://{cold}", "sample": 0, "pass_alone": int(alone)}
     if store:
         extra.update(store_name=store, queues=args.many_queues)
-    bench.set_aside(cold)
+    set_aside(cold)
     try:
-        return bench.run_phase("dispatch", args, **extra)
+        return run_phase("dispatch", args, **extra)
     finally:
-        os.environ.pop(bench.HIDE_ENV, None)
+        os.environ.pop(HIDE_ENV, None)
 
 
 def figures(run: dict, alone: bool) -> tuple[float, float]:
@@ -100,7 +103,7 @@ def measure(args: argparse.Namespace, work: Path, configs: list[str]) -> dict[st
                 old = best[hide].get(label, [float("inf"), float("inf")])
                 best[hide][label] = [min(old[0], cpu), min(old[1], secs)]
         print(f"repeat {i + 1}/{args.repeat} done", flush=True)
-    bench.set_aside(cold)
+    set_aside(cold)
     return best
 
 
@@ -145,6 +148,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = parser().parse_args()
+    with recorded(args, "native") as rec:
+        measure_all(args, rec.tables)
+
+
+def measure_all(args: argparse.Namespace, tables: list[str]) -> None:
     names = [n for n in args.only or EXTENSIONS if built(n)]
     print(f"{os.cpu_count()} cores; extensions built: {', '.join(names) or 'none'}", flush=True)
     if not names:
@@ -163,6 +171,7 @@ def main() -> None:
         verdicts = report(best, names)
         if args.markdown:
             print("\n" + markdown(best, names))
+        tables.append(markdown(best, names))
         if args.json:
             Path(args.json).write_text(json.dumps({"cores": os.cpu_count(), "best": best, "verdicts": verdicts},
                                                   indent=1))

@@ -32,6 +32,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchdocs import add_option, recorded
+
 HERE = Path(__file__).resolve().parent.parent
 TOPIC = "BenchTopic"
 QUEUES = 4
@@ -115,7 +117,13 @@ def main() -> None:
     parser.add_argument("--base-commit", default="14ac7f6", help="the commit to compare with (default 14ac7f6)")
     parser.add_argument("--base", type=Path, help="a checkout of it (default: a temporary git worktree)")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where the stores go")
+    add_option(parser)
     args = parser.parse_args()
+    with recorded(args, "produce"):
+        compare(args)
+
+
+def compare(args: argparse.Namespace) -> None:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[-1]})  # children inherit: one core
     temp = Path(tempfile.mkdtemp(prefix="tiered-produce-bench-", dir=args.dir))

@@ -60,6 +60,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchdocs import add_option, recorded  # noqa: E402
+
 DAY_MS = 86_400_000
 T0 = 1_717_200_000_000  # 2024-06-01T00:00:00Z
 CLUSTER, BROKER = "BenchCluster", "broker-bench"
@@ -280,7 +282,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs per query; the best counts (default 3)")
     ap.add_argument("--workdir", help="keep data here (default: a temp dir, removed)")
     ap.add_argument("--verify-crc", default="true", choices=["true", "false"], help="data source verifyCrc")
+    add_option(ap)
     args = ap.parse_args()
+    with recorded(args, "spark_scan"):
+        compare(args)
+
+
+def compare(args: argparse.Namespace) -> None:
     print(f"cores: {os.cpu_count()} (wall-clock times; other load on the machine skews them)")
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
