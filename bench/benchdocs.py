@@ -72,11 +72,13 @@ def command_line(argv: list[str]) -> str:
 
 
 def revision() -> str | None:
-    """The commit measured, marked when the tree had changes beside it."""
+    """The commit measured, marked when the tree had changes beside it (the
+    page the benches write is not one: it changes with every run)."""
     try:
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", f":(exclude){DOC.relative_to(ROOT).as_posix()}"],
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None

@@ -80,9 +80,11 @@ def build_manifests(segments: int, queues: int) -> dict[tuple[str, int], Manifes
 
 
 def objects_of(manifests: dict[tuple[str, int], Manifest]):  # noqa: ANN201 - an iterator of (key, bytes)
-    # the catalog, as the dispatcher leaves it: a cold start is one GET plus one per manifest
+    # the catalog, as the dispatcher leaves it: a cold start is one GET plus one per manifest; the
+    # broker's retention (1 h) recorded in it, which a cleaner without the broker's store goes by
     entries = tuple(sorted((CatalogEntry.of(m) for m in manifests.values()), key=lambda e: (e.topic, e.queue_id)))
-    yield f"{CLUSTER}/{BROKER}/{CATALOG}", Catalog(CLUSTER, BROKER, entries, NOW_MS).to_bytes()
+    retention = {topic: (1.0, "reserve.time") for topic, _q in manifests}
+    yield f"{CLUSTER}/{BROKER}/{CATALOG}", Catalog(CLUSTER, BROKER, entries, NOW_MS, retention=retention).to_bytes()
     for m in manifests.values():
         yield f"{queue_prefix(CLUSTER, BROKER, m.topic, m.queue_id)}/{MANIFEST}", m.to_bytes()
         for s in m.segments:
