@@ -69,7 +69,7 @@ in CPU, in the round, and in time with nothing beside it. Its time inside
 the round is printed for reference: there it also waits for the GIL while
 the upload threads write one object and one commit per queue, 62x the
 objects at 256 MiB and 12x at 1 GiB (the whole round's ratio is printed
-too, as a reference: see the README). The core count is printed first:
+too, as a reference: see docs/performance.md). The core count is printed first:
 figures from a shared or small machine are indicative.
 """
 
