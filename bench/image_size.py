@@ -63,9 +63,16 @@ class VenvSize:
 
 
 def packages() -> list[str]:
-    """Top-level packages `pip install .` ships (pyproject's packages.find)."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    return [p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]]
+    """The source folders `pip install .` ships: tiered and the folders
+    pyproject's package-dir installs inside it (tiered.dispatcher...)."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return ["tiered", *setuptools["package-dir"].values()]
+
+
+def modules() -> list[str]:
+    """The single-file modules it ships (pyproject's py-modules)."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return [f"{name}.py" for name in setuptools["py-modules"]]
 
 
 def requirements(extra: str | None = None) -> list[str]:
@@ -77,12 +84,12 @@ def requirements(extra: str | None = None) -> list[str]:
 def copy_context(dst: Path) -> Path:
     """The build context the Dockerfile sees: sources and metadata, no caches."""
     dst.mkdir(parents=True, exist_ok=True)
-    for name in CONTEXT:
+    for name in (*CONTEXT, *modules()):
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, dst / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.py[cod]", "*.so", "*.egg-info", ".pytest_cache")
     for pkg in packages():
-        shutil.copytree(ROOT / pkg, dst / pkg, ignore=ignore)
+        shutil.copytree(ROOT / pkg, dst / pkg, ignore=ignore, symlinks=True)  # tiered/dispatcher stays a link
     return dst
 
 

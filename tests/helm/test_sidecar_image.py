@@ -230,7 +230,11 @@ def test_image_virtualenv_is_slim_and_runs(tmp_path: Path) -> None:
     assert "rocketmq-tiered" in dists and not {"pyspark", "pyarrow", "py4j"} & set(dists)
     # the package is installed, not the repo on a path: run outside the repo
     run: dict[str, Any] = {"cwd": tmp_path, "capture_output": True, "text": True, "timeout": 120}
-    subprocess.run([python, "-c", "import tiered.cli.serve, dispatcher, cleaner, metrics.server"], check=True, **run)
+    subprocess.run([python, "-c", "import tiered.cli.serve, tiered.dispatcher, tiered.cleaner, tiered.metrics.server"],
+                   check=True, **run)
+    # only tiered: a top-level metrics would collide with other distributions' (issue 32, item 5)
+    for name in ("dispatcher", "cleaner", "metrics"):
+        assert subprocess.run([python, "-c", f"import {name}"], **run).returncode == 1
     # the build compiled the native core (gcc in the Dockerfile's build stage)
     subprocess.run([python, "-c", "import sys, tiered.native as n; sys.exit(n.core is None)"], check=True, **run)
     store = tmp_path / "store"
