@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-# Plain helper modules (dispatchkit, faultproxy...) shared by every test folder.
-_HELPERS = str(Path(__file__).resolve().parent / "helpers")
-if _HELPERS not in sys.path:
-    sys.path.insert(0, _HELPERS)
+# The test support modules (dispatchkit, readerkit, faultproxy...) shared by
+# every test folder: plain modules in tests/support, put on the path once, here.
+_SUPPORT = str(Path(__file__).resolve().parent / "support")
+if _SUPPORT not in sys.path:
+    sys.path.insert(0, _SUPPORT)
 
 # Where the S3 tests run: the in-process moto server (default), a SeaweedFS
 # started here on loopback (TIERED_TEST_S3_SERVER=seaweedfs, as CI's second

@@ -1,18 +1,11 @@
-"""Spark test fixtures: archives built like the reader tests' (``tests/reader/readerkit.py``)."""
+"""Spark test fixtures: archives built like the reader tests' (``tests/support/readerkit.py``)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reader"))
-
-from readerkit import GetCounter, TopicSpec, archive, write_store  # noqa: E402
-
-SPECS = [TopicSpec("Orders", queues=2, messages=240), TopicSpec("%DLQ%billing", queues=1, messages=40, delay_every=3,
-                                                                 ipv6_every=4)]
+from readerkit import SPECS, GetCounter, archive, write_store
 
 
 @pytest.fixture
