@@ -216,6 +216,43 @@ def open_cold(request: pytest.FixtureRequest):  # noqa: ANN201
     return _open
 
 
+@pytest.fixture
+def clock():  # noqa: ANN201 - a ManualClock
+    """The injectable clock a test moves by hand."""
+    from tiered.clock import ManualClock
+
+    return ManualClock()
+
+
+@pytest.fixture
+def recorder():  # noqa: ANN201 - a CountingRecorder
+    """The tests' fake recorder (tests/support/counting.py): counts what the core reports."""
+    from counting import CountingRecorder
+
+    return CountingRecorder()
+
+
+@pytest.fixture
+def store_writer(tmp_path: Path):  # noqa: ANN201 - a factory of StoreWriter
+    """store_writer(name="store", **kw) -> a StoreWriter (a store in the
+    broker's format) on ``tmp_path / name``, with 1 MiB CommitLog files and
+    ConsumeQueue files of 1,000 entries unless ``kw`` says otherwise; any
+    still open is closed after the test."""
+    from tiered.store.storewriter import StoreWriter
+
+    writers: list[StoreWriter] = []
+
+    def _open(name: str = "store", **kw) -> StoreWriter:  # noqa: ANN003
+        kw.setdefault("commitlog_file_size", 1 << 20)
+        kw.setdefault("cq_entries_per_file", 1000)
+        writers.append(w := StoreWriter(tmp_path / name, **kw))
+        return w
+
+    yield _open
+    for w in writers:
+        w.close()
+
+
 @pytest.fixture(scope="session")
 def spark():  # noqa: ANN201 - a SparkSession
     from pyspark.sql import SparkSession

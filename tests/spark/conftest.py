@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from readerkit import SPECS, GetCounter, archive, write_store
+from counting import CountingRecorder
+from readerkit import SPECS, archive, write_store
 
 
 @pytest.fixture
@@ -14,7 +15,7 @@ def build(open_cold, tmp_path: Path):
 
     def _build(url: str, specs=None, *, name: str = "store"):  # noqa: ANN202
         keys = write_store(tmp_path / name, specs or SPECS)
-        store = open_cold(url, recorder=GetCounter())
+        store = open_cold(url, recorder=CountingRecorder())
         local = archive(tmp_path / name, store, tmp_path / f"state-{name}")
         return store, local, keys
 

@@ -6,18 +6,16 @@ the ``archived`` fixtures the query and CLI tests' conftests take from here."""
 from __future__ import annotations
 
 import random
-import threading
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from counting import CountingRecorder
 
 from tiered.dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
 from tiered.archive.coldtier import ColdTier
 from tiered.store.localstore import LocalStore
-from tiered.recorder import NullRecorder
 from tiered.archive.storage import ObjectStore
 from tiered.store.storewriter import StoreWriter
 
@@ -25,22 +23,6 @@ CLUSTER = "ReadCluster"
 BROKER = "broker-r"
 T0 = 1_700_000_000_000  # 2023-11-14T22:13:20Z
 HOUR = 3_600_000
-
-
-class GetCounter(NullRecorder):
-    """Counts object-store requests by op (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.ops: Counter[str] = Counter()
-
-    def store_request(self, op: str, outcome: str, seconds: float) -> None:
-        with self._lock:
-            self.ops[op] += 1
-
-    def reset(self) -> None:
-        with self._lock:
-            self.ops.clear()
 
 
 @dataclass
@@ -129,14 +111,14 @@ def local_rows(local: LocalStore) -> list[dict]:
 class Archived:
     url: str
     store: ObjectStore
-    counter: GetCounter
+    counter: CountingRecorder
     local: LocalStore
     keys: dict[str, tuple[str, int, int]]
 
 
 def _archived(cold_url: str, open_cold: Any, tmp_path: Path, layout: int) -> Archived:
     keys = write_store(tmp_path / "store", SPECS)
-    counter = GetCounter()
+    counter = CountingRecorder()
     store = open_cold(cold_url, recorder=counter)
     local = archive(tmp_path / "store", store, tmp_path / "state", layout=layout)
     counter.reset()
