@@ -54,6 +54,13 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 _S3_FIXTURES = {"moto_endpoint", "s3_bucket", "s3_client", "s3_url", "s3_options"}
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """Whether the native core loaded: its tests skip where it did not (fail under TIERED_TEST_REQUIRE_NATIVE=1)."""
+    from tiered import native
+
+    return f"{native.describe()}; {native.REQUIRE_ENV}={'1' if native.required() else 'unset'}"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
