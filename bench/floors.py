@@ -43,9 +43,9 @@ def moto_server(bucket: str) -> Iterator[str]:
 
 @contextlib.contextmanager
 def seaweed_servers(work: Path) -> Iterator[Callable[[str], contextlib.AbstractContextManager[tuple[str, str]]]]:
-    """One real SeaweedFS (tests/helpers/seaweed.py; ``weed`` from the test
+    """One real SeaweedFS (tests/support/seaweed.py; ``weed`` from the test
     extra) for the phase, a fresh bucket for each run."""
-    sys.path.insert(0, str(ROOT / "tests" / "helpers"))
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
     from seaweed import SeaweedS3
 
     import boto3

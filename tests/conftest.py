@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-# Plain helper modules (dispatchkit, faultproxy...) shared by every test folder.
-_HELPERS = str(Path(__file__).resolve().parent / "helpers")
-if _HELPERS not in sys.path:
-    sys.path.insert(0, _HELPERS)
+# The test support modules (dispatchkit, readerkit, faultproxy...) shared by
+# every test folder: plain modules in tests/support, put on the path once, here.
+_SUPPORT = str(Path(__file__).resolve().parent / "support")
+if _SUPPORT not in sys.path:
+    sys.path.insert(0, _SUPPORT)
 
 # Where the S3 tests run: the in-process moto server (default), a SeaweedFS
 # started here on loopback (TIERED_TEST_S3_SERVER=seaweedfs, as CI's second
@@ -51,6 +52,13 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 # Fixtures that reach the S3 server: a test using one is marked ``s3`` (the
 # set CI runs a second time on SeaweedFS).
 _S3_FIXTURES = {"moto_endpoint", "s3_bucket", "s3_client", "s3_url", "s3_options"}
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Whether the native core loaded: its tests skip where it did not (fail under TIERED_TEST_REQUIRE_NATIVE=1)."""
+    from tiered import native
+
+    return f"{native.describe()}; {native.REQUIRE_ENV}={'1' if native.required() else 'unset'}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -213,6 +221,43 @@ def open_cold(request: pytest.FixtureRequest):  # noqa: ANN201
         return open_store(url, s3=S3Options(endpoint_url=request.getfixturevalue("moto_endpoint")), **kw)
 
     return _open
+
+
+@pytest.fixture
+def clock():  # noqa: ANN201 - a ManualClock
+    """The injectable clock a test moves by hand."""
+    from tiered.clock import ManualClock
+
+    return ManualClock()
+
+
+@pytest.fixture
+def recorder():  # noqa: ANN201 - a CountingRecorder
+    """The tests' fake recorder (tests/support/counting.py): counts what the core reports."""
+    from counting import CountingRecorder
+
+    return CountingRecorder()
+
+
+@pytest.fixture
+def store_writer(tmp_path: Path):  # noqa: ANN201 - a factory of StoreWriter
+    """store_writer(name="store", **kw) -> a StoreWriter (a store in the
+    broker's format) on ``tmp_path / name``, with 1 MiB CommitLog files and
+    ConsumeQueue files of 1,000 entries unless ``kw`` says otherwise; any
+    still open is closed after the test."""
+    from tiered.store.storewriter import StoreWriter
+
+    writers: list[StoreWriter] = []
+
+    def _open(name: str = "store", **kw) -> StoreWriter:  # noqa: ANN003
+        kw.setdefault("commitlog_file_size", 1 << 20)
+        kw.setdefault("cq_entries_per_file", 1000)
+        writers.append(w := StoreWriter(tmp_path / name, **kw))
+        return w
+
+    yield _open
+    for w in writers:
+        w.close()
 
 
 @pytest.fixture(scope="session")

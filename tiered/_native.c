@@ -2,7 +2,7 @@
  *
  * Built at install when a C compiler is there (pyproject.toml: an optional
  * extension); without it check_run keeps its numpy path, which makes the
- * same decisions. The two are held equal by tests/tiered/test_runcheck.py.
+ * same decisions. The two are held equal by tests/format/test_runcheck.py.
  *
  * Why C: in Python every record costs at least one call through the
  * interpreter (the body CRC over a memoryview slice, ~180 ns here), more

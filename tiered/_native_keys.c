@@ -8,7 +8,7 @@
  *
  * Part of the native core (tiered._native, setup.py: an optional
  * extension); without it keyindex.record_key_hashes keeps the numpy path.
- * tests/tiered/test_keyscan.py holds the two to identical results.
+ * tests/format/test_keyscan.py holds the two to identical results.
  *
  * Why C: on the dispatch hot path the numpy version costs some twenty
  * array passes per window (joining the properties, a UTF-8 decode, name

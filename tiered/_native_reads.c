@@ -3,7 +3,7 @@
  * Part of the native core (tiered._native, setup.py: an optional
  * extension); without it tiered.store.preads reads file by file with
  * os.open/os.pread/os.fstat/os.close, which gives the same answers (held
- * equal by tests/tiered/test_preads.py).
+ * equal by tests/store/test_preads.py).
  *
  * Why C: the CommitLog pass reads a few KiB of ConsumeQueue entries for
  * each of up to thousands of queues. In Python each file costs four system

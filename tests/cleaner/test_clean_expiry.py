@@ -66,7 +66,7 @@ def test_nothing_expired_makes_zero_requests(rig: Rig) -> None:
     assert rig.recorder.total_requests() == 0
     rig.advance(HOUR_MS / 1000)  # now the second segments expire: requests again
     rig.clean()
-    assert rig.recorder.requests["delete"] == 1
+    assert rig.recorder.ops["delete"] == 1
 
 
 def test_deletes_are_batched_1000_keys_per_request(tmp_path: Path) -> None:

@@ -105,7 +105,7 @@ def test_orphan_scan_runs_on_its_own_cadence(rig: Rig) -> None:
     rep = rig.clean()
     assert not rep.orphan_scan and rig.recorder.total_requests() == 0
     rig.advance(5 * 3600)
-    assert rig.clean().orphan_scan and rig.recorder.requests["list"] == 1
+    assert rig.clean().orphan_scan and rig.recorder.ops["list"] == 1
 
 
 def test_dry_run_lists_but_deletes_nothing(rig: Rig) -> None:

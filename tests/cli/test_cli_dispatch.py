@@ -10,12 +10,11 @@ from typer.testing import CliRunner
 from tiered.cli import app
 from tiered.cli.wiring import object_store
 from tiered.config import load_settings
-from tiered.store.storewriter import StoreWriter
 
 
-def test_dispatch_topic_archives_only_that_topic(tmp_path: Path) -> None:
+def test_dispatch_topic_archives_only_that_topic(tmp_path: Path, store_writer) -> None:  # noqa: ANN001
     store = tmp_path / "store"
-    with StoreWriter(store, commitlog_file_size=1 << 20) as w:
+    with store_writer() as w:
         for i in range(30):
             w.put("Orders", i % 3, b"o%d" % i)
             w.put("Audit", 0, b"a%d" % i)

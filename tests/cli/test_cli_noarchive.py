@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 
 from tiered.cli import app
 from tiered.cli.wiring import shown_url
-from tiered.store.storewriter import StoreWriter
 
 READERS = {
     "status": ["status"],
@@ -35,12 +34,11 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Path:
-    root = tmp_path / "store"
-    with StoreWriter(root, commitlog_file_size=1 << 20) as w:
+def store(store_writer) -> Path:  # noqa: ANN001
+    with store_writer() as w:
         for i in range(6):
             w.put("Orders", i % 2, b"o%d" % i, keys=[f"k{i}"])
-    return root
+    return w.root
 
 
 def neighbour(cold_url: str, request: pytest.FixtureRequest, env: dict[str, str], tmp_path: Path) -> None:

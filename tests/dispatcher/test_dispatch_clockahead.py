@@ -10,12 +10,11 @@ from tiered.clock import ManualClock
 from tiered.archive.coldtier import ColdTier
 from tiered.store.localstore import LocalStore
 from tiered.archive.storage import open_store
-from tiered.store.storewriter import StoreWriter
 
 
-def test_future_stamped_messages_are_uploaded_after_max_delay(tmp_path: Path) -> None:
+def test_future_stamped_messages_are_uploaded_after_max_delay(tmp_path: Path, store_writer) -> None:  # noqa: ANN001
     clock = ManualClock(1_700_000_000_000)
-    with StoreWriter(tmp_path / "store", commitlog_file_size=1 << 20, cq_entries_per_file=100) as w:
+    with store_writer(cq_entries_per_file=100) as w:
         for i in range(5):  # the broker's clock is a day ahead
             w.put("Ahead", 0, b"x" * 10, store_timestamp=clock.now_ms() + 86_400_000 + i)
     cold = ColdTier(open_store(str(tmp_path / "cold")), "C", "b", state_dir=tmp_path / "state", clock=clock)

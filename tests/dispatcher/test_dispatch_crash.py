@@ -22,7 +22,7 @@ from tiered.archive.coldtier import ColdTier
 from tiered.store.localstore import LocalStore
 from tiered.ops.verify import verify
 
-DRIVER = Path(__file__).resolve().parents[1] / "helpers" / "crash_driver.py"
+DRIVER = Path(__file__).resolve().parents[1] / "support" / "crash_driver.py"
 QUEUES = [("Crash", 0), ("Crash", 1), ("%DLQ%crash", 0), ("Other", 3)]
 KILLS = 22
 

@@ -52,7 +52,7 @@ def test_a_second_sidecar_refuses_and_writes_nothing(cold_url, open_cold, tmp_pa
     assert _writes(rec_b) == 0, rec_b.requests
     with pytest.raises(FencedError):
         b.start()
-    assert rec_b.rounds == [False]
+    assert rec_b.rounds == [("dispatch", False)]
     # the holder goes on; the archive is exact
     assert a.run_round().ok
     w.close()

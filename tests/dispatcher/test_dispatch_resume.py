@@ -78,7 +78,7 @@ def test_failed_upload_resumes_at_the_failed_message(what, layout, cold_url, ope
     assert committed == m.segments[-1].q_end
     # nothing past the failed message was committed, and no gap was recorded over it
     assert not m.gaps
-    assert recorder.queue_errors[Q] == 1
+    assert recorder.queue_errors[("dispatch", *Q)] == 1
     assert recorder.retries  # each failed attempt was retried before giving up
 
     armed["on"] = False
@@ -154,4 +154,4 @@ def test_a_failure_in_the_middle_of_a_catch_up_keeps_what_was_committed(tmp_path
         if after is not None and after.next_offset == 60:
             break
     assert_exact(store, local, [Q])
-    assert recorder.queue_errors[Q] >= 1
+    assert recorder.queue_errors[("dispatch", *Q)] >= 1

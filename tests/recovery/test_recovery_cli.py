@@ -25,7 +25,7 @@ def env(tmp_path: Path, cold_url: str, request: pytest.FixtureRequest) -> dict[s
     e = {"TIERED_STATE_DIR": str(tmp_path / "state"), "TIERED_CLUSTER": "C", "TIERED_BROKER": "b",
          "TIERED_LOG__LEVEL": "WARNING", "TIERED_CLEANER__ORPHAN_GRACE": "0.001s",
          # these tests hand-edit layout v1 objects (still read and rebuilt); layout v2
-         # recovery: tests/dispatcher/test_layout_v2.py
+         # recovery: tests/archive/test_layout_v2.py
          "TIERED_DISPATCH__LAYOUT": "1"}
     if cold_url.startswith("s3://"):
         e["TIERED_S3__ENDPOINT_URL"] = request.getfixturevalue("moto_endpoint")

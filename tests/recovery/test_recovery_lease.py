@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 from tiered.cli import app
 from tiered.archive.lease import LeaseManager, Process, _start_ticks
 from tiered.archive.storage import FileStore
-from tiered.store.storewriter import StoreWriter
 
 
 def invoke(env: dict[str, str], *args: str):  # noqa: ANN201
@@ -24,9 +23,9 @@ def invoke(env: dict[str, str], *args: str):  # noqa: ANN201
 
 
 @pytest.fixture
-def setup(tmp_path: Path) -> tuple[dict[str, str], Path, str]:
+def setup(tmp_path: Path, store_writer) -> tuple[dict[str, str], Path, str]:  # noqa: ANN001
     store = tmp_path / "store"
-    with StoreWriter(store, commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
+    with store_writer() as w:
         for i in range(3):
             w.put("T", 0, b"x" * 50, store_timestamp=time.time_ns() // 1_000_000 - 100_000 + i)
     env = {"TIERED_STATE_DIR": str(tmp_path / "state"), "TIERED_CLUSTER": "C", "TIERED_BROKER": "b",

@@ -14,16 +14,15 @@ from readerkit import T0, archive
 from tiered.format.compression import compress
 from tiered.query.spark_source import load
 from tiered.archive.storage import open_store
-from tiered.store.storewriter import StoreWriter
 
 pytestmark = pytest.mark.spark
 
 CODECS = ("zlib4", "zlib", "lz4", "zstd")
 
 
-def test_spark_reads_bodies_as_consumers_see_them(spark, tmp_path: Path) -> None:
+def test_spark_reads_bodies_as_consumers_see_them(spark, tmp_path: Path, store_writer) -> None:  # noqa: ANN001
     expected, stored = {}, {}
-    with StoreWriter(tmp_path / "store", commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
+    with store_writer() as w:
         for i in range(16):
             body = (f"payment {i} " * 600).encode()
             packed, flag = compress(body, CODECS[i % 4]) if i % 5 else (body, 0)

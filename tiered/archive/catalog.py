@@ -24,7 +24,7 @@ reader cannot get wrong from it, and must not in the rest:
   reader prunes by, once a commit changed them.
 
 So in steady state a segment costs no catalog write (bench/dispatch.py,
-tests/dispatcher/test_catalog_refresh.py). A writer keeps a copy of what it
+tests/archive/test_catalog_refresh.py). A writer keeps a copy of what it
 last wrote beside its manifest cache, so a restart knows what the bucket's
 catalog says without asking (a queue committed just before a crash, whose
 catalog write never happened, is then written at the first call).

@@ -162,7 +162,7 @@ _PINNED = {b"": 0x68850AC74E2E5A26, b"order-42": 0x2201ABFBC998EB3F,
 
 def _checked(core: ModuleType | None) -> ModuleType | None:
     """The native core when its key hash gives the format's pinned values
-    (tests/tiered/test_keyindex.py); None (the numpy path) otherwise: a key
+    (tests/format/test_keyindex.py); None (the numpy path) otherwise: a key
     index hashed wrong would answer lookups wrong."""
     if core is not None and [core.key_hash(k) for k in _PINNED] != list(_PINNED.values()):
         log.warning("the native core's key hash disagrees with the format's: using the numpy path")
@@ -182,7 +182,7 @@ def record_key_hashes(
     key hash uint64), in ``batch_keys``' order. Raises BadProperties for the
     first record whose properties are not UTF-8. Compiled (tiered/_native_keys.c)
     where the install built it, else numpy; the two agree exactly
-    (tests/tiered/test_keyscan.py)."""
+    (tests/format/test_keyscan.py)."""
     if _native is None:
         return record_key_hashes_numpy(buf, starts, ends)
     owners, hashes, bad, at = _native.keys(buf, np.ascontiguousarray(starts, np.int64),

@@ -8,7 +8,7 @@ to get it back after every one (at 1,000 queues most of the pass's wall
 time went there). ``read_files`` makes all of a pass's reads in one call:
 in the native core (tiered/_native_reads.c), the GIL given up once; else
 file by file with ``os`` calls, with the same answers (held equal by
-tests/tiered/test_preads.py).
+tests/store/test_preads.py).
 
 Nothing is mapped: no page to fault in, none to give back after, and a file
 truncated meanwhile reads short instead of raising SIGBUS.

@@ -4,14 +4,12 @@ dispatcher: the input of the restore and consumer-position tests."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reader"))
+from readerkit import archive
 
-from readerkit import archive  # noqa: E402
-from tiered.format.codec import Host, MagicVersion, Message  # noqa: E402
-from tiered.store.storewriter import StoreWriter  # noqa: E402
+from tiered.format.codec import Host, MagicVersion, Message
+from tiered.store.storewriter import StoreWriter
 
 CLUSTER = "ReadCluster"
 BROKER = "broker-r"

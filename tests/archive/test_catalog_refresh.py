@@ -119,11 +119,11 @@ def test_a_failed_catalog_write_fails_the_round_and_the_next_round_writes_it(
     produce(w, "A", 0, 3, clock=clock)
     writes.fail = 1
     result = round_(d, local, clock)
-    assert not result.ok and result.failed and "_catalog.json" in result.errors and rec.rounds == [False]
+    assert not result.ok and result.failed and "_catalog.json" in result.errors and rec.rounds == [("dispatch", False)]
     assert store.head(KEY) is None and d.cold.cached("A", 0).next_offset == 3  # the commit stands
     # nothing new to archive: the next round writes the catalog all the same, and succeeds
     result = round_(d, local, clock)
-    assert result.ok and result.segments == 0 and writes.count == 1 and rec.rounds == [False, True]
+    assert result.ok and result.segments == 0 and writes.count == 1 and rec.rounds == [("dispatch", False), ("dispatch", True)]
     assert [(q.topic, q.next_offset) for q in catalog(store).queues] == [("A", 3)]
     w.close()
 

@@ -16,5 +16,5 @@ def need_native() -> ModuleType:
     if native.core is None:
         if native.required():
             pytest.fail(f"{native.REQUIRE_ENV}=1 and {native.describe()}")
-        pytest.skip(native.describe())
+        pytest.skip(f"{native.describe()}; this test needs the core ({native.REQUIRE_ENV}=1 fails it instead)")
     return native.core

@@ -176,10 +176,8 @@ def test_missing_object_is_an_error_or_skipped(archived) -> None:
     assert skipping.skipped == seg.messages and got[0].queue_offset == seg.q_end
 
 
-def test_indexed_segments_without_keys_are_skipped_not_scanned(tmp_path, open_cold) -> None:
-    from tiered.store.storewriter import StoreWriter
-
-    with StoreWriter(tmp_path / "store", commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
+def test_indexed_segments_without_keys_are_skipped_not_scanned(tmp_path, open_cold, store_writer) -> None:
+    with store_writer() as w:
         for i in range(50):
             w.put("NoKeys", 0, b"payload-%d" % i)  # no KEYS, no UNIQ_KEY
     store = open_cold(f"file://{tmp_path / 'cold'}")

@@ -1,20 +1,21 @@
-"""Archives for the reader and Spark tests: a store written in the broker's
+"""Archives for the reader, CLI and Spark tests: a store written in the broker's
 format (``StoreWriter``), archived by the real dispatcher with thresholds that
-upload at once and small segments, so every queue has several segments."""
+upload at once and small segments, so every queue has several segments; and
+the ``archived`` fixtures the query and CLI tests' conftests take from here."""
 
 from __future__ import annotations
 
 import random
-import threading
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+from counting import CountingRecorder
+
 from tiered.dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
 from tiered.archive.coldtier import ColdTier
 from tiered.store.localstore import LocalStore
-from tiered.recorder import NullRecorder
 from tiered.archive.storage import ObjectStore
 from tiered.store.storewriter import StoreWriter
 
@@ -22,22 +23,6 @@ CLUSTER = "ReadCluster"
 BROKER = "broker-r"
 T0 = 1_700_000_000_000  # 2023-11-14T22:13:20Z
 HOUR = 3_600_000
-
-
-class GetCounter(NullRecorder):
-    """Counts object-store requests by op (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.ops: Counter[str] = Counter()
-
-    def store_request(self, op: str, outcome: str, seconds: float) -> None:
-        with self._lock:
-            self.ops[op] += 1
-
-    def reset(self) -> None:
-        with self._lock:
-            self.ops.clear()
 
 
 @dataclass
@@ -60,6 +45,9 @@ class Built:
     keys: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # key -> (topic, queue, offset)
 
 
+# Orders (2 queues) and a DLQ topic: the archive of the ``archived`` fixtures and Spark's ``build``
+SPECS = [TopicSpec("Orders", queues=2, messages=240), TopicSpec("%DLQ%billing", queues=1, messages=40, delay_every=3,
+                                                                 ipv6_every=4)]
 # a smaller archive for the layout variants
 SPECS_V2 = [TopicSpec("Orders", queues=2, messages=120), TopicSpec("%DLQ%billing", queues=1, messages=20,
                                                                    ipv6_every=4)]
@@ -117,3 +105,34 @@ def local_rows(local: LocalStore) -> list[dict]:
             d["body"] = item.record.body_bytes()
             out.append(d)
     return out
+
+
+@dataclass
+class Archived:
+    url: str
+    store: ObjectStore
+    counter: CountingRecorder
+    local: LocalStore
+    keys: dict[str, tuple[str, int, int]]
+
+
+def _archived(cold_url: str, open_cold: Any, tmp_path: Path, layout: int) -> Archived:
+    keys = write_store(tmp_path / "store", SPECS)
+    counter = CountingRecorder()
+    store = open_cold(cold_url, recorder=counter)
+    local = archive(tmp_path / "store", store, tmp_path / "state", layout=layout)
+    counter.reset()
+    return Archived(cold_url, store, counter, local, keys)
+
+
+@pytest.fixture
+def archived(cold_url: str, open_cold: Any, tmp_path: Path) -> Archived:
+    """SPECS archived in segments of ~16 KiB, on file:// and on the S3 server."""
+    return _archived(cold_url, open_cold, tmp_path, 2)
+
+
+@pytest.fixture
+def archived_v1(cold_url: str, open_cold: Any, tmp_path: Path) -> Archived:
+    """The same archived in layout 1 (three objects a segment, a bloom per
+    segment in the manifest): for what only that layout has."""
+    return _archived(cold_url, open_cold, tmp_path, 1)

@@ -1,17 +1,18 @@
-"""Shared pieces of the dispatcher tests: a counting recorder, a store
-producer, and an archive reader that is independent of ``tiered.ops.verify``."""
+"""Shared pieces of the dispatcher tests: a store producer, a dispatcher
+built the tests' way, and an archive reader that is independent of
+``tiered.ops.verify``. ``CountingRecorder`` (tests/support/counting.py) is
+re-exported for the tests that take it from here."""
 
 from __future__ import annotations
 
 import os
 import struct
-import threading
-from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from counting import CountingRecorder  # noqa: F401 - re-exported
 
 from tiered.dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
 from tiered.clock import ManualClock
@@ -23,68 +24,11 @@ from tiered.archive.lease import LeaseManager
 from tiered.store.localstore import LocalStore
 from tiered.archive import layout, segmeta
 from tiered.archive.manifest import MANIFEST, Manifest, Segment, queue_prefix
-from tiered.recorder import NullRecorder
 from tiered.archive.storage import ObjectStore
 from tiered.store.storewriter import StoreWriter
 
 CLUSTER = "TestCluster"
 BROKER = "broker-a"
-
-
-class CountingRecorder(NullRecorder):
-    """Counts what the core reports; thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.requests: Counter[tuple[str, str]] = Counter()
-        self.retries: Counter[str] = Counter()
-        self.gaps: Counter[tuple[str, int]] = Counter()
-        self.corrupt: Counter[tuple[str, int]] = Counter()
-        self.quarantines: Counter[tuple[str, int]] = Counter()
-        self.queue_errors: Counter[tuple[str, int]] = Counter()
-        self.archived_messages: Counter[tuple[str, int]] = Counter()
-        self.rounds: list[bool] = []
-        self.stuck: dict[tuple[str, int], str | None] = {}
-
-    def store_request(self, op: str, outcome: str, seconds: float) -> None:
-        with self._lock:
-            self.requests[(op, outcome)] += 1
-
-    def store_retry(self, op: str) -> None:
-        with self._lock:
-            self.retries[op] += 1
-
-    def gap(self, topic: str, queue_id: int, messages: int) -> None:
-        with self._lock:
-            self.gaps[(topic, queue_id)] += messages
-
-    def corrupt_record(self, topic: str, queue_id: int) -> None:
-        with self._lock:
-            self.corrupt[(topic, queue_id)] += 1
-
-    def quarantined(self, topic: str, queue_id: int) -> None:
-        with self._lock:
-            self.quarantines[(topic, queue_id)] += 1
-
-    def queue_error(self, job: str, topic: str, queue_id: int) -> None:
-        with self._lock:
-            self.queue_errors[(topic, queue_id)] += 1
-
-    def queue_stuck(self, topic: str, queue_id: int, reason: str | None) -> None:
-        with self._lock:
-            self.stuck[(topic, queue_id)] = reason
-
-    def archived(self, topic: str, queue_id: int, messages: int, nbytes: int) -> None:
-        with self._lock:
-            self.archived_messages[(topic, queue_id)] += messages
-
-    def round_finished(self, job: str, seconds: float, ok: bool, now_s: float) -> None:
-        with self._lock:
-            self.rounds.append(ok)
-
-    def total_requests(self, op: str | None = None) -> int:
-        with self._lock:
-            return sum(n for (o, _), n in self.requests.items() if op is None or o == op)
 
 
 def produce(writer: StoreWriter, topic: str, queue_id: int, count: int, *, clock: ManualClock | None = None,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from readerkit import archive  # restorekit puts tests/reader on the path
+from readerkit import archive
 from restorekit import CL_FILE
 from tiered.cli import app
 from tiered.store.indexfile import IndexFile, file_size, index_files, query_offsets, record_keys

@@ -1,6 +1,6 @@
 """The store survey: what RocketMQ 5.3.3 leaves in a store is not reported,
 anything else is, by kind and path (stores made by our writer; the 5.3.3
-fixture's own run is in tests/service/test_rmq5_systopics.py)."""
+fixture's own run is in tests/e2e/test_rmq5_systopics.py)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,12 @@
-"""BatchCQ test fixtures; helpers live in ``bcqkit`` beside this file."""
+"""End-to-end test fixtures: the BatchCQ topic of the RocketMQ 5.3.3 store
+archived (helpers in tests/support/bcqkit.py)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bcqkit import TOPIC, run, unconfirmed  # noqa: E402
+from bcqkit import TOPIC, run, unconfirmed
 
 
 @pytest.fixture

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from restorekit import build
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from restorekit import build  # noqa: E402
-from tiered.archive.storage import ObjectStore  # noqa: E402
+from tiered.archive.storage import ObjectStore
 
 
 @dataclass

@@ -4,7 +4,6 @@ independent of the cleaner and of ``tiered.ops.verify``."""
 
 from __future__ import annotations
 
-import threading
 import zlib
 from collections import Counter
 from collections.abc import Callable
@@ -12,8 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tiered.cleaner import CleanOptions, Cleaner
+from counting import CountingRecorder
 from dispatchkit import cq_entries
+
+from tiered.cleaner import CleanOptions, Cleaner
 from tiered.cleaner.plan import parse_data_key
 from tiered.dispatcher import ArchiveOptions, Dispatcher, DispatchOptions
 from tiered.archive import layout
@@ -23,7 +24,6 @@ from tiered.archive.coldtier import ColdTier
 from tiered.config import RetentionSettings
 from tiered.store.localstore import LocalStore
 from tiered.archive.manifest import Manifest, broker_prefix
-from tiered.recorder import NullRecorder
 from tiered.archive.storage import FileStore, ObjectStore
 from tiered.store.storewriter import StoreWriter
 
@@ -31,57 +31,6 @@ CLUSTER = "TestCluster"
 BROKER = "broker-a"
 PREFIX = broker_prefix(CLUSTER, BROKER)
 HOUR_MS = 3_600_000
-
-
-class CountingRecorder(NullRecorder):
-    """Counts what the core reports."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.requests: Counter[str] = Counter()
-        self.deleted: Counter[str] = Counter()
-        self.deleted_bytes: Counter[str] = Counter()
-        self.orphans = 0
-        self.merges: Counter[str] = Counter()
-        self.merged_segments: Counter[str] = Counter()
-        self.skew: Counter[tuple[str, int]] = Counter()
-        self.rounds: list[tuple[str, bool]] = []
-        self.queue_errors: Counter[tuple[str, str, int]] = Counter()
-        self.skipped: dict[tuple[str, str, int], int] = {}
-        self.archived_segments: Counter[tuple[str, int]] = Counter()
-
-    def store_request(self, op: str, outcome: str, seconds: float) -> None:
-        with self._lock:
-            self.requests[op] += 1
-
-    def total_requests(self) -> int:
-        return sum(self.requests.values())
-
-    def archived(self, topic: str, queue_id: int, messages: int, nbytes: int) -> None:
-        self.archived_segments[(topic, queue_id)] += 1
-
-    def cleaner_deleted(self, topic: str, segments: int, nbytes: int) -> None:
-        self.deleted[topic] += segments
-        self.deleted_bytes[topic] += nbytes
-
-    def orphans_collected(self, objects: int) -> None:
-        self.orphans += objects
-
-    def skipped_busy(self, job: str, topic: str, queue_id: int) -> None:
-        self.skipped[(job, topic, queue_id)] = self.skipped.get((job, topic, queue_id), 0) + 1
-
-    def merged(self, topic: str, segments: int) -> None:
-        self.merges[topic] += 1
-        self.merged_segments[topic] += segments
-
-    def skew_detected(self, topic: str, queue_id: int) -> None:
-        self.skew[(topic, queue_id)] += 1
-
-    def round_finished(self, job: str, seconds: float, ok: bool, now_s: float) -> None:
-        self.rounds.append((job, ok))
-
-    def queue_error(self, job: str, topic: str, queue_id: int) -> None:
-        self.queue_errors[(job, topic, queue_id)] += 1
 
 
 @dataclass

@@ -302,7 +302,7 @@ def test_retention_hours_from_topic_attributes(tmp_path: Path) -> None:
 def test_confirmed_offset_bounds_iteration_in_controller_mode(tmp_path: Path) -> None:
     appended = make_store(tmp_path, n=20, queues=1)
     with LocalStore(tmp_path, broker_mode="controller") as store:
-        assert store.confirmed_offset() == 0  # no checkpoint: nothing confirmed (tests/tiered/test_brokermode.py)
+        assert store.confirmed_offset() == 0  # no checkpoint: nothing confirmed (tests/store/test_brokermode.py)
     end7 = appended[7].commitlog_offset + appended[7].size
     with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
         w.write_checkpoint(confirm_offset=end7)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 from pathlib import Path
 
 import boto3
@@ -20,12 +19,8 @@ from tiered.store.localstore import LocalStore
 from tiered.archive.storage import S3Options, open_store
 from tiered.store.storewriter import StoreWriter
 from tiered.ops.verify import verify
-
-_SERVICE = str(Path(__file__).resolve().parents[1] / "service")
-if _SERVICE not in sys.path:
-    sys.path.insert(0, _SERVICE)
-
-from test_service_serve import BROKER, CLUSTER, free_port, metrics_text, samples, serve, serve_env, wait_for  # noqa: E402,F401
+# a test module beside this one (pytest puts this folder on the path)
+from test_service_serve import BROKER, CLUSTER, free_port, metrics_text, samples, serve, serve_env, wait_for  # noqa: F401
 
 BATCHES, PER_BATCH = 4, 50
 

@@ -23,7 +23,6 @@ from tiered.query.export import Exporter, iter_files
 from tiered.query.reader import Archive
 from tiered.query.scan import ScanSpec, SliceResult, plan, read_slice
 from tiered.archive.storage import open_store
-from tiered.store.storewriter import StoreWriter
 
 CODECS = ("zlib4", "zlib", "lz4", "zstd")
 TOPIC = "Zipped"
@@ -54,11 +53,11 @@ def test_codecs_round_trip_and_name_the_type_bits() -> None:
 
 
 @pytest.fixture
-def zipped(tmp_path: Path):
+def zipped(tmp_path: Path, store_writer):  # noqa: ANN001
     """Queue 0 of TOPIC: i = 0..11, codec CODECS[i % 4] except i = 5 (plain) and
     i = 7 (flagged zstd but not zstd). Returns (store, expected bodies, stored bodies)."""
     expected, stored = [], []
-    with StoreWriter(tmp_path / "store", commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
+    with store_writer() as w:
         for i in range(12):
             body, flag = compress(body_of(i), CODECS[i % 4])
             if i == 5:
