@@ -81,10 +81,13 @@ class BufferPool:
         with self._lock:
             buf = self._idle.pop() if self._idle else None
             self._bytes -= len(buf) if buf is not None else 0
-        if buf is None:
-            return SegmentBuffer(nbytes)
-        buf.resize(nbytes)  # BufferError if its giver still held a view of it
-        return buf
+        if buf is not None:
+            try:
+                buf.resize(nbytes)
+                return buf
+            except BufferError:  # a view of it outlived its give (a failed request's traceback): left to it
+                pass
+        return SegmentBuffer(nbytes)
 
     def give(self, buf: object) -> bool:
         """``buf`` kept for a later ``take``, when it is a segment buffer and

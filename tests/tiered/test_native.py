@@ -68,3 +68,20 @@ def test_a_test_needing_the_core_skips_where_absent_and_fails_where_required(
     monkeypatch.setenv(native.REQUIRE_ENV, "1")
     with pytest.raises(pytest.fail.Exception, match="TIERED_TEST_REQUIRE_NATIVE=1 and native core: not built"):
         need_native()
+
+
+def test_a_dispatcher_made_for_the_service_says_at_info_whether_the_core_loaded(
+        tmp_path, caplog: pytest.LogCaptureFixture) -> None:  # noqa: ANN001
+    from dispatchkit import new_writer
+    from tiered.cli.wiring import make_dispatcher
+    from tiered.config import Settings
+    from tiered.store.localstore import LocalStore
+
+    sd = tmp_path / "store"
+    with new_writer(sd):
+        pass
+    settings = Settings(store=sd, cold_url=f"file://{tmp_path / 'cold'}", state_dir=tmp_path / "state")
+    with caplog.at_level(logging.INFO, logger="tiered.native"):
+        make_dispatcher(settings, LocalStore(sd))
+    said = [(r.levelno, r.getMessage(), r.native_core) for r in caplog.records if r.name == "tiered.native"]
+    assert said == [(logging.INFO, native.describe(), native.loaded())]

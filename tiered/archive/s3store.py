@@ -330,13 +330,37 @@ class S3Store(ObjectStore):
         self._pid = os.getpid()
 
 
-def _body(data: bytes | SegmentBuffer) -> bytes | SegmentBuffer:
+def _body(data: bytes | SegmentBuffer) -> bytes | _MappedBody:
     """``data`` as boto3 takes it: bytes as they are; a segment's mapped
-    buffer (no bytes object) as a file read from its start, in the blocks
-    the connection sends anyway, never copied whole."""
-    if isinstance(data, SegmentBuffer):
-        data.seek(0)  # a put retried reads it again from the start
-    return data
+    buffer (boto3 takes no other buffer) as a file over it."""
+    return _MappedBody(data) if isinstance(data, SegmentBuffer) else data
+
+
+class _MappedBody:
+    """A file over a segment's buffer whose reads are views of it, not
+    copies: boto3 hashes and sends the segment in blocks as it would a
+    bytearray, without a copy of each. The views end with the request; one
+    a failed request keeps in its traceback only keeps that buffer from the
+    pool (its upload never gives it back)."""
+
+    def __init__(self, data: SegmentBuffer) -> None:
+        self._view = memoryview(data)
+        self._at = 0
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+    def read(self, n: int = -1) -> memoryview:
+        end = len(self._view) if n is None or n < 0 else min(len(self._view), self._at + n)
+        chunk, self._at = self._view[self._at:end], max(self._at, end)
+        return chunk
+
+    def seek(self, at: int, whence: int = 0) -> int:
+        self._at = max(0, at + (0, self._at, len(self._view))[whence])
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
 
 
 def _checksum_is_ours(request: Any, **_: Any) -> None:
