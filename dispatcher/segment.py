@@ -85,7 +85,7 @@ class BufferPool:
             try:
                 buf.resize(nbytes)
                 return buf
-            except BufferError:  # a view of it outlived its give (a failed request's traceback): left to it
+            except BufferError:  # a view outlived its give (a retried put's first try): the view keeps it
                 pass
         return SegmentBuffer(nbytes)
 

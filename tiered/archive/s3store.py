@@ -340,8 +340,8 @@ class _MappedBody:
     """A file over a segment's buffer whose reads are views of it, not
     copies: boto3 hashes and sends the segment in blocks as it would a
     bytearray, without a copy of each. The views end with the request; one
-    a failed request keeps in its traceback only keeps that buffer from the
-    pool (its upload never gives it back)."""
+    that outlives it (a failed try's traceback, kept) keeps that buffer out
+    of the next segments: the pool's ``take`` hands out a fresh one."""
 
     def __init__(self, data: SegmentBuffer) -> None:
         self._view = memoryview(data)
