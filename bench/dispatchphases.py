@@ -148,7 +148,7 @@ def _replay(local, jobs_of: list[list]) -> list:  # noqa: ANN001
         for _job, builder, _stop in passed.values():
             if builder.count:  # built (untimed) and its buffer given back as an upload gives it back
                 cl = builder.build(0).commitlog
-                SEGMENT_BUFFERS.give(cl, holders=1)  # kept while the pool has room
+                SEGMENT_BUFFERS.give(cl)  # kept while the pool has room
         del passed
     return stats
 

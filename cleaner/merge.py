@@ -29,6 +29,7 @@ from tiered.format.codec import CQ_ENTRY, CQ_ENTRY_SIZE, Record, crc32, decode_r
 from tiered.format.innerbatch import batch_size, inner_records, is_inner_batch
 from tiered.errors import CorruptRecordError, NotWrittenYetError
 from tiered.format.keyindex import build_bloom, build_index
+from tiered.format.segbuffer import SegmentBuffer
 from tiered.archive.manifest import Segment, segment_keys
 from tiered.archive.segmeta import Descriptor
 from tiered.archive.storage import ObjectStore
@@ -41,11 +42,11 @@ class MergedSegment:
     run: MergeRun
     segment: Segment
     commitlog: bytes | bytearray
-    consumequeue: bytes | bytearray  # entries and descriptor (v1); the whole segment object (v2)
+    consumequeue: bytes | SegmentBuffer  # entries and descriptor (v1); the whole segment object (v2)
     index: bytes | None
     history: str
 
-    def objects(self) -> list[tuple[str, bytes | bytearray]]:
+    def objects(self) -> list[tuple[str, bytes | SegmentBuffer]]:
         if self.segment.layout == 2:
             return [(self.segment.keys()[0], self.consumequeue)]
         out = [(self.segment.commitlog_key, self.commitlog)]

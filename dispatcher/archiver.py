@@ -20,6 +20,7 @@ from typing import TypeVar
 from tiered.dispatcher.commitpass import BuildJob, PassOptions, PassStats, Planned, build_pass, build_segment
 from tiered.dispatcher.firststarts import FirstStarts, starts_path
 from tiered.dispatcher.segment import SEGMENT_BUFFERS, BuiltSegment
+from tiered.format.segbuffer import SegmentBuffer
 from tiered.clock import Clock
 from tiered.archive.coldtier import ColdTier, ConflictError
 from tiered.format.codec import crc32
@@ -448,7 +449,7 @@ class QueueArchiver:
             store.put(seg.keys()[0], packed, crc=_object_crc(packed, seg, built.compression))
             seg = replace(seg, stored_bytes=len(packed))  # the manifest knows it, the descriptor cannot
             if packed is built.commitlog:  # uploaded: its mapped pages serve a next segment
-                SEGMENT_BUFFERS.give(packed, holders=2)  # this name and the built segment's
+                SEGMENT_BUFFERS.give(packed)  # written: the upload, its last holder, is done with it
         else:
             desc = self.cold.descriptor(topic, queue_id, history, seg, gaps)
             # The ConsumeQueue object last: its descriptor promises the others exist.
@@ -519,7 +520,7 @@ class QueueArchiver:
         self.recorder.cold_tier(topic, queue_id, manifest.nbytes, len(manifest.segments), manifest.min_store_ms)
 
 
-def _object_crc(packed: bytes | bytearray, seg: Segment, compression: str) -> int | None:
+def _object_crc(packed: bytes | SegmentBuffer, seg: Segment, compression: str) -> int | None:
     """The CRC-32 of a v2 object, for its upload's checksum: an uncompressed
     one is the segment's bytes and a tail behind them, so it is the
     segment's CRC (kept as its records were copied in) continued over the

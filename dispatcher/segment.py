@@ -18,21 +18,19 @@ reads the segment's index section instead.
 
 from __future__ import annotations
 
-import sys
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from tiered import native
-from tiered.format.batch import CQ_DTYPE, RecordBatch, copy_spans, grow
+from tiered.format.batch import CQ_DTYPE, RecordBatch, copy_spans
 from tiered.format.codec import crc32, decode_record
 from tiered.format.innerbatch import batch_size, is_inner_batch, unwrap
 from tiered.errors import CorruptRecordError
 from tiered.archive.layout import COMPRESSIONS, LAYOUT_V2, section_keys, segment_object_key
 from tiered.format.keyindex import EMPTY_BLOOM, BadProperties, bloom_of_hashes, index_of_hashes, record_key_hashes
 from tiered.format.keyindex import key_hashes as key_hashes_of
+from tiered.format.segbuffer import SegmentBuffer
 from tiered.archive.manifest import Segment, segment_keys
 
 # the v2 object's tail reserved behind the records (SegmentBuilder.reserve): an
@@ -43,51 +41,9 @@ _KEY_ROOM = 2 * 12
 _DESCRIPTOR_ROOM = 4096
 
 
-# tiered/_native.c's ``realign``; None without a C compiler at install
-# (buffers are then grown, and zeroed, by ``grow``'s fallback)
-_realign: Callable[[bytearray, int, int, int], bytearray] | None = getattr(native.core, "realign", None)
-
-# Segment buffers start at a multiple of this (a page) when the compiled
-# ``realign`` is there: tiered.archive.storage.FileStore writes such a buffer
-# with O_DIRECT, around the page cache (an optimisation: any buffer is written
-# correctly).
+# Segment buffers start at a page (SegmentBuffer): tiered.archive.filewrite
+# writes such a buffer with O_DIRECT, around the page cache.
 ALIGN = 4096
-
-
-def fit(buf: bytearray, nbytes: int) -> bytearray:
-    """``buf`` resized to ``nbytes``, or a buffer replacing it (its bytes up
-    to the new length kept), starting at a multiple of ``ALIGN`` when the
-    compiled ``realign`` is there: CPython moves a bytearray to an unaligned
-    block when it grows past its allocation or shrinks below half of it, and
-    such a buffer is replaced by an aligned one. The bytes past what ``buf``
-    held are undefined (not zeroed: ``grow``)."""
-    if _realign is not None:
-        return _realign(buf, nbytes, min(len(buf), nbytes), ALIGN)
-    if len(buf) > nbytes:
-        del buf[nbytes:]  # keeps the allocation while it stays over half used
-    grow(buf, nbytes)
-    return buf
-
-
-def _refs(buf: bytearray) -> int:
-    return sys.getrefcount(buf)
-
-
-def _refs_through(buf: bytearray) -> int:
-    """``_refs`` called as ``BufferPool.give`` calls it: from a function
-    whose parameter holds the buffer."""
-    return _refs(buf)
-
-
-def _probe_refs() -> int:
-    """What ``give`` counts for a buffer with one holder, its caller's name:
-    measured through the same chain of calls, not assumed, as interpreters
-    count (or borrow) a call's references differently."""
-    probe = bytearray(1)
-    return _refs_through(probe)
-
-
-_ONE_HOLDER = _probe_refs()
 
 
 def ragged(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -101,38 +57,49 @@ class BufferPool:
 
     A fresh buffer of a segment's size is memory the kernel has never mapped
     for this process: copying the records into it page-faults every page of
-    it (half of the CommitLog pass's CPU on 16 MiB segments, once the
-    zeroing was gone). A buffer given back has its pages mapped already.
-    Bounded: at most ``limit`` buffers and ``max_bytes`` held idle, so peak
-    memory grows by at most that; ``take`` hands the most recent back first.
+    it (half of the CommitLog pass's CPU on 16 MiB segments). A buffer given
+    back has its pages mapped already. Bounded: at most ``limit`` buffers
+    and ``max_bytes`` held idle, so peak memory grows by at most that;
+    ``take`` hands the most recent back first.
+
+    Ownership is explicit: a buffer is given back once, by its last holder
+    (the upload, once the store has written it), and from then on is the
+    pool's until a ``take`` hands it to one new holder.
     """
 
     def __init__(self, *, limit: int, max_bytes: int) -> None:
         self.limit = limit
         self.max_bytes = max_bytes
-        self._idle: list[bytearray] = []
+        self._idle: list[SegmentBuffer] = []
         self._bytes = 0  # held in _idle
         self._lock = threading.Lock()
 
-    def take(self, nbytes: int) -> bytearray:
-        """A buffer of ``nbytes`` bytes whose values are undefined, page-aligned
-        (``fit``). One given back whose allocation does not hold ``nbytes``
-        aligned in place is replaced by a fresh one rather than moved."""
+    def take(self, nbytes: int) -> SegmentBuffer:
+        """A buffer of ``nbytes`` bytes at a page, whose values are undefined:
+        one given back, resized (its pages up to ``nbytes`` mapped already,
+        those past it returned to the kernel), else a fresh one."""
         with self._lock:
-            buf = self._idle.pop() if self._idle else bytearray()
-            self._bytes -= len(buf)
-        if _realign is not None:
-            return _realign(buf, nbytes, 0, ALIGN)  # nothing to keep: its old bytes are garbage
-        return fit(buf, nbytes)
+            buf = self._idle.pop() if self._idle else None
+            self._bytes -= len(buf) if buf is not None else 0
+        if buf is not None:
+            try:
+                buf.resize(nbytes)
+                return buf
+            except BufferError:  # a view outlived its give (a retried put's first try): the view keeps it
+                pass
+        return SegmentBuffer(nbytes)
 
-    def give(self, buf: bytes | bytearray, *, holders: int) -> bool:
-        """Keeps ``buf`` for a later ``take`` when nothing but its ``holders``
-        known names refers to it (a store, a retry, a view still holding it
-        keeps it out: reusing it would change bytes someone still reads)."""
-        # counted as _probe_refs counted its one holder
-        if type(buf) is not bytearray or _refs(buf) - _ONE_HOLDER != holders - 1:
+    def give(self, buf: object) -> bool:
+        """``buf`` kept for a later ``take``, when it is a segment buffer and
+        the pool has room: called by its last holder, which uses it no more
+        (the next segment is copied into it). Anything else (bytes a
+        compressed object was made into) is left to the garbage collector;
+        a buffer given back twice is a ValueError, never two holders."""
+        if not isinstance(buf, SegmentBuffer):
             return False
         with self._lock:
+            if any(idle is buf for idle in self._idle):
+                raise ValueError("a segment buffer given back twice")
             if len(self._idle) >= self.limit or self._bytes + len(buf) > self.max_bytes:
                 return False
             self._idle.append(buf)
@@ -154,7 +121,7 @@ SEGMENT_BUFFERS = BufferPool(limit=1024, max_bytes=80 << 20)
 @dataclass(frozen=True, kw_only=True)
 class BuiltSegment:
     segment: Segment
-    commitlog: bytes | bytearray
+    commitlog: bytes | SegmentBuffer  # the records; a builder's buffer, its upload the last holder
     consumequeue: bytes
     index: bytes | None
     compression: str = "none"  # of the v2 object
@@ -183,7 +150,9 @@ class SegmentBuilder:
         # a BatchCQ queue's records: the segment records the messages' queue
         # offsets and indexes the inner messages' keys (docs/batchcq.md)
         self.batch = batch
-        self._cl = bytearray()  # the records' bytes in [:_n]; the rest is room reserved
+        # the records' bytes in [:_n]; the rest is room reserved (a SegmentBuffer
+        # from the first room asked for: nothing is mapped for an empty builder)
+        self._cl: SegmentBuffer | bytearray = bytearray()
         self._n = 0
         # CRC-32 of _cl[:_crc_end]: kept by a caller that computed it as it copied
         # (``extend``), continued over the rest by ``crc`` (at the build)
@@ -248,7 +217,7 @@ class SegmentBuilder:
         if error is not None:
             raise error
 
-    def buffer(self, end: int) -> bytearray:
+    def buffer(self, end: int) -> SegmentBuffer | bytearray:
         """The segment's buffer with room for record bytes up to ``end``, for a
         caller that copies records into it itself (the CommitLog pass, a
         window's records of every queue in one call) and then ``extend``s."""
@@ -340,13 +309,13 @@ class SegmentBuilder:
         have = len(self._cl)
         if need <= have:
             return
-        if not have:  # pages a past segment mapped already, when one was given back
+        if not isinstance(self._cl, SegmentBuffer):  # pages a past segment mapped already, when one was given back
             self._cl = SEGMENT_BUFFERS.take(need)
             return
-        # not zeroed (tiered.format.batch.grow): every byte handed out is copied in first;
-        # half as much again when growing: a few moves over a segment read with no reservation.
-        # All ``have`` bytes kept: the CommitLog pass copies records in before it ``extend``s.
-        self._cl = fit(self._cl, max(need, have + have // 2))
+        # half as much again when growing: a few resizes over a segment read with no
+        # reservation. All ``have`` bytes kept (mremap moves no byte): the CommitLog
+        # pass copies records in before it ``extend``s.
+        self._cl.resize(max(need, have + have // 2))
 
     def _add_arrays(self, batch: RecordBatch, n: int) -> None:
         """The first ``n`` records' sizes, tags and times (their bytes are in)."""
@@ -367,7 +336,9 @@ class SegmentBuilder:
         used = self._n
         cl_crc = self.crc()
         cl, self._cl, self._n = self._cl, bytearray(), 0  # handed over, not copied: the builder is done
-        del cl[used:]  # the room reserved and not filled
+        if not isinstance(cl, SegmentBuffer) or used > len(cl):
+            raise ValueError(f"records of {used} bytes extended past the buffer asked for")
+        cl.resize(used)  # the room reserved and not filled, returned to the kernel
         cl_end = self.cl_start + len(cl)
         entries = np.empty(len(sizes), CQ_DTYPE)
         entries["phys"] = np.cumsum(sizes) - sizes + self.cl_start
@@ -409,7 +380,7 @@ class SegmentBuilder:
                             compression=self.compression)
 
 
-def batch_messages(cl: bytearray, positions: np.ndarray, sizes: np.ndarray, key_offsets: list[np.ndarray],
+def batch_messages(cl: SegmentBuffer | bytes, positions: np.ndarray, sizes: np.ndarray, key_offsets: list[np.ndarray],
                    key_hashes: list[np.ndarray]) -> tuple[int, int]:
     """A BatchCQ segment's message range (the first record's queue offset to
     the last one's + its batch size), and its inner messages' keys added to

@@ -53,6 +53,25 @@ def test_a_precomputed_crc_is_the_checksum_the_server_checks(moto_endpoint, s3_b
     assert len(DATA) not in computed
 
 
+
+def test_a_segment_buffer_is_sent_whole_on_every_put(moto_endpoint, s3_bucket, monkeypatch) -> None:
+    """A segment's mapped buffer (no bytes object) goes to boto3 as a file
+    read from its start: whole on every put, a second one included (the
+    first left it read to its end), big enough for a 100-continue, with the
+    CRC given and not computed again."""
+    from tiered.format.segbuffer import SegmentBuffer
+
+    store = open_store(f"s3://{s3_bucket}/arch", s3=S3Options(endpoint_url=moto_endpoint), retry=FAST)
+    store.capabilities()
+    sent, computed = sent_checksums(store), computed_crcs(monkeypatch)
+    data = random.Random(6).randbytes(3 << 20)
+    buf = SegmentBuffer(len(data))
+    buf[:] = data
+    for key in ("obj/seg-1", "obj/seg-2"):
+        store.put(key, buf, crc=crc32(data))
+        assert store.get(key) == data
+    assert [h for _p, h in sent] == [b64(crc32(data))] * 2 and len(data) not in computed
+
 def test_seaweedfs_refuses_a_wrong_precomputed_crc(seaweedfs_endpoint, monkeypatch) -> None:
     store = open_store(f"s3://{new_bucket(seaweedfs_endpoint)}/arch", s3=S3Options(endpoint_url=seaweedfs_endpoint),
                        retry=FAST)

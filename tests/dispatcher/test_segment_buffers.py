@@ -1,10 +1,9 @@
-"""Segment buffers: allocated without zeroing, with room for the v2 tail,
-and reused after their upload (dispatcher/segment.py BufferPool). None of
-it may change a byte of what is archived."""
+"""Segment buffers: mapped without zeroing, with room for the v2 tail,
+and reused after their upload, given back once by their last holder
+(dispatcher/segment.py BufferPool, tiered/format/segbuffer.py). None of it
+may change a byte of what is archived."""
 
 from __future__ import annotations
-
-import ctypes
 
 import pytest
 from hypothesis import given, settings
@@ -14,6 +13,7 @@ from tiered.dispatcher.segment import SEGMENT_BUFFERS, BufferPool, SegmentBuilde
 from tiered.archive import segmeta
 from tiered.format.batch import RecordBatch
 from tiered.format.keyindex import lookup
+from tiered.format.segbuffer import SegmentBuffer
 
 from dispatchkit import extend_like_the_pass, props_batch
 
@@ -21,26 +21,15 @@ PROPS = [b"KEYS\x01k%d a%d\x02UNIQ_KEY\x01u%d" % (i, i % 3, i) for i in range(40
 
 
 def _batch(first_offset: int = 0) -> RecordBatch:
-    # records far bigger than the tail reserved behind them, as in a real
-    # segment: build's trim to the records keeps the allocation (a bytearray
-    # cut below half of it is reallocated, and then may move when the tail
-    # is appended, as the allocator pleases)
+    # records far bigger than the tail reserved behind them, as in a real segment
     return props_batch([(bytes([i]) * (2000 + i), props) for i, props in enumerate(PROPS)], first_offset)
 
 
-def _address(buf: bytearray) -> int:
-    view = (ctypes.c_char * 1).from_buffer(buf)
-    try:
-        return ctypes.addressof(view)
-    finally:
-        del view  # the export ends here: the buffer may be resized again
-
-
-def _packed(builder: SegmentBuilder) -> bytearray:
+def _packed(builder: SegmentBuilder) -> SegmentBuffer:
     built = builder.build(1_700_000_000_000)
     desc = segmeta.Descriptor(cluster="c", broker="b", topic="T", queue_id=3, history="h", segment=built.segment)
     packed = segmeta.pack_v2(built.commitlog, built.consumequeue, built.index, desc, consume=True)
-    assert isinstance(packed, bytearray)
+    assert isinstance(packed, SegmentBuffer) and packed is built.commitlog  # the tail appended to it
     return packed
 
 
@@ -64,9 +53,10 @@ def test_a_reserved_segment_packs_in_place_into_the_same_bytes() -> None:
     fresh.add(_batch())  # grown as it goes, no reservation
     expected = bytes(_packed(fresh))
     builder = _reserved()
-    at = _address(builder._cl)
+    reserved = builder._cl
+    assert isinstance(reserved, SegmentBuffer) and len(reserved) > builder.nbytes
     packed = _packed(builder)
-    assert _address(packed) == at  # entries, index and descriptor appended without a move
+    assert packed is reserved  # entries, index and descriptor appended to the records' own buffer
     assert bytes(packed) == expected
     records = b"".join(bytes(_batch().view[p:p + s]) for p, s in zip(_batch().positions, _batch().sizes))
     assert packed[:len(records)] == records
@@ -74,9 +64,9 @@ def test_a_reserved_segment_packs_in_place_into_the_same_bytes() -> None:
 
 def test_a_reused_buffer_full_of_old_bytes_builds_the_same_segment() -> None:
     expected = bytes(_packed(_reserved()))
-    junk = bytearray(b"\xee" * (1 << 16))
-    SEGMENT_BUFFERS.give(junk, holders=1)
-    del junk  # now only the pool holds it
+    junk = SegmentBuffer(1 << 16)
+    junk[:] = b"\xee" * len(junk)
+    assert SEGMENT_BUFFERS.give(junk)
     builder = _reserved()
     assert len(SEGMENT_BUFFERS._idle) == 0  # the pass took it
     assert bytes(_packed(builder)) == expected
@@ -87,37 +77,48 @@ def test_a_reused_buffer_full_of_old_bytes_builds_the_same_segment() -> None:
 
 def test_take_gives_exactly_the_bytes_asked_whatever_was_given_back() -> None:
     pool = BufferPool(limit=2, max_bytes=1 << 20)
-    big = bytearray(5000)
-    assert pool.give(big, holders=1)
-    del big
-    assert len(pool.take(100)) == 100  # shrunk to what is asked
+    big = SegmentBuffer(5000)
+    assert pool.give(big)
+    assert pool.take(100) is big and len(big) == 100  # shrunk to what is asked
     assert len(pool.take(7000)) == 7000  # none left: a fresh one
     assert pool._idle == []
 
 
-def test_a_buffer_someone_still_holds_is_not_taken_back() -> None:
+def test_a_buffer_is_given_back_once_by_its_last_holder() -> None:
     pool = BufferPool(limit=4, max_bytes=1 << 20)
-    held = bytearray(10)
-    other = held  # a second name: a store or a retry keeping the object
-    assert not pool.give(held, holders=1)
-    assert pool.give(held, holders=2)
-    del other
-    viewed = bytearray(10)
-    view = memoryview(viewed)
-    assert not pool.give(viewed, holders=1)  # a view would see the next segment's bytes
-    view.release()
-    assert not pool.give(b"immutable", holders=1)
-    assert [len(b) for b in pool._idle] == [10]
+    buf = SegmentBuffer(10)
+    assert pool.give(buf)
+    with pytest.raises(ValueError, match="given back twice"):
+        pool.give(buf)  # two holders of one buffer would copy two segments into it
+    assert pool._idle == [buf]
+    assert not pool.give(b"immutable") and not pool.give(bytearray(10))  # not segment buffers: left to the GC
+    assert pool.take(10) is buf and pool._idle == []
+    assert pool.give(buf)  # taken, then given back again by its new holder
+
+
+def test_a_view_held_past_the_give_keeps_that_buffer_from_the_next_segments() -> None:
+    """A view of a buffer given back (one a failed request's traceback
+    holds) must never see a next segment's bytes: the mapping refuses to
+    resize under it, and ``take`` hands out a fresh buffer instead."""
+    pool = BufferPool(limit=4, max_bytes=1 << 20)
+    buf = SegmentBuffer(10)
+    buf[:] = b"0123456789"
+    view = memoryview(buf)
+    assert pool.give(buf)
+    fresh = pool.take(10)
+    assert fresh is not buf and len(fresh) == 10 and pool._idle == []
+    fresh[:] = b"x" * 10
+    assert view.tobytes() == b"0123456789"
 
 
 def test_the_pool_is_bounded_in_count_and_bytes() -> None:
     pool = BufferPool(limit=2, max_bytes=100)
-    a, b, c, d, e = bytearray(101), bytearray(60), bytearray(41), bytearray(40), bytearray(0)
-    assert not pool.give(a, holders=1)  # over the bytes alone
-    assert pool.give(b, holders=1)
-    assert not pool.give(c, holders=1)  # 101 bytes would be idle
-    assert pool.give(d, holders=1)
-    assert not pool.give(e, holders=1)  # a third buffer
+    a, b, c, d, e = (SegmentBuffer(n) for n in (101, 60, 41, 40, 1))
+    assert not pool.give(a)  # over the bytes alone
+    assert pool.give(b)
+    assert not pool.give(c)  # 101 bytes would be idle
+    assert pool.give(d)
+    assert not pool.give(e)  # a third buffer
     assert sorted(len(x) for x in pool._idle) == [40, 60]
 
 
@@ -137,7 +138,7 @@ def test_a_round_gives_its_uploaded_buffers_back_and_stays_exact(tmp_path, clock
     taken: list[bool] = []  # whether each segment's buffer was one given back
     real_take = SEGMENT_BUFFERS.take
 
-    def take(nbytes: int) -> bytearray:
+    def take(nbytes: int) -> SegmentBuffer:
         taken.append(bool(SEGMENT_BUFFERS._idle))
         return real_take(nbytes)
 

@@ -73,19 +73,9 @@ def test_strided_offsets_are_made_contiguous(impl: str) -> None:
     assert bytes(dst) == SRC[0:3] + SRC[10:13] + SRC[20:23]
 
 
-def test_grow_lengthens_keeping_the_bytes_held(impl: str) -> None:
-    buf = bytearray(b"records")
-    batch.grow(buf, 4096)
-    assert len(buf) == 4096 and buf[:7] == b"records"
-    batch.grow(buf, 4096)  # already that long: nothing changes
-    assert len(buf) == 4096 and buf[:7] == b"records"
-    with pytest.raises(ValueError, match="below the 4096 held"):
-        batch.grow(buf, 10)
-    view = memoryview(buf)
-    with pytest.raises(BufferError):  # a view of it would point at freed memory
-        batch.grow(buf, 1 << 20)
-    view.release()
-    assert len(buf) == 4096 and buf[:7] == b"records"
-    if impl == "compiled":
-        with pytest.raises(TypeError):
-            batch._native.grow(b"bytes", 10)
+def test_spans_are_copied_into_a_segment_buffer(impl: str) -> None:
+    from tiered.format.segbuffer import SegmentBuffer
+
+    dst = SegmentBuffer(12)
+    assert batch.copy_spans(dst, 3, SRC, np.array([0, 10, 20], np.int64), np.array([3, 13, 23], np.int64)) == 9
+    assert dst[3:] == SRC[0:3] + SRC[10:13] + SRC[20:23]

@@ -24,9 +24,7 @@ sys.meta_path.insert(0, Hide())
 from tiered import native
 from tiered.format import batch, keyindex
 from tiered.store import preads
-from tiered.dispatcher import segment
-print(native.core is None, batch._native is None, segment._realign is None, keyindex._native is None,
-      preads._native is None)
+print(native.core is None, batch._native is None, keyindex._native is None, preads._native is None)
 print(native.describe())
 """
 
@@ -34,17 +32,16 @@ print(native.describe())
 def test_without_the_extension_every_user_runs_the_python_path() -> None:
     out = subprocess.run([sys.executable, "-c", _HIDDEN], capture_output=True, text=True, timeout=120, check=True)
     flags, said = out.stdout.splitlines()
-    assert flags == "True True True True True"
+    assert flags == "True True True True"
     assert said == "native core: not built (no compiler at install); running the Python path"
 
 
 def test_the_core_loaded_is_the_one_every_user_holds() -> None:
-    from tiered.dispatcher import segment
     from tiered.format import batch, keyindex
     from tiered.store import preads
 
     core = need_native()
-    assert batch._native is core and segment._realign is core.realign
+    assert batch._native is core
     assert keyindex._native is core and preads._native is core
     assert native.loaded() and native.describe() == f"native core: loaded from {core.__file__} (CRC-32: {core.crc_library})"
 
@@ -71,3 +68,20 @@ def test_a_test_needing_the_core_skips_where_absent_and_fails_where_required(
     monkeypatch.setenv(native.REQUIRE_ENV, "1")
     with pytest.raises(pytest.fail.Exception, match="TIERED_TEST_REQUIRE_NATIVE=1 and native core: not built"):
         need_native()
+
+
+def test_a_dispatcher_made_for_the_service_says_at_info_whether_the_core_loaded(
+        tmp_path, caplog: pytest.LogCaptureFixture) -> None:  # noqa: ANN001
+    from dispatchkit import new_writer
+    from tiered.cli.wiring import make_dispatcher
+    from tiered.config import Settings
+    from tiered.store.localstore import LocalStore
+
+    sd = tmp_path / "store"
+    with new_writer(sd):
+        pass
+    settings = Settings(store=sd, cold_url=f"file://{tmp_path / 'cold'}", state_dir=tmp_path / "state")
+    with caplog.at_level(logging.INFO, logger="tiered.native"):
+        make_dispatcher(settings, LocalStore(sd))
+    said = [(r.levelno, r.getMessage(), r.native_core) for r in caplog.records if r.name == "tiered.native"]
+    assert said == [(logging.INFO, native.describe(), native.loaded())]

@@ -14,6 +14,7 @@ from tiered.archive.dirsync import Directories
 from tiered.archive.filewrite import FileWriter
 from tiered.archive.objectstore import ObjectInfo, ObjectStore, md5_etag
 from tiered.errors import PreconditionFailedError
+from tiered.format.segbuffer import SegmentBuffer
 
 
 class FileStore(ObjectStore):
@@ -55,7 +56,7 @@ class FileStore(ObjectStore):
     def _tmp_name(path: Path) -> Path:
         return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
 
-    def _write_tmp(self, path: Path, data: bytes) -> Path:
+    def _write_tmp(self, path: Path, data: bytes | SegmentBuffer) -> Path:
         tmp = self._tmp_name(path)
         # a directory this process has not made durable yet (another
         # process made it, maybe dying before syncing it) is walked once
@@ -90,7 +91,7 @@ class FileStore(ObjectStore):
         once the file system refused it)."""
         return self._writer.direct
 
-    def _raw_put(self, key: str, data: bytes, crc: int | None = None) -> None:
+    def _raw_put(self, key: str, data: bytes | SegmentBuffer, crc: int | None = None) -> None:
         path = self._path(key)
         os.replace(self._write_tmp(path, data), path)
         # the object is durable once its name is: a manifest committed after

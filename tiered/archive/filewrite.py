@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tiered.format.segbuffer import SegmentBuffer
+
 log = logging.getLogger(__name__)
 
 
@@ -43,7 +45,7 @@ DIRECT_ALIGN = 4096  # O_DIRECT's alignment of address, offset and length on Lin
 _O_DIRECT = getattr(os, "O_DIRECT", 0)  # 0 where there is none: never direct
 
 
-def write_whole(path: Path, data: bytes | bytearray | memoryview, *, sync: bool) -> None:
+def write_whole(path: Path, data: bytes | bytearray | memoryview | SegmentBuffer, *, sync: bool) -> None:
     """``data`` into the file ``path`` (created or truncated) through the page
     cache, fsynced when ``sync``. System calls only, no file object: Python's
     ``open`` adds a stat, a terminal check and a seek to every file, and each
@@ -79,14 +81,14 @@ class FileWriter:
         self.root = root
         self.direct = direct and _O_DIRECT != 0  # set to False when the file system refuses it
 
-    def write(self, path: Path, data: bytes) -> None:
+    def write(self, path: Path, data: bytes | SegmentBuffer) -> None:
         """``data`` into the file ``path`` (created or truncated), fsynced."""
         head = self._direct_bytes(data)
         if head and self._write_direct(path, data, head):
             return
         write_whole(path, data, sync=True)
 
-    def _direct_bytes(self, data: bytes) -> int:
+    def _direct_bytes(self, data: bytes | SegmentBuffer) -> int:
         """How many of ``data``'s first bytes to write with O_DIRECT: its
         whole pages when it is big and starts at a page; else 0."""
         if not self.direct or len(data) < DIRECT_MIN:
@@ -97,7 +99,7 @@ class FileWriter:
             return 0
         return len(data) - len(data) % DIRECT_ALIGN if address % DIRECT_ALIGN == 0 else 0
 
-    def _write_direct(self, path: Path, data: bytes, head: int) -> bool:
+    def _write_direct(self, path: Path, data: bytes | SegmentBuffer, head: int) -> bool:
         """``data`` into ``path``: its first ``head`` bytes with O_DIRECT (the
         kernel reads them from ``data`` itself, no page-cache copy), the rest
         through the cache, then fsynced: as durable as a buffered write. False,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tiered.errors import ObjectNotFoundError, PreconditionFailedError, StorageError
+from tiered.format.segbuffer import SegmentBuffer
 from tiered.recorder import NullRecorder, Recorder
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ class ObjectStore:
     def get_with_etag(self, key: str) -> tuple[bytes, str]:
         return self._call("get", key, lambda: self._raw_get_etag(key))
 
-    def put(self, key: str, data: bytes, *, crc: int | None = None) -> None:
+    def put(self, key: str, data: bytes | SegmentBuffer, *, crc: int | None = None) -> None:
         """Write ``key`` (whole, or not at all). No ETag: only the conditional
         writes need one, and a file store would have to hash the data for it.
         ``crc``: the data's CRC-32 when the caller has it already (a segment's,
@@ -205,7 +206,7 @@ class ObjectStore:
     def _raw_get_etag(self, key: str) -> tuple[bytes, str]:
         raise NotImplementedError
 
-    def _raw_put(self, key: str, data: bytes, crc: int | None = None) -> None:
+    def _raw_put(self, key: str, data: bytes | SegmentBuffer, crc: int | None = None) -> None:
         raise NotImplementedError
 
     def _raw_put_if(self, key: str, data: bytes, etag: str | None) -> str:

@@ -37,6 +37,7 @@ from tiered.errors import ConditionalWritesUnsupportedError
 
 if TYPE_CHECKING:
     from tiered.archive.s3store import S3Store
+    from tiered.format.segbuffer import SegmentBuffer
 
 log = logging.getLogger(__name__)
 
@@ -215,5 +216,5 @@ def probe(store: S3Store) -> Capabilities:
     return caps
 
 
-def content_md5(data: bytes | bytearray | memoryview) -> str:
+def content_md5(data: bytes | bytearray | memoryview | SegmentBuffer) -> str:
     return base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode("ascii")

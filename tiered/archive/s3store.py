@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from zlib_ng.zlib_ng import crc32
 
 from tiered.archive.objectstore import ObjectInfo, ObjectStore
+from tiered.format.segbuffer import SegmentBuffer
 from tiered.errors import (
     BadResponseError,
     ConfigError,
@@ -246,18 +247,18 @@ class S3Store(ObjectStore):
 
         return sync(fs.loop, fetch)
 
-    def _raw_put(self, key: str, data: bytes, crc: int | None = None) -> None:
+    def _raw_put(self, key: str, data: bytes | SegmentBuffer, crc: int | None = None) -> None:
         if len(data) < _SINGLE_PUT_LIMIT:
             # boto3, not s3fs: s3fs's put holds ~3 extra copies of a bytearray body
             # while it sends (measured: +88 MiB for 32 MiB), which would break the
             # dispatcher's memory bound of parallelism x segment size; boto3 sends
             # the caller's buffer as it is, and is ~15% faster doing it.
-            self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data, **self.options.put_kwargs(),
-                                   **self._checksum(data, crc))
+            self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=_body(data),
+                                   **self.options.put_kwargs(), **self._checksum(data, crc))
         else:
             self.fs.pipe_file(self._path(key), data)  # multipart beyond a single PUT's limit
 
-    def _checksum(self, data: bytes, crc: int | None = None) -> dict[str, str]:
+    def _checksum(self, data: bytes | SegmentBuffer, crc: int | None = None) -> dict[str, str]:
         """The checksum the store verifies the upload against, the one the
         probe found it honours: CRC32 (``crc`` when the caller has it, else
         computed here: zlib-ng, ~5x what botocore's zlib does) instead of by
@@ -327,6 +328,39 @@ class S3Store(ObjectStore):
         super().__setstate__(state)
         self._lock = threading.Lock()
         self._pid = os.getpid()
+
+
+def _body(data: bytes | SegmentBuffer) -> bytes | _MappedBody:
+    """``data`` as boto3 takes it: bytes as they are; a segment's mapped
+    buffer (boto3 takes no other buffer) as a file over it."""
+    return _MappedBody(data) if isinstance(data, SegmentBuffer) else data
+
+
+class _MappedBody:
+    """A file over a segment's buffer whose reads are views of it, not
+    copies: boto3 hashes and sends the segment in blocks as it would a
+    bytearray, without a copy of each. The views end with the request; one
+    that outlives it (a failed try's traceback, kept) keeps that buffer out
+    of the next segments: the pool's ``take`` hands out a fresh one."""
+
+    def __init__(self, data: SegmentBuffer) -> None:
+        self._view = memoryview(data)
+        self._at = 0
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+    def read(self, n: int = -1) -> memoryview:
+        end = len(self._view) if n is None or n < 0 else min(len(self._view), self._at + n)
+        chunk, self._at = self._view[self._at:end], max(self._at, end)
+        return chunk
+
+    def seek(self, at: int, whence: int = 0) -> int:
+        self._at = max(0, at + (0, self._at, len(self._view))[whence])
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
 
 
 def _checksum_is_ours(request: Any, **_: Any) -> None:

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from tiered.format.codec import crc32
+from tiered.format.segbuffer import SegmentBuffer
 from tiered.archive import layout
 from tiered.errors import CorruptRecordError
 from tiered.archive.manifest import Gap, Segment, segment_doc
@@ -93,14 +94,15 @@ def carried_at(seg: Segment, compression: str = "none") -> int:
     return layout.CARRIED_AT_ZSTD if compression == "zstd" else descriptor_at(seg)
 
 
-def pack_v2(records: bytes | bytearray, entries: bytes, index: bytes | None, desc: Descriptor,
-            compression: str = "none", *, consume: bool = False, carried: bytes = b"") -> bytes | bytearray:
+def pack_v2(records: bytes | SegmentBuffer, entries: bytes, index: bytes | None, desc: Descriptor,
+            compression: str = "none", *, consume: bool = False, carried: bytes = b"") -> bytes | SegmentBuffer:
     """The one object of a layout v2 segment (tiered/archive/layout.py), with
     the manifest chunks it ``carried`` where ``desc.chunks`` says.
 
-    ``consume``: ``records`` (a bytearray) is the caller's to give up; the
-    rest of the object is appended to it in place rather than all of it
-    copied into a new buffer (a segment's worth of memory and of copying)."""
+    ``consume``: ``records`` (a SegmentBuffer) is the caller's to give up;
+    the rest of the object is appended to it in place and it is returned,
+    rather than all of it copied into a new buffer (a segment's worth of
+    memory and of copying)."""
     seg = desc.segment
     if len(records) != seg.nbytes or len(entries) != seg.messages * 20:
         raise ValueError("records or entries do not match the segment")
@@ -112,9 +114,8 @@ def pack_v2(records: bytes | bytearray, entries: bytes, index: bytes | None, des
     if compression == "zstd":
         return layout.compress(b"".join((records, entries, index or b"", body, footer)), carried=carried)
     tail = (entries, index or b"", carried, body, footer)
-    if consume and isinstance(records, bytearray):
-        for part in tail:
-            records += part
+    if consume and isinstance(records, SegmentBuffer):
+        records.append(*tail)
         return records
     return b"".join((records, *tail))
 

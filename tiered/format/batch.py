@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import mmap
 from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 
 from tiered import native
 from tiered.format.codec import CRC_MASK, MAGIC_V1, MAGIC_V2, Record, crc32, decode_record
+from tiered.format.segbuffer import SegmentBuffer
 
 # ConsumeQueue entry: CommitLog offset i64 | size i32 | tags code i64
 CQ_DTYPE = np.dtype([("phys", ">i8"), ("size", ">i4"), ("tags", ">i8")])
@@ -113,7 +115,7 @@ def _int64(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, np.int64)
 
 
-def copy_spans(dst: bytearray | memoryview, at: int, src: memoryview | bytes, starts: np.ndarray,
+def copy_spans(dst: SegmentBuffer | bytearray | memoryview, at: int, src: memoryview | bytes, starts: np.ndarray,
                ends: np.ndarray) -> int:
     """Copy ``src[starts[i]:ends[i]]`` one after the other into ``dst`` from
     byte ``at`` (which must have room); returns the bytes copied. Compiled:
@@ -130,22 +132,7 @@ def copy_spans(dst: bytearray | memoryview, at: int, src: memoryview | bytes, st
     return pos - at
 
 
-def grow(buffer: bytearray, n: int) -> None:
-    """``buffer`` lengthened to ``n`` bytes; the new bytes' values are
-    undefined until written. Compiled: without writing them (a fresh
-    segment's 16 MiB zeroed by ``bytearray(n)`` cost a memset and its page
-    faults before the copy wrote every byte anyway, ~19% of the CommitLog
-    pass); else zeroed. Refused (BufferError) while a view of it is held."""
-    native = getattr(_native, "grow", None)
-    if native is not None:
-        native(buffer, n)
-        return
-    if n < len(buffer):
-        raise ValueError(f"grow to {n} bytes, below the {len(buffer)} held")
-    buffer.extend(bytes(n - len(buffer)))
-
-
-def join_spans(src: memoryview | bytes, starts: np.ndarray, ends: np.ndarray, sep: bytes) -> bytes:
+def join_spans(src: memoryview | bytes | SegmentBuffer, starts: np.ndarray, ends: np.ndarray, sep: bytes) -> bytes:
     """``sep + sep.join(src[starts[i]:ends[i]] ...)``, ``sep`` one byte."""
     native = getattr(_native, "join_spans", None)
     if native is not None:
@@ -248,7 +235,7 @@ def check_copy_runs(
     entries: np.ndarray,
     table: np.ndarray,
     blob: bytes,
-    dsts: list[bytearray],
+    dsts: Sequence[SegmentBuffer | bytearray],
     *,
     source: str,
     verify_crc: bool = True,
@@ -303,7 +290,7 @@ def check_copy_runs(
     return out, 0.0
 
 
-def _copy_runs_out(view: memoryview, entries: np.ndarray, table: np.ndarray, dsts: list[bytearray],
+def _copy_runs_out(view: memoryview, entries: np.ndarray, table: np.ndarray, dsts: Sequence[SegmentBuffer | bytearray],
                    out: np.ndarray | None, release_bytes: int) -> np.ndarray:
     """``check_copy_runs``'s arguments checked as the compiled call checks
     them (ValueError), and the array its answers go to."""
@@ -323,7 +310,7 @@ def _copy_runs_out(view: memoryview, entries: np.ndarray, table: np.ndarray, dst
 
 
 def _copy_runs_numpy(view: memoryview, base: int, entries: np.ndarray, table: np.ndarray, blob: bytes,
-                     dsts: list[bytearray], out: np.ndarray, *, source: str, verify_crc: bool) -> None:
+                     dsts: Sequence[SegmentBuffer | bytearray], out: np.ndarray, *, source: str, verify_crc: bool) -> None:
     """``check_copy_runs`` without the compiled module: each run checked by
     ``check_run_numpy``, then its records copied and their CRC computed over
     the copy."""
@@ -349,7 +336,7 @@ def _copy_runs_numpy(view: memoryview, base: int, entries: np.ndarray, table: np
 
 
 def _planned(view: memoryview, base: int, entries: np.ndarray, table: np.ndarray, blob: bytes,
-             dsts: list[bytearray]) -> list[int]:
+             dsts: Sequence[SegmentBuffer | bytearray]) -> list[int]:
     """How many of each run's leading entries name a record inside ``view``
     (no record past them can be kept), every run and destination checked as
     the compiled ``check_copy_runs`` checks them: the destination holds

@@ -37,6 +37,7 @@ import numpy as np
 from tiered import native
 from tiered.format.batch import gather, join_spans
 from tiered.errors import BadProperties, CorruptRecordError
+from tiered.format.segbuffer import SegmentBuffer
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ _KEYS, _UNIQ = np.void(b"KEYS\x01"), np.void(b"UNIQ_KEY\x01")
 
 
 def batch_keys(
-    buf: bytes | memoryview, starts: np.ndarray, ends: np.ndarray
+    buf: bytes | memoryview | SegmentBuffer, starts: np.ndarray, ends: np.ndarray
 ) -> tuple[np.ndarray, bytes, np.ndarray, np.ndarray]:
     """The keys records are indexed by, given their properties
     ``buf[starts[i]:ends[i]]``, read as ``Record.keys`` and
@@ -175,7 +176,7 @@ _native = _checked(native.core)
 
 
 def record_key_hashes(
-    buf: bytes | bytearray | memoryview, starts: np.ndarray, ends: np.ndarray
+    buf: bytes | bytearray | memoryview | SegmentBuffer, starts: np.ndarray, ends: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """The keys of records whose properties are ``buf[starts[i]:ends[i]]``
     (as ``batch_keys`` finds them), hashed: (record index int64, version 2
@@ -193,7 +194,7 @@ def record_key_hashes(
 
 
 def record_key_hashes_numpy(
-    buf: bytes | bytearray | memoryview, starts: np.ndarray, ends: np.ndarray
+    buf: bytes | bytearray | memoryview | SegmentBuffer, starts: np.ndarray, ends: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """``record_key_hashes`` with numpy only (installs without a compiler)."""
     owners, blob, key_at, key_end = batch_keys(buf, starts, ends)
