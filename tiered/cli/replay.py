@@ -1,0 +1,111 @@
+"""``tiered replay``: a read-only RocketMQ broker and name server over the archive.
+
+Unmodified RocketMQ clients (4.x remoting protocol) point their name server
+address at it and consume archived messages again, as stored. Settings come
+from the same YAML and ``TIERED_*`` environment as ``serve``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated, Optional
+
+import typer
+
+from tiered.cli.app import app, fail
+from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, settings_from
+from tiered.cli.wiring import archive_store, setup_logging, shown_url
+from tiered.clock import SystemClock
+from tiered.errors import TieredError
+from tiered.replay.broker import ReplayBroker
+from tiered.replay.offsets import GroupOffsets
+from tiered.replay.server import ReplayServer
+from tiered.replay.source import ArchiveSource, pick_broker
+
+log = logging.getLogger("tiered.replay")
+
+# the broker persists consumer offsets every 5 s (flushConsumerOffsetInterval)
+FLUSH_INTERVAL_S = 5.0
+READ_THREADS = 8
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--listen {value}: HOST:PORT")
+    if host in ("0.0.0.0", "::", "[::]", "*"):
+        # the route hands this address to clients: it must be one they can reach
+        raise ValueError(f"--listen {value}: an address clients reach (the route advertises it), not a wildcard")
+    return host.strip("[]"), int(port)
+
+
+async def _flush(offsets: GroupOffsets, executor: ThreadPoolExecutor) -> None:
+    try:
+        await asyncio.get_running_loop().run_in_executor(executor, offsets.flush)
+    except TieredError as exc:
+        log.warning("consumer offsets not written (kept for the next try): %s", exc)
+
+
+async def run(source: ArchiveSource, offsets: GroupOffsets, host: str, port: int) -> None:
+    """Serve until SIGTERM or SIGINT, writing offsets every few seconds and at the end."""
+    executor = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="replay-read")
+    server = ReplayServer(lambda address: ReplayBroker(source, offsets, address=address, executor=executor),
+                          host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    address = await server.start()
+    log.info("replay of %s/%s (%d topics) listening on %s", source.cluster, source.broker, len(source.topics),
+             address)
+    print(f"tiered replay: listening on {address}", file=sys.stderr, flush=True)
+    try:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), FLUSH_INTERVAL_S)
+            except asyncio.TimeoutError:
+                await _flush(offsets, executor)
+    finally:
+        await server.close()
+        await _flush(offsets, executor)
+        executor.shutdown(wait=True)
+
+
+@app.command()
+def replay(
+    config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
+    listen: Annotated[Optional[str], typer.Option(
+        "--listen", help="HOST:PORT to serve on, as name server and broker (port 0: a free one).")] = None,
+) -> None:
+    """Serve the archive to unmodified RocketMQ clients: a read-only broker and name server.
+
+    Point a consumer's name server address at --listen: it pulls archived
+    messages as stored (ids, times, keys, tags unchanged), commits offsets
+    (kept per group beside the archive), looks offsets up by time. Sends are
+    refused. One archived broker is served: --cluster/--broker choose it when
+    the archive holds several."""
+    settings = settings_from(config, cold_url=cold, cluster=cluster, broker=broker)
+    setup_logging(settings.log.format, settings.log.level)
+    try:
+        host, port = parse_listen(listen or "127.0.0.1:9876")
+    except ValueError as exc:
+        fail(str(exc), 2)
+    given = settings.model_fields_set
+    try:
+        store = archive_store(settings)
+        c, b = pick_broker(store, settings.cluster if "cluster" in given else None,
+                           settings.broker if "broker" in given else None)
+        source = ArchiveSource(store, c, b)
+    except TieredError as exc:
+        fail(f"{shown_url(settings.cold_url)}: {exc}")
+    if not source.topics:
+        fail(f"{shown_url(settings.cold_url)}: {c}/{b} has no archived queue to replay")
+    offsets = GroupOffsets(store, c, b, now_ms=SystemClock().now_ms)
+    try:
+        asyncio.run(run(source, offsets, host, port))
+    except OSError as exc:
+        fail(f"--listen {host}:{port}: {exc.strerror or exc}")
