@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tiered.archive.coldtier import ColdTier
 from tiered.archive.storage import ObjectStore
@@ -129,3 +131,62 @@ class Replay:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def local_raw(root: Path, topic: str, queue_id: int) -> list[bytes]:
+    """The stored bytes of every record of a queue, in offset order."""
+    local = LocalStore(root)
+    rng = local.queue_range(topic, queue_id)
+    return [bytes(i.record.raw) for i in local.iter_queue(topic, queue_id, rng.min_offset)]
+
+
+class Raw:
+    """A bare remoting client: frames built with the codec under test."""
+
+    def __init__(self, address: str) -> None:
+        import socket
+
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=15)
+        self._opaque = 0
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def read(self) -> Any:
+        """The next frame (a Command), or None when the server closed the connection."""
+        from tiered.replay.frame import decode
+
+        head = self._exact(4)
+        if head is None:
+            return None
+        body = self._exact(struct.unpack(">i", head)[0])
+        return None if body is None else decode(body)
+
+    def _exact(self, n: int) -> bytes | None:
+        out = bytearray()
+        while len(out) < n:
+            try:
+                got = self.sock.recv(n - len(out))
+            except ConnectionResetError:
+                return None
+            if not got:
+                return None
+            out += got
+        return bytes(out)
+
+    def call(self, code: int, ext: dict[str, str] | None = None, body: bytes = b"", **kw: Any) -> Any:
+        from tiered.replay.frame import Command, encode
+
+        self._opaque += 1
+        self.send(encode(Command(code=code, opaque=self._opaque, ext=ext or {}, body=body, **kw)))
+        resp = self.read()
+        assert resp is not None and resp.opaque == self._opaque and resp.is_response
+        return resp
+
+    def closed(self) -> bool:
+        """True once the server has closed the connection."""
+        return self._exact(1) is None
+
+    def close(self) -> None:
+        self.sock.close()
