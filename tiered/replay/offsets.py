@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 
 from tiered.archive.storage import ObjectStore
-from tiered.errors import BadRequestError, ObjectNotFoundError, PreconditionFailedError
+from tiered.errors import BadRequestError, CorruptRecordError, ObjectNotFoundError, PreconditionFailedError
 from tiered.replay.protocol import INVALID_PARAMETER
 
 log = logging.getLogger(__name__)
@@ -49,10 +49,15 @@ def encode(group: str, offsets: dict[Queue, int], now_ms: int) -> bytes:
 
 
 def decode(data: bytes, key: str) -> dict[Queue, int]:
-    doc = json.loads(data)
-    if doc.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{key}: format_version {doc.get('format_version')!r}, this replay reads {FORMAT_VERSION}")
-    return {(str(r["topic"]), int(r["queue_id"])): int(r["offset"]) for r in doc["offsets"]}
+    """The offsets of a group's object; CorruptRecordError when it is not one."""
+    try:
+        doc = json.loads(data)
+        version = doc.get("format_version")
+        if version == FORMAT_VERSION:
+            return {(str(r["topic"]), int(r["queue_id"])): int(r["offset"]) for r in doc["offsets"]}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptRecordError(key, 0, f"not a replay offsets document ({type(exc).__name__})") from None
+    raise CorruptRecordError(key, 0, f"format_version {version!r}; this replay reads {FORMAT_VERSION}")
 
 
 class GroupOffsets:
@@ -65,6 +70,7 @@ class GroupOffsets:
         self.now_ms = now_ms
         self._lock = threading.Lock()
         self._known: dict[str, dict[Queue, int]] = {}
+        self._loaded: set[str] = set()
         self._dirty: dict[str, dict[Queue, int]] = {}
 
     def key(self, group: str) -> str:
@@ -72,7 +78,7 @@ class GroupOffsets:
 
     def loaded(self, group: str) -> bool:
         with self._lock:
-            return group in self._known
+            return group in self._loaded
 
     def load(self, group: str) -> None:
         """Read the group's object once (later commits of this process win)."""
@@ -84,8 +90,10 @@ class GroupOffsets:
         except ObjectNotFoundError:
             stored = {}
         with self._lock:
-            if group not in self._known:
-                self._known[group] = {**stored, **self._dirty.get(group, {})}
+            if group not in self._loaded:
+                # commits this process made before the load are newer than the stored ones
+                self._known[group] = {**stored, **self._known.get(group, {})}
+                self._loaded.add(group)
 
     def get(self, group: str, topic: str, queue_id: int) -> int | None:
         with self._lock:
