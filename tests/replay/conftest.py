@@ -26,7 +26,7 @@ class Archived:
     messages: dict[tuple[str, int, int], Expected]
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def client_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The C++ client writes its logs under $HOME: a temporary one."""
     home = tmp_path_factory.mktemp("home")

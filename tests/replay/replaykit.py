@@ -75,9 +75,9 @@ def expected(root: Path) -> dict[tuple[str, int, int], Expected]:
     return out
 
 
-def archive(root: Path, store: ObjectStore, state_dir: Path) -> None:
+def archive(root: Path, store: ObjectStore, state_dir: Path, broker: str = BROKER) -> None:
     """Archive everything in the store, in small segments (several per queue)."""
-    cold = ColdTier(store, CLUSTER, BROKER, state_dir=state_dir, writer="test")
+    cold = ColdTier(store, CLUSTER, broker, state_dir=state_dir, writer="test")
     opts = DispatchOptions(archive=ArchiveOptions(upload_bytes=1, max_delay_ms=0, segment_bytes=4096),
                            parallelism=1, round_budget_s=float("inf"))
     d = Dispatcher(LocalStore(root), cold, options=opts, topic_filter=TopicFilter(include_system=False))

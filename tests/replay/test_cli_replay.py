@@ -1,0 +1,61 @@
+"""``tiered replay``'s command line: which archived broker it serves, and
+the addresses it refuses to advertise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from replaykit import BROKER, CLUSTER, Raw, Replay, archive, write
+from tiered.archive.storage import open_store
+from tiered.cli import app
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def two_brokers(tmp_path_factory: pytest.TempPathFactory) -> str:
+    base = tmp_path_factory.mktemp("two")
+    write(base / "store", 0, 10)
+    store = open_store(f"file://{base / 'cold'}")
+    archive(base / "store", store, base / "state-a")
+    archive(base / "store", store, base / "state-b", broker="broker-y")
+    return f"file://{base / 'cold'}"
+
+
+def invoke(*args: str):  # noqa: ANN201
+    return CliRunner().invoke(app, ["replay", *args], env={"COLUMNS": "200"})
+
+
+def test_an_archive_of_several_brokers_needs_one_named(two_brokers: str) -> None:
+    result = invoke("--cold", two_brokers)
+    assert result.exit_code == 1
+    assert f"found {CLUSTER}/{BROKER}, {CLUSTER}/broker-y: choose one with --cluster and --broker" in result.output
+
+
+def test_the_named_broker_is_the_one_served(two_brokers: str) -> None:
+    with Replay(two_brokers, "--cluster", CLUSTER, "--broker", "broker-y") as replay:
+        raw = Raw(replay.address)
+        route = json.loads(raw.call(105, {"topic": "Orders"}).body)
+        raw.close()
+    assert [b["brokerName"] for b in route["brokerDatas"]] == ["broker-y"]
+
+
+def test_a_broker_with_nothing_archived_is_refused(two_brokers: str) -> None:
+    result = invoke("--cold", two_brokers, "--cluster", CLUSTER, "--broker", "nobody")
+    assert result.exit_code == 1 and "nobody has no archived queue to replay" in result.output
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:9876", "[::]:9876", "localhost", "127.0.0.1:99999"])
+def test_listen_addresses_clients_cannot_be_sent_to(two_brokers: str, listen: str) -> None:
+    result = invoke("--cold", two_brokers, "--listen", listen)
+    assert result.exit_code == 2 and "--listen" in result.output
+
+
+def test_nothing_under_the_url(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    result = invoke("--cold", f"file://{tmp_path / 'empty'}")
+    assert result.exit_code == 1
