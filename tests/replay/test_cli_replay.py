@@ -59,3 +59,15 @@ def test_nothing_under_the_url(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     result = invoke("--cold", f"file://{tmp_path / 'empty'}")
     assert result.exit_code == 1
+
+
+@pytest.mark.parametrize("host,warned", [("127.0.0.1", False), ("127.3.4.5", False), ("::1", False),
+                                         ("localhost", False), ("10.1.2.3", True), ("replay.example", True),
+                                         ("fe80::1", True)])
+def test_a_listen_address_off_loopback_is_warned_about(host: str, warned: bool) -> None:
+    from tiered.cli.replay import exposure_warning
+
+    warning = exposure_warning(host)
+    assert (warning is not None) == warned
+    if warned:
+        assert host in warning and "checks no credentials" in warning

@@ -188,3 +188,15 @@ def test_half_a_frame_then_a_closed_socket(replay, raw) -> None:  # noqa: ANN001
     half.send(frame[:len(frame) // 2])
     half.close()
     assert raw.call(30, {"topic": "Orders", "queueId": "0"}).code == 0
+
+
+def test_a_lone_surrogate_in_a_field_is_answered(raw) -> None:  # noqa: ANN001
+    from tiered.replay.frame import JSON
+
+    header = b'{"code":11,"opaque":5,"flag":0,"extFields":{"topic":"\\ud800","consumerGroup":"g","queueId":"0",' \
+             b'"queueOffset":"0","maxMsgNums":"1","sysFlag":"0"}}'
+    raw.send(struct.pack(">ii", 4 + len(header), (JSON << 24) | len(header)) + header)
+    resp = raw.read()
+    assert resp.opaque == 5 and resp.code == 17 and resp.remark.startswith("topic[\ud800] not exist")
+    binary = raw.call(105, {"topic": "\ud800"}, serialize=ROCKETMQ)
+    assert binary.code == 17 and binary.remark == "No topic route info in name server for the topic: ?"

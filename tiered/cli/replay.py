@@ -8,6 +8,7 @@ from the same YAML and ``TIERED_*`` environment as ``serve``.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 import sys
@@ -41,6 +42,19 @@ def parse_listen(value: str) -> tuple[str, int]:
         # the route hands this address to clients: it must be one they can reach
         raise ValueError(f"--listen {value}: an address clients reach (the route advertises it), not a wildcard")
     return host.strip("[]"), int(port)
+
+
+def exposure_warning(host: str) -> str | None:
+    """A warning when ``host`` is reachable from other machines: replay has
+    no access control yet, so whoever reaches it reads the whole archive."""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if loopback:
+        return None
+    return (f"replay listens on {host}, not a loopback address, and checks no credentials: "
+            "anyone who reaches it reads every archived message of the broker")
 
 
 async def _flush(offsets: GroupOffsets, executor: ThreadPoolExecutor) -> None:
@@ -94,6 +108,9 @@ def replay(
         host, port = parse_listen(listen or "127.0.0.1:9876")
     except ValueError as exc:
         fail(str(exc), 2)
+    warning = exposure_warning(host)
+    if warning:
+        log.warning(warning)
     given = settings.model_fields_set
     try:
         store = archive_store(settings)

@@ -208,11 +208,12 @@ def _json_header(cmd: Command) -> bytes:
         doc["extFields"] = cmd.ext
     if cmd.remark is not None:
         doc["remark"] = cmd.remark
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    # ASCII with \u escapes: a lone surrogate a client sent (and a remark repeats) stays encodable
+    return json.dumps(doc, separators=(",", ":")).encode("ascii")
 
 
 def _binary_str(value: str, size: struct.Struct) -> bytes:
-    raw = value.encode("utf-8")
+    raw = value.encode("utf-8", "replace")  # a lone surrogate a client sent becomes "?"
     return size.pack(len(raw)) + raw
 
 

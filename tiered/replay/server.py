@@ -94,5 +94,8 @@ class ReplayServer:
             await writer.drain()
         except ConnectionError:
             pass
+        except Exception:  # a bug of ours: this connection ends, the server goes on
+            log.exception("answering request %d failed: closing the connection", cmd.code)
+            writer.close()
         finally:
             inflight.release()
