@@ -71,3 +71,31 @@ def test_a_listen_address_off_loopback_is_warned_about(host: str, warned: bool) 
     assert (warning is not None) == warned
     if warned:
         assert host in warning and "checks no credentials" in warning
+
+
+@pytest.mark.parametrize("value", ["nogroup", "g=", "=latest", "g=yesterday", "../x=latest"])
+def test_bad_start_values(two_brokers: str, value: str) -> None:
+    result = invoke("--cold", two_brokers, "--broker", BROKER, "--cluster", CLUSTER, "--start", value)
+    assert result.exit_code == 2 and "--start" in result.output
+
+
+def test_where_a_group_without_a_committed_offset_starts(two_brokers: str) -> None:
+    from datetime import datetime, timezone
+
+    from replaykit import T0
+
+    # Orders queue 0 holds messages 0, 3, 6, 9 stored at T0 + i seconds
+    at = datetime.fromtimestamp((T0 + 3500) / 1000, tz=timezone.utc).isoformat()
+    with Replay(two_brokers, "--cluster", CLUSTER, "--broker", BROKER, "--start", "late-g=latest",
+                "--start", f"time-g={at}", "--start", "early-g=earliest") as replay:
+        raw = Raw(replay.address)
+
+        def query(group: str) -> str:
+            resp = raw.call(14, {"consumerGroup": group, "topic": "Orders", "queueId": "0"})
+            assert resp.code == 0
+            return resp.ext["offset"]
+
+        assert [query(g) for g in ("late-g", "time-g", "early-g", "other-g")] == ["4", "2", "0", "0"]
+        raw.call(15, {"consumerGroup": "late-g", "topic": "Orders", "queueId": "0", "commitOffset": "1"})
+        assert query("late-g") == "1"  # a committed offset wins
+        raw.close()

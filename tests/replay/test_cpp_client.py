@@ -114,3 +114,12 @@ def test_a_push_consumer_commits_and_resumes_after_a_restart(tmp_path: Path) -> 
     with Replay(archived.cold_url) as replay:
         again = consume(replay.address, "resume-g", "second", len(new))
     assert sorted(again) == new
+
+
+def test_a_push_consumer_of_a_group_started_at_a_time(archived: Archived) -> None:
+    cut = 1_700_000_000_000 + 30_500  # messages 31 and later (store time T0 + i seconds)
+    want = sorted(k[1:] for k, e in archived.messages.items() if k[0] == "Orders" and e.store_ms >= cut)
+    assert 0 < len(want) < sum(1 for k in archived.messages if k[0] == "Orders")
+    with Replay(archived.cold_url, "--start", f"time-g={cut}") as replay:
+        got = consume(replay.address, "time-g", "timed", len(want))
+    assert sorted(got) == want

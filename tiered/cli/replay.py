@@ -26,6 +26,7 @@ from tiered.replay.broker import ReplayBroker
 from tiered.replay.offsets import GroupOffsets
 from tiered.replay.server import ReplayServer
 from tiered.replay.source import ArchiveSource, pick_broker
+from tiered.replay.start import Start, parse_start
 
 log = logging.getLogger("tiered.replay")
 
@@ -64,11 +65,12 @@ async def _flush(offsets: GroupOffsets, executor: ThreadPoolExecutor) -> None:
         log.warning("consumer offsets not written (kept for the next try): %s", exc)
 
 
-async def run(source: ArchiveSource, offsets: GroupOffsets, host: str, port: int) -> None:
+async def run(source: ArchiveSource, offsets: GroupOffsets, host: str, port: int,
+              starts: dict[str, Start]) -> None:
     """Serve until SIGTERM or SIGINT, writing offsets every few seconds and at the end."""
     executor = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="replay-read")
-    server = ReplayServer(lambda address: ReplayBroker(source, offsets, address=address, executor=executor),
-                          host, port)
+    server = ReplayServer(lambda address: ReplayBroker(source, offsets, address=address, executor=executor,
+                                                       starts=starts), host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -94,18 +96,23 @@ def replay(
     config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
     listen: Annotated[Optional[str], typer.Option(
         "--listen", help="HOST:PORT to serve on, as name server and broker (port 0: a free one).")] = None,
+    start: Annotated[Optional[list[str]], typer.Option(
+        "--start", help="GROUP=earliest|latest|TIME: where a group with no committed offset starts "
+                        "(default earliest; TIME as ISO 8601 or epoch ms; repeatable).")] = None,
 ) -> None:
     """Serve the archive to unmodified RocketMQ clients: a read-only broker and name server.
 
     Point a consumer's name server address at --listen: it pulls archived
     messages as stored (ids, times, keys, tags unchanged), commits offsets
-    (kept per group beside the archive), looks offsets up by time. Sends are
-    refused. One archived broker is served: --cluster/--broker choose it when
+    (kept per group beside the archive), looks offsets up by time. A group
+    with no committed offset starts at the earliest archived one (--start
+    says otherwise). Sends are refused. One archived broker is served: --cluster/--broker choose it when
     the archive holds several."""
     settings = settings_from(config, cold_url=cold, cluster=cluster, broker=broker)
     setup_logging(settings.log.format, settings.log.level)
     try:
         host, port = parse_listen(listen or "127.0.0.1:9876")
+        starts = dict(parse_start(v) for v in start or ())
     except ValueError as exc:
         fail(str(exc), 2)
     warning = exposure_warning(host)
@@ -123,6 +130,6 @@ def replay(
         fail(f"{shown_url(settings.cold_url)}: {c}/{b} has no archived queue to replay")
     offsets = GroupOffsets(store, c, b, now_ms=SystemClock().now_ms)
     try:
-        asyncio.run(run(source, offsets, host, port))
+        asyncio.run(run(source, offsets, host, port, starts))
     except OSError as exc:
         fail(f"--listen {host}:{port}: {exc.strerror or exc}")

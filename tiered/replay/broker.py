@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -23,6 +23,7 @@ from tiered.replay.frame import Command
 from tiered.replay.offsets import GroupOffsets, check_name
 from tiered.replay.protocol import number, response, text
 from tiered.replay.route import route_body
+from tiered.replay.start import LATEST, TIME, Start
 from tiered.replay.source import (FOUND, NO_MATCHED_LOGIC_QUEUE, NO_MESSAGE_IN_QUEUE, OFFSET_OVERFLOW_BADLY,
                                   OFFSET_OVERFLOW_ONE, OFFSET_TOO_SMALL, ArchiveSource, Pulled)
 
@@ -76,13 +77,14 @@ class Consumers:
 
 class ReplayBroker:
     def __init__(self, source: ArchiveSource, offsets: GroupOffsets, *, address: str, executor: Executor,
-                 limits: Limits | None = None,
+                 limits: Limits | None = None, starts: Mapping[str, Start] | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.source = source
         self.offsets = offsets
         self.address = address
         self.executor = executor
         self.limits = limits or Limits()
+        self.starts = dict(starts or {})
         self.sleep = sleep
         self.consumers = Consumers()
         self._handlers: dict[int, Callable[[Command, int], Awaitable[Command]]] = {
@@ -201,9 +203,17 @@ class ReplayBroker:
         stored = self.offsets.get(group, topic, queue_id)
         if stored is None and req.ext.get("setZeroIfNotFound", "").lower() == "false":
             return response(req, p.QUERY_NOT_FOUND, remark="Not found, do not set to zero, maybe this group boot first")
-        # a group new to the archive starts at its earliest record: the point of a replay
-        offset = stored if stored is not None else self.source.min_offset(topic, queue_id)
+        offset = stored if stored is not None else await self._start(group, topic, queue_id)
         return response(req, p.SUCCESS, ext={"offset": str(offset)})
+
+    async def _start(self, group: str, topic: str, queue_id: int) -> int:
+        """Where a group without a committed offset starts (tiered/replay/start.py)."""
+        start = self.starts.get(group, Start())
+        if start.where == LATEST:
+            return self.source.max_offset(topic, queue_id)
+        if start.where == TIME and start.time_ms is not None:
+            return await self._run(self.source.offset_for_time, topic, queue_id, start.time_ms)
+        return self.source.min_offset(topic, queue_id)
 
     async def update_offset(self, req: Command, conn: int) -> Command:
         group = text(req, "consumerGroup")
