@@ -69,7 +69,7 @@ def test_a_send_is_refused_and_the_archive_unchanged(archived: Archived, replay:
     assert sorted((p, p.stat().st_size) for p in cold.rglob("*") if p.is_file()) == before
 
 
-def consume(address: str, group: str, instance: str, count: int) -> list[tuple[int, int]]:
+def consume(address: str, group: str, instance: str, count: int, *, orderly: bool = False) -> list[tuple[int, int]]:
     """(queue, offset) of the first ``count`` Orders messages a PushConsumer of
     ``group`` receives; it is shut down after them (committing its offsets)."""
     got: list[tuple[int, int]] = []
@@ -82,7 +82,7 @@ def consume(address: str, group: str, instance: str, count: int) -> list[tuple[i
             if len(got) >= count:
                 done.set()
 
-    consumer = rocketmq.PushConsumer(group)
+    consumer = rocketmq.PushConsumer(group, orderly=orderly)
     consumer.set_instance_name(instance)
     consumer.set_namesrv_addr(address)
     consumer.subscribe("Orders", on_message)
@@ -123,3 +123,11 @@ def test_a_push_consumer_of_a_group_started_at_a_time(archived: Archived) -> Non
     with Replay(archived.cold_url, "--start", f"time-g={cut}") as replay:
         got = consume(replay.address, "time-g", "timed", len(want))
     assert sorted(got) == want
+
+
+def test_an_orderly_push_consumer_gets_each_queue_in_order(archived: Archived, replay: Replay) -> None:
+    want = [k[1:] for k in sorted(archived.messages) if k[0] == "Orders"]
+    got = consume(replay.address, "orderly-g", "orderly", len(want), orderly=True)
+    assert sorted(got) == want
+    for q in range(3):  # the queue locks keep one consumer thread per queue: offsets come in order
+        assert [o for qq, o in got if qq == q] == [o for qq, o in want if qq == q]

@@ -200,3 +200,19 @@ def test_a_lone_surrogate_in_a_field_is_answered(raw) -> None:  # noqa: ANN001
     assert resp.opaque == 5 and resp.code == 17 and resp.remark.startswith("topic[\ud800] not exist")
     binary = raw.call(105, {"topic": "\ud800"}, serialize=ROCKETMQ)
     assert binary.code == 17 and binary.remark == "No topic route info in name server for the topic: ?"
+
+
+def test_lock_and_unlock_batches(raw) -> None:  # noqa: ANN001
+    from replaykit import BROKER
+
+    def body(client: str) -> bytes:
+        return json.dumps({"consumerGroup": "lock-g", "clientId": client, "onlyThisBroker": False,
+                           "mqSet": [{"topic": "Orders", "brokerName": BROKER, "queueId": q} for q in (0, 1)]}).encode()
+
+    first = raw.call(41, body=body("c1"))
+    assert first.code == 0
+    assert sorted(q["queueId"] for q in json.loads(first.body)["lockOKMQSet"]) == [0, 1]
+    assert json.loads(raw.call(41, body=body("c2")).body) == {"lockOKMQSet": []}
+    assert raw.call(42, body=body("c1")).code == 0
+    assert len(json.loads(raw.call(41, body=body("c2")).body)["lockOKMQSet"]) == 2
+    assert raw.call(41, body=b"{").code == 1

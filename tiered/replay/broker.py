@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from tiered.errors import BadRequestError, TieredError
 from tiered.replay import protocol as p
 from tiered.replay.frame import Command
+from tiered.replay.locks import QueueLocks, locked_body, parse_body
 from tiered.replay.offsets import GroupOffsets, check_name
 from tiered.replay.protocol import number, response, text
 from tiered.replay.route import route_body
@@ -78,7 +79,8 @@ class Consumers:
 class ReplayBroker:
     def __init__(self, source: ArchiveSource, offsets: GroupOffsets, *, address: str, executor: Executor,
                  limits: Limits | None = None, starts: Mapping[str, Start] | None = None,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 now_ms: Callable[[], int] | None = None) -> None:
         self.source = source
         self.offsets = offsets
         self.address = address
@@ -87,11 +89,14 @@ class ReplayBroker:
         self.starts = dict(starts or {})
         self.sleep = sleep
         self.consumers = Consumers()
+        self.locks = QueueLocks(now_ms or offsets.now_ms)
         self._handlers: dict[int, Callable[[Command, int], Awaitable[Command]]] = {
             p.GET_ROUTEINFO_BY_TOPIC: self.route,
             p.HEART_BEAT: self.heartbeat,
             p.UNREGISTER_CLIENT: self.unregister,
             p.GET_CONSUMER_LIST_BY_GROUP: self.consumer_list,
+            p.LOCK_BATCH_MQ: self.lock,
+            p.UNLOCK_BATCH_MQ: self.unlock,
             p.PULL_MESSAGE: self.pull,
             p.QUERY_CONSUMER_OFFSET: self.query_offset,
             p.UPDATE_CONSUMER_OFFSET: self.update_offset,
@@ -158,6 +163,13 @@ class ReplayBroker:
         if not ids:
             return response(req, p.SYSTEM_ERROR, remark=f"no consumer for this group, {group}")
         return response(req, p.SUCCESS, body=json.dumps({"consumerIdList": ids}).encode())
+
+    async def lock(self, req: Command, conn: int) -> Command:
+        return response(req, p.SUCCESS, body=locked_body(self.locks.lock(parse_body(req.body))))
+
+    async def unlock(self, req: Command, conn: int) -> Command:
+        self.locks.unlock(parse_body(req.body))
+        return response(req, p.SUCCESS)
 
     # --- pulls ------------------------------------------------------------------------
 
