@@ -154,6 +154,8 @@ def test_sends_are_refused_and_other_codes_not_supported(raw) -> None:  # noqa: 
         assert resp.code == 16 and "sending message is forbidden" in resp.remark
     other = raw.call(36, {"group": "g"})  # CONSUMER_SEND_MSG_BACK
     assert (other.code, other.remark) == (3, " request type 36 not supported")
+    # QUERY_ASSIGNMENT: 5.x Java clients fall back to rebalancing themselves
+    assert raw.call(400, {"topic": "Orders", "consumerGroup": "g"}).code == 3
 
 
 def test_a_binary_request_is_answered_in_binary(raw) -> None:  # noqa: ANN001
