@@ -99,3 +99,21 @@ def test_where_a_group_without_a_committed_offset_starts(two_brokers: str) -> No
         raw.call(15, {"consumerGroup": "late-g", "topic": "Orders", "queueId": "0", "commitOffset": "1"})
         assert query("late-g") == "1"  # a committed offset wins
         raw.close()
+
+
+@pytest.mark.parametrize("value", ["x", "-1s", "10y"])
+def test_bad_follow_intervals(two_brokers: str, value: str) -> None:
+    result = invoke("--cold", two_brokers, "--broker", BROKER, "--cluster", CLUSTER, "--follow-interval", value)
+    assert result.exit_code == 2 and "--follow-interval" in result.output
+
+
+def test_a_fixed_snapshot_holds_a_suspended_pull_briefly(two_brokers: str) -> None:
+    """--follow-interval 0: nothing can arrive, the pull is held as by a broker
+    without long polling (shortPollingTimeMills) however long it asks."""
+    with Replay(two_brokers, "--cluster", CLUSTER, "--broker", BROKER, "--follow-interval", "0") as replay:
+        raw = Raw(replay.address)
+        max_offset = raw.call(30, {"topic": "Orders", "queueId": "0"}).ext["offset"]
+        held = raw.call(11, {"consumerGroup": "g", "topic": "Orders", "queueId": "0", "queueOffset": max_offset,
+                             "maxMsgNums": "32", "sysFlag": "2", "suspendTimeoutMillis": "600000"})
+        assert (held.code, held.remark) == (19, "OFFSET_OVERFLOW_ONE")  # answered within the socket's 15 s
+        raw.close()

@@ -77,7 +77,7 @@ def test_pull_offsets_out_of_range_are_moved_as_the_broker_moves_them(archived, 
     badly = raw.call(11, pull_ext(offset=end + 10))
     assert (badly.code, badly.remark, badly.ext["nextBeginOffset"]) == (21, "OFFSET_OVERFLOW_BADLY", str(end))
     assert badly.ext["maxOffset"] == str(end) and badly.body == b""
-    held = raw.call(11, pull_ext(offset=end, sysFlag="2", suspendTimeoutMillis="20000"))  # suspend flag
+    held = raw.call(11, pull_ext(offset=end, sysFlag="2", suspendTimeoutMillis="300"))  # held 0.3 s, then answered
     assert (held.code, held.remark) == (19, "OFFSET_OVERFLOW_ONE")
 
 

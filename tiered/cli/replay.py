@@ -21,8 +21,9 @@ from tiered.cli.app import app, fail
 from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, settings_from
 from tiered.cli.wiring import archive_store, setup_logging, shown_url
 from tiered.clock import SystemClock
+from tiered.config import parse_duration
 from tiered.errors import TieredError
-from tiered.replay.broker import ReplayBroker
+from tiered.replay.broker import Limits, ReplayBroker
 from tiered.replay.offsets import GroupOffsets
 from tiered.replay.server import ReplayServer
 from tiered.replay.source import ArchiveSource, pick_broker
@@ -58,6 +59,16 @@ def exposure_warning(host: str) -> str | None:
             "anyone who reaches it reads every archived message of the broker")
 
 
+def follow_seconds(value: str) -> float:
+    """``--follow-interval``: a duration, or 0 for a fixed snapshot."""
+    if value.strip() in ("0", "0s"):
+        return 0.0
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise ValueError(f"--follow-interval {value}: {exc}") from None
+
+
 async def _flush(offsets: GroupOffsets, executor: ThreadPoolExecutor) -> None:
     try:
         await asyncio.get_running_loop().run_in_executor(executor, offsets.flush)
@@ -65,17 +76,35 @@ async def _flush(offsets: GroupOffsets, executor: ThreadPoolExecutor) -> None:
         log.warning("consumer offsets not written (kept for the next try): %s", exc)
 
 
-async def run(source: ArchiveSource, offsets: GroupOffsets, host: str, port: int,
-              starts: dict[str, Start]) -> None:
-    """Serve until SIGTERM or SIGINT, writing offsets every few seconds and at the end."""
+async def _follow(source: ArchiveSource, server: ReplayServer, executor: ThreadPoolExecutor, every_s: float) -> None:
+    """Read the archive again every ``every_s`` and wake the pulls held on
+    queues that grew."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            grown = await loop.run_in_executor(executor, source.refresh)
+        except TieredError as exc:
+            log.warning("archive not read again (serving what was read before): %s", exc)
+            continue
+        if grown and server.broker is not None:
+            server.broker.arrived(grown)
+
+
+async def run(source: ArchiveSource, offsets: GroupOffsets, host: str, port: int, *,
+              starts: dict[str, Start], follow_s: float) -> None:
+    """Serve until SIGTERM or SIGINT, following the archive every ``follow_s``
+    (0: never) and writing offsets every few seconds and at the end."""
     executor = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="replay-read")
+    limits = Limits(long_polling=follow_s > 0)
     server = ReplayServer(lambda address: ReplayBroker(source, offsets, address=address, executor=executor,
-                                                       starts=starts), host, port)
+                                                       starts=starts, limits=limits), host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     address = await server.start()
+    follower = asyncio.create_task(_follow(source, server, executor, follow_s)) if follow_s > 0 else None
     log.info("replay of %s/%s (%d topics) listening on %s", source.cluster, source.broker, len(source.topics),
              address)
     print(f"tiered replay: listening on {address}", file=sys.stderr, flush=True)
@@ -86,6 +115,8 @@ async def run(source: ArchiveSource, offsets: GroupOffsets, host: str, port: int
             except asyncio.TimeoutError:
                 await _flush(offsets, executor)
     finally:
+        if follower is not None:
+            follower.cancel()
         await server.close()
         await _flush(offsets, executor)
         executor.shutdown(wait=True)
@@ -99,12 +130,16 @@ def replay(
     start: Annotated[Optional[list[str]], typer.Option(
         "--start", help="GROUP=earliest|latest|TIME: where a group with no committed offset starts "
                         "(default earliest; TIME as ISO 8601 or epoch ms; repeatable).")] = None,
+    follow_interval: Annotated[str, typer.Option(
+        "--follow-interval", help="How often to read the archive again for newly archived records (one GET per "
+                                  "queue); 0 serves the archive as it was at start.")] = "10s",
 ) -> None:
     """Serve the archive to unmodified RocketMQ clients: a read-only broker and name server.
 
     Point a consumer's name server address at --listen: it pulls archived
     messages as stored (ids, times, keys, tags unchanged), commits offsets
-    (kept per group beside the archive), looks offsets up by time. A group
+    (kept per group beside the archive), looks offsets up by time; records
+    archived while it runs are served too (--follow-interval). A group
     with no committed offset starts at the earliest archived one (--start
     says otherwise). Sends are refused. One archived broker is served: --cluster/--broker choose it when
     the archive holds several."""
@@ -113,6 +148,7 @@ def replay(
     try:
         host, port = parse_listen(listen or "127.0.0.1:9876")
         starts = dict(parse_start(v) for v in start or ())
+        follow_s = follow_seconds(follow_interval)
     except ValueError as exc:
         fail(str(exc), 2)
     warning = exposure_warning(host)
@@ -130,6 +166,6 @@ def replay(
         fail(f"{shown_url(settings.cold_url)}: {c}/{b} has no archived queue to replay")
     offsets = GroupOffsets(store, c, b, now_ms=SystemClock().now_ms)
     try:
-        asyncio.run(run(source, offsets, host, port, starts))
+        asyncio.run(run(source, offsets, host, port, starts=starts, follow_s=follow_s))
     except OSError as exc:
         fail(f"--listen {host}:{port}: {exc.strerror or exc}")

@@ -38,6 +38,8 @@ MAX_PULL_BYTES = 256 * 1024
 # BrokerConfig.shortPollingTimeMills: how long a broker without long polling
 # holds a suspended pull that found nothing before answering
 SHORT_POLLING_S = 1.0
+# a suspended pull is held at most this long, whatever suspendTimeoutMillis asks
+MAX_HOLD_S = 60.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +47,9 @@ class Limits:
     max_count: int = MAX_PULL_COUNT
     max_bytes: int = MAX_PULL_BYTES
     hold_s: float = SHORT_POLLING_S
+    # hold a suspended pull until its queue grows or suspendTimeoutMillis passes
+    # (only worth it when the source is refreshed: replay follows the archive)
+    long_polling: bool = False
 
 
 class Consumers:
@@ -90,6 +95,7 @@ class ReplayBroker:
         self.sleep = sleep
         self.consumers = Consumers()
         self.locks = QueueLocks(now_ms or offsets.now_ms)
+        self._arrivals: dict[tuple[str, int], asyncio.Event] = {}
         self._handlers: dict[int, Callable[[Command, int], Awaitable[Command]]] = {
             p.GET_ROUTEINFO_BY_TOPIC: self.route,
             p.HEART_BEAT: self.heartbeat,
@@ -134,6 +140,13 @@ class ReplayBroker:
 
     def closed(self, conn: int) -> None:
         self.consumers.closed(conn)
+
+    def arrived(self, queues: set[tuple[str, int]]) -> None:
+        """Wake the pulls held on ``queues``: their archive grew."""
+        for queue in queues:
+            event = self._arrivals.pop(queue, None)
+            if event is not None:
+                event.set()
 
     # --- name server and client management ---------------------------------------
 
@@ -196,11 +209,22 @@ class ReplayBroker:
             commit = number(req, "commitOffset", default=-1)
             if commit >= 0:
                 self.offsets.commit(group, topic, queue_id, commit)
+        # taken before the read: records arriving during it wake this pull
+        arrival = self._arrivals.setdefault((topic, queue_id), asyncio.Event())
         got = await self._run(self.source.pull, topic, queue_id, offset, max_count, max_bytes)
         code = _pull_code(got, offset)
         if code == p.PULL_NOT_FOUND and flags & p.FLAG_SUSPEND:
-            # no long polling yet: held as a broker with longPollingEnable=false holds it
-            await self.sleep(self.limits.hold_s)
+            if self.limits.long_polling:  # PullRequestHoldService
+                timeout = min(max(number(req, "suspendTimeoutMillis", default=0), 0) / 1000, MAX_HOLD_S)
+                try:
+                    await asyncio.wait_for(arrival.wait(), timeout)
+                except asyncio.TimeoutError:
+                    pass
+            else:  # a broker with longPollingEnable=false
+                await self.sleep(self.limits.hold_s)
+            # then the pull runs again, as the broker runs it, without suspending
+            got = await self._run(self.source.pull, topic, queue_id, offset, max_count, max_bytes)
+            code = _pull_code(got, offset)
         ext = {"nextBeginOffset": str(got.next_offset), "minOffset": str(got.min_offset),
                "maxOffset": str(got.max_offset), "suggestWhichBrokerId": "0"}
         return response(req, code, remark=got.status, ext=ext, body=got.body)

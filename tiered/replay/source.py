@@ -5,10 +5,11 @@ queue's min and max offsets, a pull's records by the store's status rules
 (``getMessage``), the offset for a time, the earliest store time. It reads
 the archive through ``tiered.query.reader`` only.
 
-The manifests are read once, when the source is built: the archive is
-served as it was then (a later slice follows new commits). Reads run on a
-thread pool: each thread has its own ``ColdReader`` over the one shared,
-fully loaded ``Archive`` (only read after loading).
+The catalog and manifests are read when the source is built and again by
+each ``refresh``, which swaps in a whole new snapshot: a read in flight
+finishes on the snapshot it started on. Reads run on a thread pool: each
+thread has its own ``ColdReader`` over the current snapshot's fully loaded
+``Archive`` (only read after loading).
 """
 
 from __future__ import annotations
@@ -54,56 +55,82 @@ def pick_broker(store: ObjectStore, cluster: str | None, broker: str | None) -> 
     return found[0]
 
 
+@dataclass(frozen=True, kw_only=True)
+class Snapshot:
+    """The archive as one refresh saw it."""
+
+    archive: Archive
+    manifests: dict[tuple[str, int], Manifest]
+    topics: dict[str, int]  # topic -> queue count (highest archived queue id + 1)
+
+
 class ArchiveSource:
     def __init__(self, store: ObjectStore, cluster: str, broker: str) -> None:
         self.store = store
         self.cluster = cluster
         self.broker = broker
-        self.archive = Archive(store, brokers=[(cluster, broker)])
-        refs = self.archive.queues()
-        manifests = self.archive.manifests(refs)
-        # BatchCQ queues hold records of several messages each: not served by this slice
-        self._manifests: dict[tuple[str, int], Manifest] = {
-            (r.topic, r.queue_id): m for r, m in manifests.items() if not any(s.batch for s in m.segments)}
-        self.topics: dict[str, int] = {}
-        for topic, qid in self._manifests:
-            self.topics[topic] = max(self.topics.get(topic, 0), qid + 1)
+        self._snap = self._load()
         self._local = threading.local()
 
-    def _reader(self) -> ColdReader:
+    def _load(self) -> Snapshot:
+        archive = Archive(store=self.store, brokers=[(self.cluster, self.broker)])
+        refs = archive.queues()
+        manifests = archive.manifests(refs)
+        # BatchCQ queues hold records of several messages each: not served by this slice
+        served = {(r.topic, r.queue_id): m for r, m in manifests.items() if not any(s.batch for s in m.segments)}
+        topics: dict[str, int] = {}
+        for topic, qid in served:
+            topics[topic] = max(topics.get(topic, 0), qid + 1)
+        return Snapshot(archive=archive, manifests=served, topics=topics)
+
+    def refresh(self) -> set[tuple[str, int]]:
+        """Read the catalog and manifests again; the queues whose archive
+        grew (or that are new)."""
+        old, new = self._snap, self._load()
+        self._snap = new
+        return {q for q, m in new.manifests.items()
+                if q not in old.manifests or m.next_offset > old.manifests[q].next_offset}
+
+    @property
+    def topics(self) -> dict[str, int]:
+        return self._snap.topics
+
+    def _reader(self, snap: Snapshot | None = None) -> ColdReader:
+        archive = (snap or self._snap).archive
         reader = getattr(self._local, "reader", None)
-        if reader is None:
-            reader = self._local.reader = ColdReader(self.store, archive=self.archive)
+        if reader is None or reader.archive is not archive:
+            reader = self._local.reader = ColdReader(self.store, archive=archive)
         return reader
 
     def _ref(self, topic: str, queue_id: int) -> QueueRef:
         return QueueRef(self.cluster, self.broker, topic, queue_id)
 
-    def manifest(self, topic: str, queue_id: int) -> Manifest | None:
-        return self._manifests.get((topic, queue_id))
+    def manifest(self, topic: str, queue_id: int, snap: Snapshot | None = None) -> Manifest | None:
+        return (snap or self._snap).manifests.get((topic, queue_id))
 
-    def min_offset(self, topic: str, queue_id: int) -> int:
+    def min_offset(self, topic: str, queue_id: int, snap: Snapshot | None = None) -> int:
         """The first offset still archived (0 for a queue never archived)."""
-        m = self.manifest(topic, queue_id)
+        m = self.manifest(topic, queue_id, snap)
         if m is None:
             return 0
         return m.segments[0].q_start if m.segments else m.next_offset
 
-    def max_offset(self, topic: str, queue_id: int) -> int:
+    def max_offset(self, topic: str, queue_id: int, snap: Snapshot | None = None) -> int:
         """The offset after the last archived record, as the broker's max offset."""
-        m = self.manifest(topic, queue_id)
+        m = self.manifest(topic, queue_id, snap)
         return 0 if m is None else m.next_offset
 
     def pull(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int) -> Pulled:
         """``getMessage``'s rules: out-of-range offsets get a status and the
         corrected next offset; gaps the archive recorded are stepped over."""
-        lo, hi = self.min_offset(topic, queue_id), self.max_offset(topic, queue_id)
+        snap = self._snap  # one snapshot for the whole pull
+        lo, hi = self.min_offset(topic, queue_id, snap), self.max_offset(topic, queue_id, snap)
 
         def result(status: str, next_offset: int, body: bytes = b"", count: int = 0) -> Pulled:
             return Pulled(status=status, body=body, count=count, next_offset=next_offset, min_offset=lo,
                           max_offset=hi)
 
-        if self.manifest(topic, queue_id) is None:
+        if self.manifest(topic, queue_id, snap) is None:
             return result(NO_MATCHED_LOGIC_QUEUE, 0)
         if hi == 0:
             return result(NO_MESSAGE_IN_QUEUE, 0)
@@ -114,9 +141,10 @@ class ArchiveSource:
         if offset > hi:
             return result(OFFSET_OVERFLOW_BADLY, hi)
         ref = self._ref(topic, queue_id)
-        res = self._reader().read(ref, offset, max_count=max_count, max_bytes=max_bytes)
+        reader = self._reader(snap)
+        res = reader.read(ref, offset, max_count=max_count, max_bytes=max_bytes)
         while res.status is ReadStatus.OFFSET_IN_GAP:  # never archived: serve what follows
-            res = self._reader().read(ref, res.next_offset, max_count=max_count, max_bytes=max_bytes)
+            res = reader.read(ref, res.next_offset, max_count=max_count, max_bytes=max_bytes)
         if res.status is not ReadStatus.FOUND:  # a gap running to the end
             return result(OFFSET_OVERFLOW_ONE, res.next_offset)
         body = b"".join(bytes(r.raw) for r in res.records)
