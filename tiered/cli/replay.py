@@ -74,6 +74,8 @@ async def _flush(offsets: GroupOffsets, executor: ThreadPoolExecutor) -> None:
         await asyncio.get_running_loop().run_in_executor(executor, offsets.flush)
     except TieredError as exc:
         log.warning("consumer offsets not written (kept for the next try): %s", exc)
+    except Exception:  # a bug of ours: logged, the commits are kept and serving goes on
+        log.exception("consumer offsets not written (kept for the next try)")
 
 
 async def _follow(source: ArchiveSource, server: ReplayServer, executor: ThreadPoolExecutor, every_s: float) -> None:
@@ -86,6 +88,9 @@ async def _follow(source: ArchiveSource, server: ReplayServer, executor: ThreadP
             grown = await loop.run_in_executor(executor, source.refresh)
         except TieredError as exc:
             log.warning("archive not read again (serving what was read before): %s", exc)
+            continue
+        except Exception:  # a bug of ours: logged, and following goes on
+            log.exception("archive not read again (serving what was read before)")
             continue
         if grown and server.broker is not None:
             server.broker.arrived(grown)
