@@ -2,7 +2,7 @@
 
 The store is written in the broker's format (``StoreWriter``) and archived
 by the real dispatcher; replay is started as the CLI command on a free port
-(``--listen 127.0.0.1:0``: it prints the address it serves on).
+(``--listen 127.0.0.1:0``, ``--metrics-port 0``: it prints the addresses).
 """
 
 from __future__ import annotations
@@ -93,7 +93,9 @@ class Replay:
     """``tiered replay`` in a subprocess; ``address`` is where it listens."""
 
     def __init__(self, cold_url: str, *args: str, env: dict[str, str] | None = None) -> None:
-        cmd = [sys.executable, "-m", "tiered.cli", "replay", "--cold", cold_url, "--listen", "127.0.0.1:0", *args]
+        cmd = [sys.executable, "-m", "tiered.cli", "replay", "--cold", cold_url, "--listen", "127.0.0.1:0",
+               "--metrics-port", "0", *args]
+        env = {"TIERED_METRICS__HOST": "127.0.0.1", **(env or {})}
         full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=full_env,
                                      cwd=REPO)
@@ -104,7 +106,7 @@ class Replay:
             assert self.proc.stderr is not None
             for line in self.proc.stderr:
                 self.lines.append(line.rstrip("\n"))
-                if "listening on" in line:
+                if line.startswith("tiered replay: serving on "):
                     found.set()
             found.set()
 
@@ -112,7 +114,8 @@ class Replay:
         if not found.wait(60) or self.proc.poll() is not None:
             self.proc.kill()
             raise AssertionError("tiered replay did not start:\n" + "\n".join(self.lines))
-        self.address = next(x for x in self.lines if "listening on" in x).rsplit(" ", 1)[1]
+        self.address = next(x for x in self.lines if x.startswith("tiered replay: serving on ")).rsplit(" ", 1)[1]
+        self.metrics_url = next(x for x in self.lines if x.startswith("tiered replay: metrics on ")).rsplit(" ", 1)[1]
         self.host, port = self.address.rsplit(":", 1)
         self.port = int(port)
 

@@ -12,10 +12,13 @@ import ipaddress
 import logging
 import signal
 import sys
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Optional
 
 import typer
+from prometheus_client import CollectorRegistry
 
 from tiered.cli.app import app, fail
 from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, settings_from
@@ -24,6 +27,8 @@ from tiered.clock import SystemClock
 from tiered.config import parse_duration
 from tiered.errors import TieredError
 from tiered.replay.broker import Limits, ReplayBroker
+from tiered.metrics import MetricsServer
+from tiered.replay.metrics import ReplayMetrics
 from tiered.replay.offsets import GroupOffsets
 from tiered.replay.server import ReplayServer
 from tiered.replay.source import ArchiveSource, pick_broker
@@ -34,6 +39,9 @@ log = logging.getLogger("tiered.replay")
 # the broker persists consumer offsets every 5 s (flushConsumerOffsetInterval)
 FLUSH_INTERVAL_S = 5.0
 READ_THREADS = 8
+# /healthz fails once the event loop has not beaten for this long
+LIVENESS_S = 30.0
+BEAT_S = 1.0
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -96,23 +104,52 @@ async def _follow(source: ArchiveSource, server: ReplayServer, executor: ThreadP
             server.broker.arrived(grown)
 
 
+class Liveness:
+    """``/healthz``: the event loop beat within ``LIVENESS_S`` (a loop stuck
+    in a handler answers nobody, whatever the metrics thread says)."""
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.monotonic = monotonic
+        self.beat = monotonic()
+
+    def alive(self) -> tuple[bool, str]:
+        age = self.monotonic() - self.beat
+        return (True, "ok") if age < LIVENESS_S else (False, f"event loop silent for {age:.0f}s")
+
+    async def run(self) -> None:
+        while True:
+            self.beat = self.monotonic()
+            await asyncio.sleep(BEAT_S)
+
+
 async def run(source: ArchiveSource, offsets: GroupOffsets, host: str, port: int, *,
-              starts: dict[str, Start], follow_s: float) -> None:
+              starts: dict[str, Start], follow_s: float, metrics_addr: tuple[str, int]) -> None:
     """Serve until SIGTERM or SIGINT, following the archive every ``follow_s``
-    (0: never) and writing offsets every few seconds and at the end."""
+    (0: never) and writing offsets every few seconds and at the end; metrics
+    and probes on ``metrics_addr``."""
     executor = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="replay-read")
+    registry = CollectorRegistry()
+    metrics = ReplayMetrics(registry)
     limits = Limits(long_polling=follow_s > 0)
     server = ReplayServer(lambda address: ReplayBroker(source, offsets, address=address, executor=executor,
-                                                       starts=starts, limits=limits), host, port)
+                                                       starts=starts, limits=limits, metrics=metrics),
+                          host, port, metrics=metrics)
+    liveness = Liveness()
+    probes = MetricsServer(registry, host=metrics_addr[0], port=metrics_addr[1], alive=liveness.alive,
+                           ready=lambda: (True, "serving"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     address = await server.start()
-    follower = asyncio.create_task(_follow(source, server, executor, follow_s)) if follow_s > 0 else None
+    probes.start()
+    tasks = [asyncio.create_task(liveness.run())]
+    if follow_s > 0:
+        tasks.append(asyncio.create_task(_follow(source, server, executor, follow_s)))
     log.info("replay of %s/%s (%d topics) listening on %s", source.cluster, source.broker, len(source.topics),
              address)
-    print(f"tiered replay: listening on {address}", file=sys.stderr, flush=True)
+    print(f"tiered replay: metrics on {probes.url}", file=sys.stderr, flush=True)
+    print(f"tiered replay: serving on {address}", file=sys.stderr, flush=True)
     try:
         while not stop.is_set():
             try:
@@ -120,10 +157,11 @@ async def run(source: ArchiveSource, offsets: GroupOffsets, host: str, port: int
             except asyncio.TimeoutError:
                 await _flush(offsets, executor)
     finally:
-        if follower is not None:
-            follower.cancel()
+        for task in tasks:
+            task.cancel()
         await server.close()
         await _flush(offsets, executor)
+        probes.stop()
         executor.shutdown(wait=True)
 
 
@@ -135,6 +173,8 @@ def replay(
     start: Annotated[Optional[list[str]], typer.Option(
         "--start", help="GROUP=earliest|latest|TIME: where a group with no committed offset starts "
                         "(default earliest; TIME as ISO 8601 or epoch ms; repeatable).")] = None,
+    metrics_port: Annotated[Optional[int], typer.Option(
+        "--metrics-port", help="HTTP port for /metrics, /healthz, /readyz (default metrics.port; 0: a free one).")] = None,
     follow_interval: Annotated[str, typer.Option(
         "--follow-interval", help="How often to read the archive again for newly archived records (one GET per "
                                   "queue); 0 serves the archive as it was at start.")] = "10s",
@@ -171,6 +211,8 @@ def replay(
         fail(f"{shown_url(settings.cold_url)}: {c}/{b} has no archived queue to replay")
     offsets = GroupOffsets(store, c, b, now_ms=SystemClock().now_ms)
     try:
-        asyncio.run(run(source, offsets, host, port, starts=starts, follow_s=follow_s))
+        asyncio.run(run(source, offsets, host, port, starts=starts, follow_s=follow_s,
+                        metrics_addr=(settings.metrics.host,
+                                      settings.metrics.port if metrics_port is None else metrics_port)))
     except OSError as exc:
         fail(f"--listen {host}:{port}: {exc.strerror or exc}")

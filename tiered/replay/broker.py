@@ -21,6 +21,7 @@ from tiered.errors import BadRequestError, TieredError
 from tiered.replay import protocol as p
 from tiered.replay.frame import Command
 from tiered.replay.locks import QueueLocks, locked_body, parse_body
+from tiered.replay.metrics import ReplayMetrics
 from tiered.replay.offsets import GroupOffsets, check_name
 from tiered.replay.protocol import number, response, text
 from tiered.replay.route import route_body
@@ -85,7 +86,7 @@ class ReplayBroker:
     def __init__(self, source: ArchiveSource, offsets: GroupOffsets, *, address: str, executor: Executor,
                  limits: Limits | None = None, starts: Mapping[str, Start] | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 now_ms: Callable[[], int] | None = None) -> None:
+                 now_ms: Callable[[], int] | None = None, metrics: ReplayMetrics | None = None) -> None:
         self.source = source
         self.offsets = offsets
         self.address = address
@@ -96,6 +97,7 @@ class ReplayBroker:
         self.consumers = Consumers()
         self.locks = QueueLocks(now_ms or offsets.now_ms)
         self._arrivals: dict[tuple[str, int], asyncio.Event] = {}
+        self.metrics = metrics
         self._handlers: dict[int, Callable[[Command, int], Awaitable[Command]]] = {
             p.GET_ROUTEINFO_BY_TOPIC: self.route,
             p.HEART_BEAT: self.heartbeat,
@@ -136,6 +138,8 @@ class ReplayBroker:
         except Exception:
             log.exception("request %d failed", req.code)
             resp = response(req, p.SYSTEM_ERROR, remark="internal error (logged by replay)")
+        if self.metrics is not None:
+            self.metrics.request(req.code, resp.code)
         return None if req.is_oneway else resp
 
     def closed(self, conn: int) -> None:
@@ -214,20 +218,35 @@ class ReplayBroker:
         got = await self._run(self.source.pull, topic, queue_id, offset, max_count, max_bytes)
         code = _pull_code(got, offset)
         if code == p.PULL_NOT_FOUND and flags & p.FLAG_SUSPEND:
-            if self.limits.long_polling:  # PullRequestHoldService
+            await self._hold(req, arrival)
+            # then the pull runs again, as the broker runs it, without suspending
+            got = await self._run(self.source.pull, topic, queue_id, offset, max_count, max_bytes)
+            code = _pull_code(got, offset)
+        if self.metrics is not None:
+            self.metrics.messages.inc(got.count)
+            self.metrics.bytes.inc(len(got.body))
+        ext = {"nextBeginOffset": str(got.next_offset), "minOffset": str(got.min_offset),
+               "maxOffset": str(got.max_offset), "suggestWhichBrokerId": "0"}
+        return response(req, code, remark=got.status, ext=ext, body=got.body)
+
+    async def _hold(self, req: Command, arrival: asyncio.Event) -> None:
+        """Hold a suspended pull that found nothing: until its queue grows or
+        suspendTimeoutMillis passes (PullRequestHoldService), or for the short
+        polling time when nothing can arrive (longPollingEnable=false)."""
+        if self.metrics is not None:
+            self.metrics.held.inc()
+        try:
+            if self.limits.long_polling:
                 timeout = min(max(number(req, "suspendTimeoutMillis", default=0), 0) / 1000, MAX_HOLD_S)
                 try:
                     await asyncio.wait_for(arrival.wait(), timeout)
                 except asyncio.TimeoutError:
                     pass
-            else:  # a broker with longPollingEnable=false
+            else:
                 await self.sleep(self.limits.hold_s)
-            # then the pull runs again, as the broker runs it, without suspending
-            got = await self._run(self.source.pull, topic, queue_id, offset, max_count, max_bytes)
-            code = _pull_code(got, offset)
-        ext = {"nextBeginOffset": str(got.next_offset), "minOffset": str(got.min_offset),
-               "maxOffset": str(got.max_offset), "suggestWhichBrokerId": "0"}
-        return response(req, code, remark=got.status, ext=ext, body=got.body)
+        finally:
+            if self.metrics is not None:
+                self.metrics.held.dec()
 
     # --- consumer offsets -----------------------------------------------------------------
 

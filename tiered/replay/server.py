@@ -17,6 +17,7 @@ from collections.abc import Callable
 from tiered.errors import BadFrameError
 from tiered.replay.broker import ReplayBroker
 from tiered.replay.frame import Command, decode, encode_head, frame_length
+from tiered.replay.metrics import ReplayMetrics
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,8 @@ MAX_INFLIGHT = 64
 
 
 class ReplayServer:
-    def __init__(self, broker_for: Callable[[str], ReplayBroker], host: str, port: int) -> None:
+    def __init__(self, broker_for: Callable[[str], ReplayBroker], host: str, port: int,
+                 metrics: ReplayMetrics | None = None) -> None:
         """``broker_for(address)`` builds the broker once the bound address
         (the one the route advertises) is known: port 0 picks a free one."""
         self._broker_for = broker_for
@@ -34,6 +36,7 @@ class ReplayServer:
         self._server: asyncio.Server | None = None
         self._ids = itertools.count(1)
         self._conns: set[asyncio.Task[None]] = set()
+        self.metrics = metrics
 
     async def start(self) -> str:
         self._server = await asyncio.start_server(self._connection, self.host, self.port)
@@ -59,6 +62,8 @@ class ReplayServer:
         peer = writer.get_extra_info("peername")
         inflight = asyncio.Semaphore(MAX_INFLIGHT)
         requests: set[asyncio.Task[None]] = set()
+        if self.metrics is not None:
+            self.metrics.connections.inc()
         try:
             while True:
                 length = frame_length(await reader.readexactly(4))
@@ -73,7 +78,11 @@ class ReplayServer:
             pass  # the client went away, maybe mid-frame
         except BadFrameError as exc:
             log.info("closing the connection from %s: %s", peer, exc)
+            if self.metrics is not None:
+                self.metrics.bad_frames.inc()
         finally:
+            if self.metrics is not None:
+                self.metrics.connections.dec()
             self._conns.discard(task)
             for req in list(requests):
                 req.cancel()
