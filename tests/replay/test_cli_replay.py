@@ -117,3 +117,13 @@ def test_a_fixed_snapshot_holds_a_suspended_pull_briefly(two_brokers: str) -> No
                              "maxMsgNums": "32", "sysFlag": "2", "suspendTimeoutMillis": "600000"})
         assert (held.code, held.remark) == (19, "OFFSET_OVERFLOW_ONE")  # answered within the socket's 15 s
         raw.close()
+
+
+def test_healthz_fails_once_the_event_loop_stops_beating() -> None:
+    from tiered.cli.replay import LIVENESS_S, Liveness
+
+    now = [100.0]
+    liveness = Liveness(lambda: now[0])
+    assert liveness.alive() == (True, "ok")
+    now[0] += LIVENESS_S + 1
+    assert liveness.alive() == (False, f"event loop silent for {LIVENESS_S + 1:.0f}s")
