@@ -218,3 +218,19 @@ def test_lock_and_unlock_batches(raw) -> None:  # noqa: ANN001
     assert raw.call(42, body=body("c1")).code == 0
     assert len(json.loads(raw.call(41, body=body("c2")).body)["lockOKMQSet"]) == 2
     assert raw.call(41, body=b"{").code == 1
+
+
+def test_hundreds_of_idle_or_half_sent_connections_do_not_stop_the_others(replay, raw) -> None:  # noqa: ANN001
+    frame = encode(Command(code=30, opaque=1, ext={"topic": "Orders", "queueId": "0"}))
+    idle = [Raw(replay.address) for _ in range(300)]
+    for i, conn in enumerate(idle):
+        if i % 2:
+            conn.send(frame[:len(frame) - 3])  # a frame that never completes
+    try:
+        assert raw.call(30, {"topic": "Orders", "queueId": "0"}).code == 0
+        idle[1].send(frame[len(frame) - 3:])  # completed late: answered
+        assert idle[1].read().code == 0
+    finally:
+        for conn in idle:
+            conn.close()
+    assert raw.call(31, {"topic": "Orders", "queueId": "0"}).code == 0
