@@ -293,3 +293,17 @@ class TargetNotEmptyError(TieredError):
 
 class RestoreCheckError(TieredError):
     """The restored store differs from the archive (named queue and offset)."""
+
+
+class BadFrameError(TieredError):
+    """A remoting frame that cannot be decoded (``tiered replay``): the
+    connection that sent it is closed, as a RocketMQ broker closes it."""
+
+
+class BadRequestError(TieredError):
+    """A decoded request whose header fields are missing or malformed:
+    answered with ``code`` (a RocketMQ response code) and the message."""
+
+    def __init__(self, message: str, *, code: int = 1) -> None:
+        self.code = code
+        super().__init__(message)

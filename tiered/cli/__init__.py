@@ -16,7 +16,8 @@ import sys
 from tiered.cli.app import app
 
 # every command module, in the order their commands are listed
-COMMAND_MODULES = ("archive", "demo", "serve", "status", "store", "clean", "query", "repair", "restore", "admin")
+COMMAND_MODULES = ("archive", "demo", "serve", "status", "store", "clean", "query", "repair", "restore", "admin",
+                   "replay")
 # command -> the one module it needs (tests/cli/test_cli_store.py checks the list against the app)
 _ALONE = {"produce": "store"}
 # global options that may come before the command, none taking a value

@@ -1,0 +1,246 @@
+"""Throughput and idle cost of ``tiered replay``.
+
+Builds, in a temporary directory removed afterwards, a store of ``--messages``
+messages of ``--body`` bytes over 16 queues (``StoreWriter``), archives it to
+``file://`` with the real dispatcher, then measures:
+
+- the library: every queue read through ``ColdReader.read`` (32 records a
+  read, as a pull), in this process: the reference;
+- replay to one consumer: one client process pulling every queue in turn
+  (32 a pull, frames built with the codec), and to 16 consumers: 16 client
+  processes, one queue each; messages/s and MB/s of record bytes, against
+  the library's (goal: at least 0.5x); with replay's own CPU seconds for
+  the one-consumer pass (the Python client shares the machine);
+- idle consumers: ``--idle`` connections each holding a suspended pull at
+  the end of a queue (sent again when answered, as a subscribed consumer
+  does): replay's CPU (user + system, from /proc) over ``--idle-seconds``
+  as a share of one core (goal: at most 1 %), and its RSS before and with
+  them (goal: at most 100 MiB more).
+
+Throughput is per wall-clock second, the best of ``--passes``: the client
+and replay share the machine, and on a busy one the figures move with the
+neighbours.
+
+    .venv/bin/python bench/replay.py [--messages 200000] [--body 1024] [--idle 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import resource
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tiered.archive.coldtier import ColdTier
+from tiered.archive.storage import open_store
+from tiered.dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
+from tiered.query.reader import ColdReader, QueueRef, ReadStatus
+from tiered.replay.frame import Command, decode, encode
+from tiered.store.localstore import LocalStore
+from tiered.store.storewriter import StoreWriter
+
+TOPIC = "BenchTopic"
+QUEUES = 16
+CLUSTER, BROKER = "BenchCluster", "bench-broker"
+
+
+def build(base: Path, messages: int, body: int) -> tuple[str, dict[int, int]]:
+    """The archive's URL and each queue's message count."""
+    root = base / "store"
+    payload = os.urandom(body)
+    with StoreWriter(root, commitlog_file_size=256 << 20, cq_entries_per_file=300_000, buffer_bytes=8 << 20) as w:
+        for i in range(messages):
+            w.put(TOPIC, i % QUEUES, payload, tags="TagA", keys=[f"k{i}"], unique_key=f"{i:032X}",
+                  store_timestamp=1_700_000_000_000 + i)
+    store = open_store(f"file://{base / 'cold'}")
+    cold = ColdTier(store, CLUSTER, BROKER, state_dir=base / "state", writer="bench")
+    opts = DispatchOptions(archive=ArchiveOptions(upload_bytes=1, max_delay_ms=0), round_budget_s=float("inf"))
+    d = Dispatcher(LocalStore(root), cold, options=opts, topic_filter=TopicFilter(include_system=False))
+    while True:
+        result = d.run_round()
+        assert result.ok, result.errors
+        if result.lag_messages == 0 and result.segments == 0:
+            break
+    return f"file://{base / 'cold'}", {q: (messages + QUEUES - 1 - q) // QUEUES for q in range(QUEUES)}
+
+
+def library(url: str) -> tuple[int, int]:
+    reader = ColdReader(open_store(url))
+    count = nbytes = 0
+    for q in range(QUEUES):
+        ref, offset = QueueRef(CLUSTER, BROKER, TOPIC, q), 0
+        while (res := reader.read(ref, offset, max_count=32)).status is ReadStatus.FOUND:
+            count += len(res.records)
+            nbytes += sum(len(r.raw) for r in res.records)
+            offset = res.next_offset
+    return count, nbytes
+
+
+class Client:
+    def __init__(self, address: str) -> None:
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)))
+        self.opaque = 0
+
+    def send(self, code: int, ext: dict[str, str]) -> int:
+        self.opaque += 1
+        self.sock.sendall(encode(Command(code=code, opaque=self.opaque, ext=ext)))
+        return self.opaque
+
+    def read(self) -> Command:
+        head = self._exact(4)
+        return decode(self._exact(struct.unpack(">i", head)[0]))
+
+    def _exact(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            got = self.sock.recv(n - len(buf))
+            if not got:
+                raise ConnectionError("closed")
+            buf += got
+        return bytes(buf)
+
+
+def pull_ext(q: int, offset: int, suspend: bool = False) -> dict[str, str]:
+    return {"consumerGroup": "bench", "topic": TOPIC, "queueId": str(q), "queueOffset": str(offset),
+            "maxMsgNums": "32", "sysFlag": "2" if suspend else "0", "suspendTimeoutMillis": "15000"}
+
+
+def consumer(address: str, queues: list[int]) -> tuple[int, int]:
+    client = Client(address)
+    count = nbytes = 0
+    for q in queues:
+        offset = 0
+        while True:
+            client.send(11, pull_ext(q, offset))
+            resp = client.read()
+            if resp.code != 0:
+                break
+            nxt = int(resp.ext["nextBeginOffset"])
+            count += nxt - offset
+            nbytes += len(resp.body)
+            offset = nxt
+    return count, nbytes
+
+
+def start_replay(url: str) -> tuple[subprocess.Popen[str], str]:
+    cmd = [sys.executable, "-m", "tiered.cli", "replay", "--cold", url, "--listen", "127.0.0.1:0",
+           "--metrics-port", "0"]
+    env = {**os.environ, "TIERED_METRICS__HOST": "127.0.0.1", "TIERED_LOG__LEVEL": "WARNING"}
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("tiered replay: serving on "):
+            return proc, line.split()[-1]
+    raise RuntimeError("replay did not start")
+
+
+def proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def idle(address: str, pid: int, ends: dict[int, int], n: int, seconds: float) -> dict[str, float]:
+    """``n`` connections each holding a pull at a queue's end, for ``seconds``."""
+    before = proc_rss_mib(pid)
+    clients = [Client(address) for _ in range(n)]
+    sel = selectors.DefaultSelector()
+    for i, c in enumerate(clients):
+        c.send(11, pull_ext(i % QUEUES, ends[i % QUEUES], suspend=True))
+        sel.register(c.sock, selectors.EVENT_READ, c)
+    time.sleep(2)  # every pull is held by now
+    cpu0, t0, answered = proc_cpu_s(pid), time.monotonic(), 0
+    while (left := seconds - (time.monotonic() - t0)) > 0:
+        for key, _ in sel.select(timeout=left):
+            c = key.data
+            c.read()
+            answered += 1
+            q = clients.index(c) % QUEUES
+            c.send(11, pull_ext(q, ends[q], suspend=True))
+    cpu = proc_cpu_s(pid) - cpu0
+    with_them = proc_rss_mib(pid)
+    for c in clients:
+        c.sock.close()
+    return {"connections": n, "seconds": seconds, "cpu_share_of_a_core": cpu / seconds,
+            "answered_pulls": answered, "rss_mib_before": round(before, 1), "rss_mib_with": round(with_them, 1)}
+
+
+def best(fn, passes: int) -> tuple[float, int, int]:  # noqa: ANN001
+    runs = []
+    for _ in range(passes):
+        t0 = time.perf_counter()
+        count, nbytes = fn()
+        runs.append((time.perf_counter() - t0, count, nbytes))
+    return min(runs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--messages", type=int, default=200_000)
+    ap.add_argument("--body", type=int, default=1024)
+    ap.add_argument("--idle", type=int, default=1000)
+    ap.add_argument("--idle-seconds", type=float, default=30.0)
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--dir", default=None)
+    args = ap.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4 * args.idle + 256)), hard))
+    base = Path(tempfile.mkdtemp(prefix="bench-replay-", dir=args.dir))
+    try:
+        url, ends = build(base, args.messages, args.body)
+        lib_s, count, nbytes = best(lambda: library(url), args.passes)
+        assert count == args.messages
+        proc, address = start_replay(url)
+        try:
+            cpu0 = proc_cpu_s(proc.pid)
+            one_s, c1, b1 = best(lambda: consumer(address, list(range(QUEUES))), args.passes)
+            one_cpu = (proc_cpu_s(proc.pid) - cpu0) / args.passes
+            assert (c1, b1) == (count, nbytes)
+            ctx = multiprocessing.get_context("spawn")
+            with ctx.Pool(QUEUES) as pool:
+                pool.map(abs, range(QUEUES))  # the workers have started (and imported) before the clock runs
+                def sixteen() -> tuple[int, int]:
+                    parts = pool.starmap(consumer, [(address, [q]) for q in range(QUEUES)])
+                    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+                many_s, c16, b16 = best(sixteen, args.passes)
+            assert (c16, b16) == (count, nbytes)
+            idle_figures = idle(address, proc.pid, ends, args.idle, args.idle_seconds)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(30)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    mb = nbytes / 1e6
+
+    def rate(seconds: float) -> dict[str, float]:
+        return {"messages_per_s": round(count / seconds), "mb_per_s": round(mb / seconds, 1),
+                "vs_library": round(lib_s / seconds, 2)}
+
+    print(json.dumps({"messages": count, "record_mb": round(mb, 1), "cpus": os.cpu_count(),
+                      "library": rate(lib_s), "replay_1_consumer": rate(one_s),
+                      "replay_cpu_s_per_pass_1_consumer": round(one_cpu, 2),
+                      "replay_16_consumers": rate(many_s), "idle": idle_figures,
+                      "goals": {"vs_library": ">= 0.5", "idle_cpu_share": "<= 0.01", "idle_rss_growth_mib": "<= 100"}},
+                     indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""``tiered replay``: a read-only RocketMQ broker and name server over the archive.
+
+Unmodified RocketMQ clients (4.x remoting protocol) point their name server
+address at it and consume archived messages again, as stored. Settings come
+from the same YAML and ``TIERED_*`` environment as ``serve``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated, Optional
+
+import typer
+from prometheus_client import CollectorRegistry
+
+from tiered.cli.app import app, fail
+from tiered.cli.common import BrokerOpt, ClusterOpt, ColdOpt, ConfigOpt, settings_from
+from tiered.cli.wiring import archive_store, setup_logging, shown_url
+from tiered.clock import SystemClock
+from tiered.config import parse_duration
+from tiered.errors import TieredError
+from tiered.replay.broker import Limits, ReplayBroker
+from tiered.metrics import MetricsServer
+from tiered.replay.metrics import ReplayMetrics
+from tiered.replay.offsets import GroupOffsets
+from tiered.replay.server import ReplayServer
+from tiered.replay.source import ArchiveSource, pick_broker
+from tiered.replay.start import Start, parse_start
+
+log = logging.getLogger("tiered.replay")
+
+# the broker persists consumer offsets every 5 s (flushConsumerOffsetInterval)
+FLUSH_INTERVAL_S = 5.0
+READ_THREADS = 8
+# /healthz fails once the event loop has not beaten for this long
+LIVENESS_S = 30.0
+BEAT_S = 1.0
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--listen {value}: HOST:PORT")
+    if host in ("0.0.0.0", "::", "[::]", "*"):
+        # the route hands this address to clients: it must be one they can reach
+        raise ValueError(f"--listen {value}: an address clients reach (the route advertises it), not a wildcard")
+    return host.strip("[]"), int(port)
+
+
+def exposure_warning(host: str) -> str | None:
+    """A warning when ``host`` is reachable from other machines: replay has
+    no access control yet, so whoever reaches it reads the whole archive."""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if loopback:
+        return None
+    return (f"replay listens on {host}, not a loopback address, and checks no credentials: "
+            "anyone who reaches it reads every archived message of the broker")
+
+
+def follow_seconds(value: str) -> float:
+    """``--follow-interval``: a duration, or 0 for a fixed snapshot."""
+    if value.strip() in ("0", "0s"):
+        return 0.0
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise ValueError(f"--follow-interval {value}: {exc}") from None
+
+
+async def _flush(offsets: GroupOffsets, executor: ThreadPoolExecutor) -> None:
+    try:
+        await asyncio.get_running_loop().run_in_executor(executor, offsets.flush)
+    except TieredError as exc:
+        log.warning("consumer offsets not written (kept for the next try): %s", exc)
+    except Exception:  # a bug of ours: logged, the commits are kept and serving goes on
+        log.exception("consumer offsets not written (kept for the next try)")
+
+
+async def _follow(source: ArchiveSource, server: ReplayServer, executor: ThreadPoolExecutor, every_s: float) -> None:
+    """Read the archive again every ``every_s`` and wake the pulls held on
+    queues that grew."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            grown = await loop.run_in_executor(executor, source.refresh)
+        except TieredError as exc:
+            log.warning("archive not read again (serving what was read before): %s", exc)
+            continue
+        except Exception:  # a bug of ours: logged, and following goes on
+            log.exception("archive not read again (serving what was read before)")
+            continue
+        if grown and server.broker is not None:
+            server.broker.arrived(grown)
+
+
+class Liveness:
+    """``/healthz``: the event loop beat within ``LIVENESS_S`` (a loop stuck
+    in a handler answers nobody, whatever the metrics thread says)."""
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.monotonic = monotonic
+        self.beat = monotonic()
+
+    def alive(self) -> tuple[bool, str]:
+        age = self.monotonic() - self.beat
+        return (True, "ok") if age < LIVENESS_S else (False, f"event loop silent for {age:.0f}s")
+
+    async def run(self) -> None:
+        while True:
+            self.beat = self.monotonic()
+            await asyncio.sleep(BEAT_S)
+
+
+async def run(source: ArchiveSource, offsets: GroupOffsets, host: str, port: int, *,
+              starts: dict[str, Start], follow_s: float, metrics_addr: tuple[str, int]) -> None:
+    """Serve until SIGTERM or SIGINT, following the archive every ``follow_s``
+    (0: never) and writing offsets every few seconds and at the end; metrics
+    and probes on ``metrics_addr``."""
+    executor = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="replay-read")
+    registry = CollectorRegistry()
+    metrics = ReplayMetrics(registry)
+    limits = Limits(long_polling=follow_s > 0)
+    server = ReplayServer(lambda address: ReplayBroker(source, offsets, address=address, executor=executor,
+                                                       starts=starts, limits=limits, metrics=metrics),
+                          host, port, metrics=metrics)
+    liveness = Liveness()
+    probes = MetricsServer(registry, host=metrics_addr[0], port=metrics_addr[1], alive=liveness.alive,
+                           ready=lambda: (True, "serving"))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    address = await server.start()
+    probes.start()
+    tasks = [asyncio.create_task(liveness.run())]
+    if follow_s > 0:
+        tasks.append(asyncio.create_task(_follow(source, server, executor, follow_s)))
+    log.info("replay of %s/%s (%d topics) listening on %s", source.cluster, source.broker, len(source.topics),
+             address)
+    print(f"tiered replay: metrics on {probes.url}", file=sys.stderr, flush=True)
+    print(f"tiered replay: serving on {address}", file=sys.stderr, flush=True)
+    try:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), FLUSH_INTERVAL_S)
+            except asyncio.TimeoutError:
+                await _flush(offsets, executor)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await server.close()
+        await _flush(offsets, executor)
+        probes.stop()
+        executor.shutdown(wait=True)
+
+
+@app.command()
+def replay(
+    config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
+    listen: Annotated[Optional[str], typer.Option(
+        "--listen", help="HOST:PORT to serve on, as name server and broker (port 0: a free one).")] = None,
+    start: Annotated[Optional[list[str]], typer.Option(
+        "--start", help="GROUP=earliest|latest|TIME: where a group with no committed offset starts "
+                        "(default earliest; TIME as ISO 8601 or epoch ms; repeatable).")] = None,
+    metrics_port: Annotated[Optional[int], typer.Option(
+        "--metrics-port", help="HTTP port for /metrics, /healthz, /readyz (default metrics.port; 0: a free one).")] = None,
+    follow_interval: Annotated[str, typer.Option(
+        "--follow-interval", help="How often to read the archive again for newly archived records (one GET per "
+                                  "queue); 0 serves the archive as it was at start.")] = "10s",
+) -> None:
+    """Serve the archive to unmodified RocketMQ clients: a read-only broker and name server.
+
+    Point a consumer's name server address at --listen: it pulls archived
+    messages as stored (ids, times, keys, tags unchanged), commits offsets
+    (kept per group beside the archive), looks offsets up by time; records
+    archived while it runs are served too (--follow-interval). A group
+    with no committed offset starts at the earliest archived one (--start
+    says otherwise). Sends are refused. One archived broker is served: --cluster/--broker choose it when
+    the archive holds several."""
+    settings = settings_from(config, cold_url=cold, cluster=cluster, broker=broker)
+    setup_logging(settings.log.format, settings.log.level)
+    try:
+        host, port = parse_listen(listen or "127.0.0.1:9876")
+        starts = dict(parse_start(v) for v in start or ())
+        follow_s = follow_seconds(follow_interval)
+    except ValueError as exc:
+        fail(str(exc), 2)
+    warning = exposure_warning(host)
+    if warning:
+        log.warning(warning)
+    given = settings.model_fields_set
+    try:
+        store = archive_store(settings)
+        c, b = pick_broker(store, settings.cluster if "cluster" in given else None,
+                           settings.broker if "broker" in given else None)
+        source = ArchiveSource(store, c, b)
+    except TieredError as exc:
+        fail(f"{shown_url(settings.cold_url)}: {exc}")
+    if not source.topics:
+        fail(f"{shown_url(settings.cold_url)}: {c}/{b} has no archived queue to replay")
+    offsets = GroupOffsets(store, c, b, now_ms=SystemClock().now_ms)
+    try:
+        asyncio.run(run(source, offsets, host, port, starts=starts, follow_s=follow_s,
+                        metrics_addr=(settings.metrics.host,
+                                      settings.metrics.port if metrics_port is None else metrics_port)))
+    except OSError as exc:
+        fail(f"--listen {host}:{port}: {exc.strerror or exc}")

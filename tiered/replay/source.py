@@ -1,0 +1,175 @@
+"""One archived broker seen as a RocketMQ message store (read-only).
+
+Answers what ``DefaultMessageStore`` answers a broker's processors: a
+queue's min and max offsets, a pull's records by the store's status rules
+(``getMessage``), the offset for a time, the earliest store time. It reads
+the archive through ``tiered.query.reader`` only.
+
+The catalog and manifests are read when the source is built and again by
+each ``refresh``, which swaps in a whole new snapshot: a read in flight
+finishes on the snapshot it started on. Reads run on a thread pool: each
+thread has its own ``ColdReader`` over the current snapshot's fully loaded
+``Archive`` (only read after loading).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from tiered.archive.manifest import Manifest
+from tiered.archive.storage import ObjectStore
+from tiered.errors import TieredError
+from tiered.query.reader import Archive, ColdReader, QueueRef, ReadStatus, discover
+
+# DefaultMessageStore's GetMessageStatus names (sent as the pull's remark)
+FOUND = "FOUND"
+NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pulled:
+    """A pull's result: ``body`` is the stored records, concatenated."""
+
+    status: str
+    body: bytes
+    count: int
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+def pick_broker(store: ObjectStore, cluster: str | None, broker: str | None) -> tuple[str, str]:
+    """The one archived (cluster, broker) to serve: the one named, or the
+    only one under the root."""
+    found = discover(store, cluster, broker)
+    if cluster and broker:
+        return cluster, broker
+    if len(found) != 1:
+        names = ", ".join(f"{c}/{b}" for c, b in found) or "none"
+        raise TieredError(f"replay serves one archived broker; found {names}: choose one with --cluster and --broker")
+    return found[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Snapshot:
+    """The archive as one refresh saw it."""
+
+    archive: Archive
+    manifests: dict[tuple[str, int], Manifest]
+    topics: dict[str, int]  # topic -> queue count (highest archived queue id + 1)
+
+
+class ArchiveSource:
+    def __init__(self, store: ObjectStore, cluster: str, broker: str) -> None:
+        self.store = store
+        self.cluster = cluster
+        self.broker = broker
+        self._snap = self._load()
+        self._local = threading.local()
+
+    def _load(self) -> Snapshot:
+        archive = Archive(store=self.store, brokers=[(self.cluster, self.broker)])
+        refs = archive.queues()
+        manifests = archive.manifests(refs)
+        # BatchCQ queues hold records of several messages each: not served by this slice
+        served = {(r.topic, r.queue_id): m for r, m in manifests.items() if not any(s.batch for s in m.segments)}
+        topics: dict[str, int] = {}
+        for topic, qid in served:
+            topics[topic] = max(topics.get(topic, 0), qid + 1)
+        return Snapshot(archive=archive, manifests=served, topics=topics)
+
+    def refresh(self) -> set[tuple[str, int]]:
+        """Read the catalog and manifests again; the queues whose archive
+        grew (or that are new)."""
+        old, new = self._snap, self._load()
+        self._snap = new
+        return {q for q, m in new.manifests.items()
+                if q not in old.manifests or m.next_offset > old.manifests[q].next_offset}
+
+    @property
+    def topics(self) -> dict[str, int]:
+        return self._snap.topics
+
+    def _reader(self, snap: Snapshot | None = None) -> ColdReader:
+        archive = (snap or self._snap).archive
+        reader = getattr(self._local, "reader", None)
+        if reader is None or reader.archive is not archive:
+            reader = self._local.reader = ColdReader(self.store, archive=archive)
+        return reader
+
+    def _ref(self, topic: str, queue_id: int) -> QueueRef:
+        return QueueRef(self.cluster, self.broker, topic, queue_id)
+
+    def manifest(self, topic: str, queue_id: int, snap: Snapshot | None = None) -> Manifest | None:
+        return (snap or self._snap).manifests.get((topic, queue_id))
+
+    def min_offset(self, topic: str, queue_id: int, snap: Snapshot | None = None) -> int:
+        """The first offset still archived (0 for a queue never archived)."""
+        m = self.manifest(topic, queue_id, snap)
+        if m is None:
+            return 0
+        return m.segments[0].q_start if m.segments else m.next_offset
+
+    def max_offset(self, topic: str, queue_id: int, snap: Snapshot | None = None) -> int:
+        """The offset after the last archived record, as the broker's max offset."""
+        m = self.manifest(topic, queue_id, snap)
+        return 0 if m is None else m.next_offset
+
+    def pull(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int) -> Pulled:
+        """``getMessage``'s rules: out-of-range offsets get a status and the
+        corrected next offset; gaps the archive recorded are stepped over."""
+        snap = self._snap  # one snapshot for the whole pull
+        lo, hi = self.min_offset(topic, queue_id, snap), self.max_offset(topic, queue_id, snap)
+
+        def result(status: str, next_offset: int, body: bytes = b"", count: int = 0) -> Pulled:
+            return Pulled(status=status, body=body, count=count, next_offset=next_offset, min_offset=lo,
+                          max_offset=hi)
+
+        if self.manifest(topic, queue_id, snap) is None:
+            return result(NO_MATCHED_LOGIC_QUEUE, 0)
+        if hi == 0:
+            return result(NO_MESSAGE_IN_QUEUE, 0)
+        if offset < lo:
+            return result(OFFSET_TOO_SMALL, lo)
+        if offset == hi:
+            return result(OFFSET_OVERFLOW_ONE, offset)
+        if offset > hi:
+            return result(OFFSET_OVERFLOW_BADLY, hi)
+        ref = self._ref(topic, queue_id)
+        reader = self._reader(snap)
+        res = reader.read(ref, offset, max_count=max_count, max_bytes=max_bytes)
+        while res.status is ReadStatus.OFFSET_IN_GAP:  # never archived: serve what follows
+            res = reader.read(ref, res.next_offset, max_count=max_count, max_bytes=max_bytes)
+        if res.status is not ReadStatus.FOUND:  # a gap running to the end
+            return result(OFFSET_OVERFLOW_ONE, res.next_offset)
+        body = b"".join(r.raw for r in res.records)  # views of one buffer: copied once, here
+        return result(FOUND, res.next_offset, body, len(res.records))
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int, upper: bool = False) -> int:
+        """``getOffsetInQueueByTime`` (RocketMQ 5.x): the lower boundary is the
+        first offset stored at or after the time (the max offset when every
+        record is older); the upper boundary the last one stored at or before
+        it (0 when every record is newer)."""
+        if self.manifest(topic, queue_id) is None:
+            return 0
+        ref = self._ref(topic, queue_id)
+        if not upper:
+            found = self._reader().offset_for_time(ref, timestamp_ms)
+            return 0 if found is None else found
+        after = self._reader().offset_for_time(ref, timestamp_ms + 1)
+        if after is None or after <= self.min_offset(topic, queue_id):
+            return 0
+        return after - 1
+
+    def earliest_store_ms(self, topic: str, queue_id: int) -> int:
+        """The store time of the first archived record; -1 when there is none."""
+        lo, hi = self.min_offset(topic, queue_id), self.max_offset(topic, queue_id)
+        if self.manifest(topic, queue_id) is None or lo >= hi:
+            return -1
+        res = self._reader().read(self._ref(topic, queue_id), lo, max_count=1)
+        return res.records[0].store_timestamp if res.records else -1
