@@ -3,27 +3,12 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from replaykit import Expected, Replay, archive, expected, write  # noqa: E402
-from tiered.archive.storage import open_store  # noqa: E402
-
-MESSAGES = 60  # per topic
-
-
-@dataclass
-class Archived:
-    root: Path
-    cold_url: str
-    state: Path
-    messages: dict[tuple[str, int, int], Expected]
+from replaykit import Archived, Replay, make_archive
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -35,13 +20,6 @@ def client_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield home
     if old is not None:
         os.environ["HOME"] = old
-
-
-def make_archive(base: Path) -> Archived:
-    root, cold, state = base / "store", base / "cold", base / "state"
-    write(root, 0, MESSAGES)
-    archive(root, open_store(f"file://{cold}"), state)
-    return Archived(root, f"file://{cold}", state, expected(root))
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Archived, make_archive
-from replaykit import CLUSTER, BROKER, Replay, archive, expected, write
+from replaykit import Archived, make_archive, CLUSTER, BROKER, Replay, archive, expected, write
 from tiered.archive.storage import open_store
 
 rocketmq = pytest.importorskip("rocketmq.client", reason="the RocketMQ C++ client wheel (x86_64 Linux)")

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_archive
-from replaykit import Raw, Replay, archive, expected, local_raw, write
+from replaykit import make_archive, Raw, Replay, archive, expected, local_raw, write
 from tiered.archive.storage import open_store
 from tiered.store.storewriter import StoreWriter
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import make_archive
-from replaykit import Raw, Replay, local_raw
+from replaykit import make_archive, Raw, Replay, local_raw
 from tiered.replay.frame import Command, encode
 
 pytestmark = pytest.mark.timeout(120)

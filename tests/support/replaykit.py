@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tiered.archive.coldtier import ColdTier
-from tiered.archive.storage import ObjectStore
+from tiered.archive.storage import ObjectStore, open_store
 from tiered.dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
 from tiered.format.codec import Host
 from tiered.store.localstore import LocalStore
@@ -193,3 +193,21 @@ class Raw:
 
     def close(self) -> None:
         self.sock.close()
+
+
+MESSAGES = 60  # per topic
+
+
+@dataclass
+class Archived:
+    root: Path
+    cold_url: str
+    state: Path
+    messages: dict[tuple[str, int, int], Expected]
+
+
+def make_archive(base: Path) -> Archived:
+    root, cold, state = base / "store", base / "cold", base / "state"
+    write(root, 0, MESSAGES)
+    archive(root, open_store(f"file://{cold}"), state)
+    return Archived(root, f"file://{cold}", state, expected(root))
