@@ -370,9 +370,13 @@ def check_run_numpy(
     first_offset: int,
     source: str,
     verify_crc: bool = True,
+    check_phys: bool = True,
 ) -> RecordBatch | None:
     """``check_run`` with numpy gathers and one CRC call per record from
-    Python: where the compiled loop was not built."""
+    Python: where the compiled loop was not built. ``check_phys=False``
+    skips the check of each record's physical offset against its entry's,
+    for the archive's re-packed CommitLog, where a record keeps the broker's
+    offset and the entries point into the segment."""
     n = len(entries)
     tlen = len(topic)
     v2 = tlen > 127  # the broker writes the 2-byte topic length exactly then
@@ -395,7 +399,7 @@ def check_run_numpy(
     body_len = head["body_len"].astype(np.int64)
     body_at = pos + _FIXED_SIZE
     ok = ((head["size"] == size) & (head["magic"] == (MAGIC_V2 if v2 else MAGIC_V1))
-          & (head["queue_id"] == queue_id) & (head["phys"] == phys)
+          & (head["queue_id"] == queue_id) & ((head["phys"] == phys) | (not check_phys))
           & (head["queue_offset"] == np.arange(first_offset, first_offset + n, dtype=np.int64)))
     v6 = np.flatnonzero(sys_flag & 0x30)
     if len(v6):  # IPv6 hosts: the fields behind them, where they are

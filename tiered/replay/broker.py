@@ -96,7 +96,7 @@ class ReplayBroker:
         self.sleep = sleep
         self.consumers = Consumers()
         self.locks = QueueLocks(now_ms or offsets.now_ms)
-        self._arrivals: dict[tuple[str, int], asyncio.Event] = {}
+        self._arrivals: dict[tuple[str, int], asyncio.Future[None]] = {}
         self.metrics = metrics
         self._handlers: dict[int, Callable[[Command, int], Awaitable[Command]]] = {
             p.GET_ROUTEINFO_BY_TOPIC: self.route,
@@ -148,9 +148,9 @@ class ReplayBroker:
     def arrived(self, queues: set[tuple[str, int]]) -> None:
         """Wake the pulls held on ``queues``: their archive grew."""
         for queue in queues:
-            event = self._arrivals.pop(queue, None)
-            if event is not None:
-                event.set()
+            arrival = self._arrivals.pop(queue, None)
+            if arrival is not None and not arrival.done():
+                arrival.set_result(None)
 
     # --- name server and client management ---------------------------------------
 
@@ -214,13 +214,13 @@ class ReplayBroker:
             if commit >= 0:
                 self.offsets.commit(group, topic, queue_id, commit)
         # taken before the read: records arriving during it wake this pull
-        arrival = self._arrivals.setdefault((topic, queue_id), asyncio.Event())
-        got = await self._run(self.source.pull, topic, queue_id, offset, max_count, max_bytes)
+        arrival = self._arrival((topic, queue_id))
+        got = await self._read(topic, queue_id, offset, max_count, max_bytes)
         code = _pull_code(got, offset)
         if code == p.PULL_NOT_FOUND and flags & p.FLAG_SUSPEND:
             await self._hold(req, arrival)
             # then the pull runs again, as the broker runs it, without suspending
-            got = await self._run(self.source.pull, topic, queue_id, offset, max_count, max_bytes)
+            got = await self._read(topic, queue_id, offset, max_count, max_bytes)
             code = _pull_code(got, offset)
         if self.metrics is not None:
             self.metrics.messages.inc(got.count)
@@ -229,7 +229,24 @@ class ReplayBroker:
                "maxOffset": str(got.max_offset), "suggestWhichBrokerId": "0"}
         return response(req, code, remark=got.status, ext=ext, body=got.body)
 
-    async def _hold(self, req: Command, arrival: asyncio.Event) -> None:
+    async def _read(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int) -> Pulled:
+        """A pull's records: on the event loop when nothing needs reading
+        (most pulls: the records are in a window already), else on a read
+        thread, as handing a pull to a thread costs more than cutting it."""
+        got = self.source.pull_cached(topic, queue_id, offset, max_count, max_bytes)
+        if got is None:
+            got = await self._run(self.source.pull, topic, queue_id, offset, max_count, max_bytes)
+        return got
+
+    def _arrival(self, queue: tuple[str, int]) -> asyncio.Future[None]:
+        """The future the queue's next growth completes, shared by every pull
+        held on the queue (no task or event per held pull)."""
+        arrival = self._arrivals.get(queue)
+        if arrival is None:
+            arrival = self._arrivals[queue] = asyncio.get_running_loop().create_future()
+        return arrival
+
+    async def _hold(self, req: Command, arrival: asyncio.Future[None]) -> None:
         """Hold a suspended pull that found nothing: until its queue grows or
         suspendTimeoutMillis passes (PullRequestHoldService), or for the short
         polling time when nothing can arrive (longPollingEnable=false)."""
@@ -238,10 +255,7 @@ class ReplayBroker:
         try:
             if self.limits.long_polling:
                 timeout = min(max(number(req, "suspendTimeoutMillis", default=0), 0) / 1000, MAX_HOLD_S)
-                try:
-                    await asyncio.wait_for(arrival.wait(), timeout)
-                except asyncio.TimeoutError:
-                    pass
+                await _first(arrival, timeout)
             else:
                 await self.sleep(self.limits.hold_s)
         finally:
@@ -299,6 +313,25 @@ class ReplayBroker:
         topic, queue_id = self._queue(req)
         timestamp = await self._run(self.source.earliest_store_ms, topic, queue_id)
         return response(req, p.SUCCESS, ext={"timestamp": str(timestamp)})
+
+
+async def _first(arrival: asyncio.Future[None], timeout: float) -> None:
+    """Until ``arrival`` completes or ``timeout`` seconds pass: one timer and
+    one callback, where ``wait_for`` would add a task per held pull."""
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    arrival.add_done_callback(wake)
+    timer = loop.call_later(timeout, wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        arrival.remove_done_callback(wake)
 
 
 def _pull_code(got: Pulled, requested: int) -> int:

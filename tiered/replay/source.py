@@ -9,7 +9,10 @@ The catalog and manifests are read when the source is built and again by
 each ``refresh``, which swaps in a whole new snapshot: a read in flight
 finishes on the snapshot it started on. Reads run on a thread pool: each
 thread has its own ``ColdReader`` over the current snapshot's fully loaded
-``Archive`` (only read after loading).
+``Archive`` (only read after loading). A pull reads a window of records
+ahead (tiered/replay/window.py); ``pull_cached`` answers, without reading,
+every pull that the manifests or a window already answer, so the server
+runs it on the event loop and only sends the rest to the read threads.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from tiered.archive.manifest import Manifest
 from tiered.archive.storage import ObjectStore
 from tiered.errors import TieredError
 from tiered.query.reader import Archive, ColdReader, QueueRef, ReadStatus, discover
+from tiered.replay.window import WINDOW_RECORDS, WindowCache, read_window, window_of
 
 # DefaultMessageStore's GetMessageStatus names (sent as the pull's remark)
 FOUND = "FOUND"
@@ -65,12 +69,13 @@ class Snapshot:
 
 
 class ArchiveSource:
-    def __init__(self, store: ObjectStore, cluster: str, broker: str) -> None:
+    def __init__(self, store: ObjectStore, cluster: str, broker: str, *, windows: WindowCache | None = None) -> None:
         self.store = store
         self.cluster = cluster
         self.broker = broker
         self._snap = self._load()
         self._local = threading.local()
+        self.windows = windows or WindowCache()
 
     def _load(self) -> Snapshot:
         archive = Archive(store=self.store, brokers=[(self.cluster, self.broker)])
@@ -122,15 +127,28 @@ class ArchiveSource:
 
     def pull(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int) -> Pulled:
         """``getMessage``'s rules: out-of-range offsets get a status and the
-        corrected next offset; gaps the archive recorded are stepped over."""
+        corrected next offset; gaps the archive recorded are stepped over.
+        May read the archive: run it off the event loop."""
+        got = self._pull(topic, queue_id, offset, max_count, max_bytes, read=True)
+        assert got is not None
+        return got
+
+    def pull_cached(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int) -> Pulled | None:
+        """``pull``'s answer when it needs no read of the archive (the
+        manifests answer it, or a window holds its records), else None."""
+        return self._pull(topic, queue_id, offset, max_count, max_bytes, read=False)
+
+    def _pull(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int, *,
+              read: bool) -> Pulled | None:
         snap = self._snap  # one snapshot for the whole pull
+        m = self.manifest(topic, queue_id, snap)
         lo, hi = self.min_offset(topic, queue_id, snap), self.max_offset(topic, queue_id, snap)
 
         def result(status: str, next_offset: int, body: bytes = b"", count: int = 0) -> Pulled:
             return Pulled(status=status, body=body, count=count, next_offset=next_offset, min_offset=lo,
                           max_offset=hi)
 
-        if self.manifest(topic, queue_id, snap) is None:
+        if m is None:
             return result(NO_MATCHED_LOGIC_QUEUE, 0)
         if hi == 0:
             return result(NO_MESSAGE_IN_QUEUE, 0)
@@ -140,15 +158,37 @@ class ArchiveSource:
             return result(OFFSET_OVERFLOW_ONE, offset)
         if offset > hi:
             return result(OFFSET_OVERFLOW_BADLY, hi)
+        seg = m.segment_for(offset)
+        cut = None if seg is None else self.windows.cut(topic, queue_id, seg, offset, max_count, max_bytes)
+        if cut is not None:
+            return result(FOUND, offset + cut[1], cut[0], cut[1])
+        if not read:
+            return None
+        count, nbytes = max(max_count, WINDOW_RECORDS), max(max_bytes, self.windows.window_bytes(len(snap.manifests)))
+        if seg is not None:
+            window = read_window(self.store, seg, topic=topic, queue_id=queue_id, start=offset, max_count=count,
+                                 max_bytes=nbytes)
+            if window is not None:
+                self.windows.add(topic, queue_id, window)
+                cut = window.cut(offset, min(max_count, seg.q_end - offset), max_bytes)
+                assert cut is not None  # the window was read with the pull's limits or larger ones
+                return result(FOUND, offset + cut[1], cut[0], cut[1])
         ref = self._ref(topic, queue_id)
         reader = self._reader(snap)
-        res = reader.read(ref, offset, max_count=max_count, max_bytes=max_bytes)
+        start = offset
+        res = reader.read(ref, start, max_count=count, max_bytes=nbytes)
         while res.status is ReadStatus.OFFSET_IN_GAP:  # never archived: serve what follows
-            res = reader.read(ref, res.next_offset, max_count=max_count, max_bytes=max_bytes)
+            start = res.next_offset
+            res = reader.read(ref, start, max_count=count, max_bytes=nbytes)
         if res.status is not ReadStatus.FOUND:  # a gap running to the end
             return result(OFFSET_OVERFLOW_ONE, res.next_offset)
-        body = b"".join(r.raw for r in res.records)  # views of one buffer: copied once, here
-        return result(FOUND, res.next_offset, body, len(res.records))
+        seg = m.segment_for(start)
+        assert seg is not None  # records were found there
+        window = window_of(seg, res.records, start, max_count=count, max_bytes=nbytes)
+        self.windows.add(topic, queue_id, window)
+        cut = window.cut(start, min(max_count, seg.q_end - start), max_bytes)
+        assert cut is not None  # the window was read with the pull's limits or larger ones
+        return result(FOUND, start + cut[1], cut[0], cut[1])
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int, upper: bool = False) -> int:
         """``getOffsetInQueueByTime`` (RocketMQ 5.x): the lower boundary is the
