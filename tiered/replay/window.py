@@ -154,7 +154,7 @@ class WindowCache:
             self._lru[key] = window
             self._by_queue.setdefault((topic, queue_id), []).append(window)
             self._bytes += len(window.data)
-            while self._bytes > self.max_bytes and len(self._lru) > 1:
+            while self._bytes > self.max_bytes:  # a window larger than the cache is not kept
                 self._drop(next(iter(self._lru)))
 
     def _drop(self, key: tuple[str, int, int]) -> None:
