@@ -41,6 +41,10 @@ MAX_PULL_BYTES = 256 * 1024
 SHORT_POLLING_S = 1.0
 # a suspended pull is held at most this long, whatever suspendTimeoutMillis asks
 MAX_HOLD_S = 60.0
+# how often held pulls are checked for their suspend timeout, by one task for
+# all of them (the broker's PullRequestHoldService checks every 5 s): cheaper
+# than a timer per held pull, which is most of what an idle consumer costs
+HOLD_CHECK_S = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +101,9 @@ class ReplayBroker:
         self.consumers = Consumers()
         self.locks = QueueLocks(now_ms or offsets.now_ms)
         self._arrivals: dict[tuple[str, int], asyncio.Future[None]] = {}
+        # held pulls by queue: each one's waiter and its deadline (loop time)
+        self._held: dict[tuple[str, int], dict[asyncio.Future[None], float]] = {}
+        self._expiry: asyncio.Task[None] | None = None
         self.metrics = metrics
         self._handlers: dict[int, Callable[[Command, int], Awaitable[Command]]] = {
             p.GET_ROUTEINFO_BY_TOPIC: self.route,
@@ -151,6 +158,9 @@ class ReplayBroker:
             arrival = self._arrivals.pop(queue, None)
             if arrival is not None and not arrival.done():
                 arrival.set_result(None)
+            for waiter in self._held.get(queue, {}):
+                if not waiter.done():
+                    waiter.set_result(None)
 
     # --- name server and client management ---------------------------------------
 
@@ -218,11 +228,11 @@ class ReplayBroker:
         got = await self._read(topic, queue_id, offset, max_count, max_bytes)
         code = _pull_code(got, offset)
         if code == p.PULL_NOT_FOUND and flags & p.FLAG_SUSPEND:
-            await self._hold(req, arrival)
+            await self._hold(req, (topic, queue_id), arrival)
             # then the pull runs again, as the broker runs it, without suspending
             got = await self._read(topic, queue_id, offset, max_count, max_bytes)
             code = _pull_code(got, offset)
-        if self.metrics is not None:
+        if self.metrics is not None and got.count:
             self.metrics.messages.inc(got.count)
             self.metrics.bytes.inc(len(got.body))
         ext = {"nextBeginOffset": str(got.next_offset), "minOffset": str(got.min_offset),
@@ -239,28 +249,57 @@ class ReplayBroker:
         return got
 
     def _arrival(self, queue: tuple[str, int]) -> asyncio.Future[None]:
-        """The future the queue's next growth completes, shared by every pull
-        held on the queue (no task or event per held pull)."""
+        """The future the queue's next growth completes: a pull takes it
+        before it reads, so records arriving during a read wake it too."""
         arrival = self._arrivals.get(queue)
         if arrival is None:
             arrival = self._arrivals[queue] = asyncio.get_running_loop().create_future()
         return arrival
 
-    async def _hold(self, req: Command, arrival: asyncio.Future[None]) -> None:
+    async def _hold(self, req: Command, queue: tuple[str, int], arrival: asyncio.Future[None]) -> None:
         """Hold a suspended pull that found nothing: until its queue grows or
-        suspendTimeoutMillis passes (PullRequestHoldService), or for the short
-        polling time when nothing can arrive (longPollingEnable=false)."""
+        suspendTimeoutMillis passes (PullRequestHoldService, checked every
+        HOLD_CHECK_S), or for the short polling time when nothing can arrive
+        (longPollingEnable=false)."""
         if self.metrics is not None:
             self.metrics.held.inc()
         try:
-            if self.limits.long_polling:
-                timeout = min(max(number(req, "suspendTimeoutMillis", default=0), 0) / 1000, MAX_HOLD_S)
-                await _first(arrival, timeout)
-            else:
+            if not self.limits.long_polling:
                 await self.sleep(self.limits.hold_s)
+                return
+            timeout = min(max(number(req, "suspendTimeoutMillis", default=0), 0) / 1000, MAX_HOLD_S)
+            if timeout <= 0 or arrival.done():
+                return
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+            held = self._held.setdefault(queue, {})
+            held[waiter] = loop.time() + timeout
+            if self._expiry is None:
+                self._expiry = loop.create_task(self._expire())
+            try:
+                await waiter
+            finally:
+                del held[waiter]
+                if not held and self._held.get(queue) is held:
+                    del self._held[queue]
         finally:
             if self.metrics is not None:
                 self.metrics.held.dec()
+
+    async def _expire(self) -> None:
+        """Answer the held pulls whose suspend timeout has passed; runs while
+        any pull is held, so an idle server with none does no periodic work."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self._held:
+                await asyncio.sleep(HOLD_CHECK_S)
+                now = loop.time()
+                for held in list(self._held.values()):
+                    for waiter, deadline in held.items():
+                        if deadline <= now and not waiter.done():
+                            waiter.set_result(None)
+        finally:
+            self._expiry = None
 
     # --- consumer offsets -----------------------------------------------------------------
 
@@ -313,25 +352,6 @@ class ReplayBroker:
         topic, queue_id = self._queue(req)
         timestamp = await self._run(self.source.earliest_store_ms, topic, queue_id)
         return response(req, p.SUCCESS, ext={"timestamp": str(timestamp)})
-
-
-async def _first(arrival: asyncio.Future[None], timeout: float) -> None:
-    """Until ``arrival`` completes or ``timeout`` seconds pass: one timer and
-    one callback, where ``wait_for`` would add a task per held pull."""
-    loop = asyncio.get_running_loop()
-    waiter = loop.create_future()
-
-    def wake(_: object = None) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
-
-    arrival.add_done_callback(wake)
-    timer = loop.call_later(timeout, wake)
-    try:
-        await waiter
-    finally:
-        timer.cancel()
-        arrival.remove_done_callback(wake)
 
 
 def _pull_code(got: Pulled, requested: int) -> int:

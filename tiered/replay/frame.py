@@ -47,6 +47,8 @@ _I32 = struct.Struct(">i")
 _FIXED = struct.Struct(">hbhii")  # code, language, version, opaque, flag
 _I16 = struct.Struct(">h")
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+# one encoder for every header: json.dumps with separators builds one a call
+_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,7 +211,7 @@ def _json_header(cmd: Command) -> bytes:
     if cmd.remark is not None:
         doc["remark"] = cmd.remark
     # ASCII with \u escapes: a lone surrogate a client sent (and a remark repeats) stays encodable
-    return json.dumps(doc, separators=(",", ":")).encode("ascii")
+    return _JSON_ENCODER.encode(doc).encode("ascii")
 
 
 def _binary_str(value: str, size: struct.Struct) -> bytes:
