@@ -13,9 +13,9 @@ messages of ``--body`` bytes over 16 queues (``StoreWriter``), archives it to
   the one-consumer pass (the Python client shares the machine);
 - idle consumers: ``--idle`` connections each holding a suspended pull at
   the end of a queue (15 s suspend timeout, sent again when answered, as a
-  subscribed consumer does): replay's CPU (user + system, from /proc) over
-  ``--idle-seconds`` (default 30: two suspend timeouts, so the answers
-  counted are the steady rate) as a share of one core (goal: at most 1 %),
+  subscribed consumer does; the first pulls spread over one timeout, so the
+  answers come at their steady rate): replay's CPU (user + system, from
+  /proc) over ``--idle-seconds`` as a share of one core (goal: at most 1 %),
   and its RSS before and with them (goal: at most 100 MiB more); run
   ``--idle-runs`` times.
 
@@ -57,6 +57,7 @@ from tiered.store.storewriter import StoreWriter
 TOPIC = "BenchTopic"
 QUEUES = 16
 CLUSTER, BROKER = "BenchCluster", "bench-broker"
+SUSPEND_S = 15  # an idle consumer's suspend timeout (the Java push consumer's)
 
 
 def build(base: Path, messages: int, body: int) -> tuple[str, dict[int, int]]:
@@ -118,7 +119,7 @@ class Client:
 
 def pull_ext(q: int, offset: int, suspend: bool = False) -> dict[str, str]:
     return {"consumerGroup": "bench", "topic": TOPIC, "queueId": str(q), "queueOffset": str(offset),
-            "maxMsgNums": "32", "sysFlag": "2" if suspend else "0", "suspendTimeoutMillis": "15000"}
+            "maxMsgNums": "32", "sysFlag": "2" if suspend else "0", "suspendTimeoutMillis": str(SUSPEND_S * 1000)}
 
 
 def consumer(address: str, queues: list[int]) -> tuple[int, int]:
@@ -168,9 +169,11 @@ def idle(address: str, pid: int, ends: dict[int, int], n: int, seconds: float) -
     clients = [Client(address) for _ in range(n)]
     sel = selectors.DefaultSelector()
     for i, c in enumerate(clients):
+        # spread over one suspend timeout, as consumers started at different times:
+        # then any stretch of time sees the steady rate of answers
         c.send(11, pull_ext(i % QUEUES, ends[i % QUEUES], suspend=True))
         sel.register(c.sock, selectors.EVENT_READ, c)
-    time.sleep(2)  # every pull is held by now
+        time.sleep(SUSPEND_S / n)
     cpu0, t0, answered = proc_cpu_s(pid), time.monotonic(), 0
     while (left := seconds - (time.monotonic() - t0)) > 0:
         for key, _ in sel.select(timeout=left):
