@@ -12,8 +12,12 @@ The cache is bounded: at most ``CACHE_BYTES`` of windows, the least recently
 used dropped first. A window is at most the cache's share of one served
 queue (and ``WINDOW_BYTES``), so every served queue read at once keeps a
 window until its consumer gets to it, rather than a read ahead being dropped
-unread. Segments are sealed and never change, so a window is valid as long
-as the snapshot still has its segment (it is keyed by the segment's object).
+unread. A window is never smaller than the pull that reads it (up to 256 KiB,
+the broker's byte cap), so with more than 256 queues read at once in turn
+windows can be dropped before they are read to the end, and a pull then
+reads more than it serves. Segments are sealed and never change, so a
+window is valid as long as the snapshot still has its segment (it is keyed
+by the segment's object).
 """
 
 from __future__ import annotations
