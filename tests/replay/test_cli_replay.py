@@ -30,10 +30,17 @@ def invoke(*args: str):  # noqa: ANN201
     return CliRunner().invoke(app, ["replay", *args], env={"COLUMNS": "200"})
 
 
-def test_an_archive_of_several_brokers_needs_one_named(two_brokers: str) -> None:
-    result = invoke("--cold", two_brokers)
+def test_one_broker_name_in_two_clusters_needs_one_named(two_brokers: str, tmp_path: Path) -> None:
+    """A route names a broker once (every archived broker of the URL is
+    served otherwise: tests/replay/test_multi_broker.py)."""
+    base = Path(two_brokers.removeprefix("file://")).parent
+    cold = tmp_path / "cold"
+    archive(base / "store", open_store(f"file://{cold}"), tmp_path / "state-a")
+    archive(base / "store", open_store(f"file://{cold}"), tmp_path / "state-b", cluster="OtherCluster")
+    result = invoke("--cold", f"file://{cold}")
     assert result.exit_code == 1
-    assert f"found {CLUSTER}/{BROKER}, {CLUSTER}/broker-y: choose one with --cluster and --broker" in result.output
+    assert f"broker name(s) {BROKER} archived in several clusters" in result.output
+    assert "choose one with --cluster and --broker" in result.output
 
 
 def test_the_named_broker_is_the_one_served(two_brokers: str) -> None:

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 from tiered.archive.manifest import Manifest
 from tiered.archive.storage import ObjectStore
-from tiered.errors import TieredError
-from tiered.query.reader import Archive, ColdReader, QueueRef, ReadStatus, discover
+from tiered.query.reader import Archive, ColdReader, QueueRef, ReadStatus
 
 # DefaultMessageStore's GetMessageStatus names (sent as the pull's remark)
 FOUND = "FOUND"
@@ -41,18 +40,6 @@ class Pulled:
     next_offset: int
     min_offset: int
     max_offset: int
-
-
-def pick_broker(store: ObjectStore, cluster: str | None, broker: str | None) -> tuple[str, str]:
-    """The one archived (cluster, broker) to serve: the one named, or the
-    only one under the root."""
-    found = discover(store, cluster, broker)
-    if cluster and broker:
-        return cluster, broker
-    if len(found) != 1:
-        names = ", ".join(f"{c}/{b}" for c, b in found) or "none"
-        raise TieredError(f"replay serves one archived broker; found {names}: choose one with --cluster and --broker")
-    return found[0]
 
 
 @dataclass(frozen=True, kw_only=True)
