@@ -210,8 +210,9 @@ def replay(
         "--listen", help="HOST:PORT to serve on, as name server and broker; further archived brokers on the "
                     "next ports (port 0: free ones).")] = None,
     start: Annotated[Optional[list[str]], typer.Option(
-        "--start", help="GROUP=earliest|latest|TIME: where a group with no committed offset starts "
-                        "(default earliest; TIME as ISO 8601 or epoch ms; repeatable).")] = None,
+        "--start", help="GROUP=earliest|latest|client|TIME: where a group with no committed offset starts "
+                        "(default earliest; client: the client's consumeFromWhere; TIME as ISO 8601 or epoch ms; "
+                        "repeatable).")] = None,
     metrics_port: Annotated[Optional[int], typer.Option(
         "--metrics-port", help="HTTP port for /metrics, /healthz, /readyz (default metrics.port; 0: a free one).")] = None,
     follow_interval: Annotated[str, typer.Option(

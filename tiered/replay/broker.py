@@ -26,7 +26,7 @@ from tiered.replay.offsets import GroupOffsets, check_name
 from tiered.replay.protocol import number, response, text
 from tiered.replay.registry import Registry
 from tiered.replay.route import RouteBroker, route_body
-from tiered.replay.start import LATEST, TIME, Start
+from tiered.replay.start import CLIENT, LATEST, TIME, Start
 from tiered.replay.source import (FOUND, NO_MATCHED_LOGIC_QUEUE, NO_MESSAGE_IN_QUEUE, OFFSET_OVERFLOW_BADLY,
                                   OFFSET_OVERFLOW_ONE, OFFSET_TOO_SMALL, ArchiveSource, Pulled)
 
@@ -263,7 +263,8 @@ class ReplayBroker:
         if not self.offsets.loaded(group):
             await self._run(self.offsets.load, group)
         stored = self.offsets.get(group, topic, queue_id)
-        if stored is None and req.ext.get("setZeroIfNotFound", "").lower() == "false":
+        client_decides = self.starts.get(group, Start()).where == CLIENT
+        if stored is None and (client_decides or req.ext.get("setZeroIfNotFound", "").lower() == "false"):
             return response(req, p.QUERY_NOT_FOUND, remark="Not found, do not set to zero, maybe this group boot first")
         offset = stored if stored is not None else await self._start(group, topic, queue_id)
         return response(req, p.SUCCESS, ext={"offset": str(offset)})
