@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 from tiered.archive.manifest import Manifest
 from tiered.archive.storage import ObjectStore
+from tiered.query.batchread import is_batch
 from tiered.query.reader import Archive, ColdReader, QueueRef, ReadStatus
+from tiered.replay import batchqueue
 
 # DefaultMessageStore's GetMessageStatus names (sent as the pull's remark)
 FOUND = "FOUND"
@@ -63,8 +65,7 @@ class ArchiveSource:
         archive = Archive(store=self.store, brokers=[(self.cluster, self.broker)])
         refs = archive.queues()
         manifests = archive.manifests(refs)
-        # BatchCQ queues hold records of several messages each: not served by this slice
-        served = {(r.topic, r.queue_id): m for r, m in manifests.items() if not any(s.batch for s in m.segments)}
+        served = {(r.topic, r.queue_id): m for r, m in manifests.items()}
         topics: dict[str, int] = {}
         for topic, qid in served:
             topics[topic] = max(topics.get(topic, 0), qid + 1)
@@ -100,11 +101,15 @@ class ArchiveSource:
         m = self.manifest(topic, queue_id, snap)
         if m is None:
             return 0
+        if is_batch(m):  # BatchCQ: offsets count messages (tiered/replay/batchqueue.py)
+            return batchqueue.bounds(m)[0]
         return m.segments[0].q_start if m.segments else m.next_offset
 
     def max_offset(self, topic: str, queue_id: int, snap: Snapshot | None = None) -> int:
         """The offset after the last archived record, as the broker's max offset."""
         m = self.manifest(topic, queue_id, snap)
+        if m is not None and is_batch(m):
+            return batchqueue.bounds(m)[1]
         return 0 if m is None else m.next_offset
 
     def pull(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int) -> Pulled:
@@ -129,6 +134,12 @@ class ArchiveSource:
             return result(OFFSET_OVERFLOW_BADLY, hi)
         ref = self._ref(topic, queue_id)
         reader = self._reader(snap)
+        m = self.manifest(topic, queue_id, snap)
+        if m is not None and is_batch(m):
+            got = batchqueue.pull(reader, ref, m, offset, max_count, max_bytes)
+            if got is None:
+                return result(OFFSET_OVERFLOW_ONE, hi)
+            return result(FOUND, got.next_offset, got.body, got.messages)
         res = reader.read(ref, offset, max_count=max_count, max_bytes=max_bytes)
         while res.status is ReadStatus.OFFSET_IN_GAP:  # never archived: serve what follows
             res = reader.read(ref, res.next_offset, max_count=max_count, max_bytes=max_bytes)
@@ -146,17 +157,26 @@ class ArchiveSource:
             return 0
         ref = self._ref(topic, queue_id)
         if not upper:
-            found = self._reader().offset_for_time(ref, timestamp_ms)
-            return 0 if found is None else found
-        after = self._reader().offset_for_time(ref, timestamp_ms + 1)
-        if after is None or after <= self.min_offset(topic, queue_id):
+            return self._lower(ref, timestamp_ms)
+        after = self._lower(ref, timestamp_ms + 1)
+        if after <= self.min_offset(topic, queue_id):
             return 0
         return after - 1
+
+    def _lower(self, ref: QueueRef, timestamp_ms: int) -> int:
+        """The first offset stored at or after the time (the max offset when all are older)."""
+        m = self.manifest(ref.topic, ref.queue_id)
+        if m is not None and is_batch(m):
+            return batchqueue.offset_for_time(self._reader(), ref, m, timestamp_ms)
+        found = self._reader().offset_for_time(ref, timestamp_ms)
+        return 0 if found is None else found
 
     def earliest_store_ms(self, topic: str, queue_id: int) -> int:
         """The store time of the first archived record; -1 when there is none."""
         lo, hi = self.min_offset(topic, queue_id), self.max_offset(topic, queue_id)
         if self.manifest(topic, queue_id) is None or lo >= hi:
             return -1
-        res = self._reader().read(self._ref(topic, queue_id), lo, max_count=1)
+        m = self.manifest(topic, queue_id)
+        first = m.segments[0].q_start if m is not None and is_batch(m) else lo  # BatchCQ: the first entry
+        res = self._reader().read(self._ref(topic, queue_id), first, max_count=1)
         return res.records[0].store_timestamp if res.records else -1
