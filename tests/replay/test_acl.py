@@ -233,6 +233,34 @@ def test_the_cpp_client_gets_everything_only_with_the_right_secret(archived: Arc
         (q, o) for (t, q, o) in archived.messages if t == "Audit")
 
 
+def test_a_push_consumer_with_the_right_secret_gets_every_message(archived: Archived, guarded: Replay) -> None:
+    """Heartbeats (signed with their body), consumer lists and offset commits
+    pass the ACL too: the push consumer's whole cycle."""
+    import threading
+
+    want = sorted((q, o) for (t, q, o) in archived.messages if t == "Orders")
+    got: list[tuple[int, int]] = []
+    done = threading.Event()
+
+    def on_message(m) -> None:  # noqa: ANN001
+        got.append((m.queue_id, m.queue_offset))
+        if len(got) >= len(want):
+            done.set()
+
+    consumer = rocketmq.PushConsumer("acl-push")
+    consumer.set_namesrv_addr(guarded.address)
+    consumer.set_session_credentials(ACCESS, SECRET, "LOCAL")
+    consumer.subscribe("Orders", on_message)
+    consumer.start()
+    try:
+        assert done.wait(60), f"received {len(got)} of {len(want)}"
+    finally:
+        consumer.shutdown()
+    assert sorted(got) == want
+    text = urllib.request.urlopen(guarded.metrics_url + "/metrics", timeout=10).read().decode()
+    assert 'tiered_replay_requests_total{outcome="success",request="heartbeat"}' in text
+
+
 def test_raw_frames_get_no_permission_and_nothing_else(guarded: Replay) -> None:
     raw = Raw(guarded.address)
     try:
