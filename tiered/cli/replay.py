@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any, Optional
 
@@ -27,8 +28,10 @@ from tiered.cli.wiring import archive_store, setup_logging, shown_url
 from tiered.clock import SystemClock
 from tiered.config import parse_duration
 from tiered.errors import TieredError
-from tiered.replay.broker import Limits, ReplayBroker
 from tiered.metrics import MetricsServer
+from tiered.replay.acl import Acl
+from tiered.replay.broker import Limits, ReplayBroker
+from tiered.replay.lag import GroupLagCollector
 from tiered.replay.metrics import ReplayMetrics
 from tiered.replay.offsets import GroupOffsets
 from tiered.replay.server import ReplayServer
@@ -44,6 +47,8 @@ READ_THREADS = 8
 # /healthz fails once the event loop has not beaten for this long
 LIVENESS_S = 30.0
 BEAT_S = 1.0
+# open client connections beyond which a new one is closed at once (bounded memory)
+MAX_CONNECTIONS = 4096
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -56,16 +61,18 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def exposure_warning(host: str) -> str | None:
-    """A warning when ``host`` is reachable from other machines: replay has
-    no access control yet, so whoever reaches it reads the whole archive."""
+def exposure_warning(host: str, acl: bool = False) -> str | None:
+    """A warning when ``host`` is reachable from other machines and no
+    ``--acl`` is given: whoever reaches it reads the whole archive."""
+    if acl:
+        return None
     try:
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = host == "localhost"
     if loopback:
         return None
-    return (f"replay listens on {host}, not a loopback address, and checks no credentials: "
+    return (f"replay listens on {host}, not a loopback address, and checks no credentials (no --acl): "
             "anyone who reaches it reads every archived message of the broker")
 
 
@@ -133,7 +140,8 @@ class Archived:
 
 
 async def _start_servers(served: list[Archived], host: str, ports: list[int], executor: ThreadPoolExecutor,
-                         metrics: ReplayMetrics, **broker_kw: Any) -> list[ReplayServer]:
+                         metrics: ReplayMetrics, *, acl: Acl | None, max_connections: int,
+                         **broker_kw: Any) -> list[ReplayServer]:
     """One listener per archived broker (a pull does not name its broker);
     every one answers routes naming them all."""
     registry = Registry()
@@ -143,7 +151,7 @@ async def _start_servers(served: list[Archived], host: str, ports: list[int], ex
             registry.add(one.source, address)
             return ReplayBroker(one.source, one.offsets, address=address, executor=executor, metrics=metrics,
                                 registry=registry, **broker_kw)
-        server = ReplayServer(broker_for, host, at, metrics=metrics)
+        server = ReplayServer(broker_for, host, at, metrics=metrics, acl=acl, max_connections=max_connections)
         try:
             await server.start()
         except OSError:
@@ -155,13 +163,15 @@ async def _start_servers(served: list[Archived], host: str, ports: list[int], ex
 
 
 async def run(served: list[Archived], host: str, ports: list[int], *,
-              starts: dict[str, Start], follow_s: float, metrics_addr: tuple[str, int]) -> None:
+              starts: dict[str, Start], follow_s: float, metrics_addr: tuple[str, int], acl: Acl | None = None,
+              max_connections: int = MAX_CONNECTIONS) -> None:
     """Serve until SIGTERM or SIGINT, following the archive every ``follow_s``
     (0: never) and writing offsets every few seconds and at the end; metrics
     and probes on ``metrics_addr``."""
     executor = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="replay-read")
     registry = CollectorRegistry()
     metrics = ReplayMetrics(registry)
+    registry.register(GroupLagCollector([(one.source, one.offsets) for one in served]))
     limits = Limits(long_polling=follow_s > 0)
     liveness = Liveness()
     probes = MetricsServer(registry, host=metrics_addr[0], port=metrics_addr[1], alive=liveness.alive,
@@ -170,7 +180,8 @@ async def run(served: list[Archived], host: str, ports: list[int], *,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    servers = await _start_servers(served, host, ports, executor, metrics, starts=starts, limits=limits)
+    servers = await _start_servers(served, host, ports, executor, metrics, acl=acl, max_connections=max_connections,
+                                   starts=starts, limits=limits)
     probes.start()
     tasks = [asyncio.create_task(liveness.run())]
     if follow_s > 0:
@@ -218,6 +229,12 @@ def replay(
     follow_interval: Annotated[str, typer.Option(
         "--follow-interval", help="How often to read the archive again for newly archived records (one GET per "
                                   "queue); 0 serves the archive as it was at start.")] = "10s",
+    acl: Annotated[Optional[Path], typer.Option(
+        "--acl", envvar="TIERED_REPLAY__ACL",
+        help="RocketMQ ACL 1.0 plain_acl.yml: every request must be signed by one of its accounts.")] = None,
+    max_connections: Annotated[int, typer.Option(
+        "--max-connections", envvar="TIERED_REPLAY__MAX_CONNECTIONS", min=0,
+        help="Open client connections beyond which a new one is closed at once (0: no cap).")] = MAX_CONNECTIONS,
 ) -> None:
     """Serve the archive to unmodified RocketMQ clients: a read-only broker and name server.
 
@@ -237,7 +254,11 @@ def replay(
         follow_s = follow_seconds(follow_interval)
     except ValueError as exc:
         fail(str(exc), 2)
-    warning = exposure_warning(host)
+    try:
+        access = Acl.load(acl) if acl is not None else None
+    except TieredError as exc:
+        fail(str(exc), 2)
+    warning = exposure_warning(host, acl=access is not None)
     if warning:
         log.warning(warning)
     given = settings.model_fields_set
@@ -260,6 +281,7 @@ def replay(
     try:
         asyncio.run(run(served, host, ports, starts=starts, follow_s=follow_s,
                         metrics_addr=(settings.metrics.host,
-                                      settings.metrics.port if metrics_port is None else metrics_port)))
+                                      settings.metrics.port if metrics_port is None else metrics_port),
+                        acl=access, max_connections=max_connections))
     except OSError as exc:
         fail(f"--listen {host}:{port}: {exc.strerror or exc}")

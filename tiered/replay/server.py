@@ -14,10 +14,12 @@ import itertools
 import logging
 from collections.abc import Callable
 
-from tiered.errors import BadFrameError
+from tiered.errors import BadFrameError, BadRequestError
+from tiered.replay.acl import Acl
 from tiered.replay.broker import ReplayBroker
 from tiered.replay.frame import Command, decode, encode_head, frame_length
 from tiered.replay.metrics import ReplayMetrics
+from tiered.replay.protocol import response
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +28,11 @@ MAX_INFLIGHT = 64
 
 class ReplayServer:
     def __init__(self, broker_for: Callable[[str], ReplayBroker], host: str, port: int,
-                 metrics: ReplayMetrics | None = None) -> None:
+                 metrics: ReplayMetrics | None = None, acl: Acl | None = None, max_connections: int = 0) -> None:
         """``broker_for(address)`` builds the broker once the bound address
-        (the one the route advertises) is known: port 0 picks a free one."""
+        (the one the route advertises) is known: port 0 picks a free one.
+        With ``acl`` every request is checked before it runs; beyond
+        ``max_connections`` open connections (0: no cap) a new one is closed."""
         self._broker_for = broker_for
         self.host = host
         self.port = port
@@ -37,6 +41,8 @@ class ReplayServer:
         self._ids = itertools.count(1)
         self._conns: set[asyncio.Task[None]] = set()
         self.metrics = metrics
+        self.acl = acl
+        self.max_connections = max_connections
 
     async def start(self) -> str:
         self._server = await asyncio.start_server(self._connection, self.host, self.port)
@@ -57,9 +63,16 @@ class ReplayServer:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None and self.broker is not None
+        peer = writer.get_extra_info("peername")
+        if self.max_connections and len(self._conns) >= self.max_connections:
+            log.info("refusing the connection from %s: %d connections open", peer, len(self._conns))
+            if self.metrics is not None:
+                self.metrics.refused.inc()
+            writer.close()
+            return
         self._conns.add(task)
         conn = next(self._ids)
-        peer = writer.get_extra_info("peername")
+        host = str(peer[0]) if isinstance(peer, tuple) else ""
         inflight = asyncio.Semaphore(MAX_INFLIGHT)
         requests: set[asyncio.Task[None]] = set()
         if self.metrics is not None:
@@ -71,7 +84,7 @@ class ReplayServer:
                 if cmd.is_response:
                     continue  # replay sends no requests: a stray response is dropped
                 await inflight.acquire()
-                req = asyncio.create_task(self._serve(cmd, conn, writer, inflight))
+                req = asyncio.create_task(self._serve(cmd, conn, host, writer, inflight))
                 requests.add(req)
                 req.add_done_callback(requests.discard)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -89,11 +102,15 @@ class ReplayServer:
             self.broker.closed(conn)
             writer.close()
 
-    async def _serve(self, cmd: Command, conn: int, writer: asyncio.StreamWriter,
+    async def _serve(self, cmd: Command, conn: int, host: str, writer: asyncio.StreamWriter,
                      inflight: asyncio.Semaphore) -> None:
         try:
             assert self.broker is not None
-            resp = await self.broker.handle(cmd, conn)
+            resp = self._denied(cmd, host)
+            if resp is None:
+                resp = await self.broker.handle(cmd, conn)
+            elif cmd.is_oneway:
+                return
             if resp is None or writer.is_closing():
                 return
             # head and body written with no await between: frames never interleave
@@ -108,3 +125,17 @@ class ReplayServer:
             writer.close()
         finally:
             inflight.release()
+
+    def _denied(self, cmd: Command, host: str) -> Command | None:
+        """The NO_PERMISSION answer when the ACL refuses ``cmd`` (None when it
+        may run): the request reaches no handler."""
+        if self.acl is None:
+            return None
+        try:
+            self.acl.check(cmd, host)
+            return None
+        except BadRequestError as exc:
+            log.debug("request %d from %s refused: %s", cmd.code, host, exc)
+            if self.metrics is not None:
+                self.metrics.request(cmd.code, exc.code)
+            return response(cmd, exc.code, remark=str(exc))
