@@ -3,7 +3,7 @@
 Commit = data objects first (stable names), then one conditional manifest
 write: ``IfNoneMatch: *`` for a queue's first manifest, ``IfMatch: <etag>``
 after. The manifest chunks a commit seals (tiered/archive/chunks.py) ride in
-the segment object uploaded for it (``carry``, then ``commit(carried=...)``),
+the segment object uploaded for it (``append``, tiered/archive/append.py),
 or, when the commit is not an upload's or its base changed, are objects of
 their own written before the head. A lost race (another writer, or the
 cleaner in this process) re-reads the manifest and re-applies the change, or
@@ -37,7 +37,8 @@ from tiered.errors import (ConflictError, CorruptRecordError, FormatVersionError
                            ObjectNotFoundError, PreconditionFailedError, StorageError, TieredError,
                            UnaccountedObjectsError)
 from tiered.format.jsonfile import read_json, write_json
-from tiered.archive import chunks, layout, segmeta
+from tiered.archive import chunks, layout
+from tiered.archive.append import SegmentParts, carry, gap_change, segment_change, upload
 from tiered.archive.catalog import DEFAULT_REFRESH_S, CatalogKeeper
 from tiered.archive.chunks import Carried, chunk_key
 from tiered.archive.filewrite import write_whole
@@ -614,6 +615,30 @@ class ColdTier:
 
     # --- writing -----------------------------------------------------------------
 
+    def append(self, topic: str, queue_id: int, base: Manifest | None, parts: SegmentParts) -> Manifest:
+        """Archive a built segment that continues ``base`` (None: the queue's
+        first): its objects, packed for its layout (v2 with the manifest
+        chunks this commit seals, its descriptor, its upload's checksum), then
+        the manifest naming it, written conditionally. Returns the committed
+        manifest; ConflictError when the archive no longer ends where
+        ``base`` did (nothing committed: the objects are rewritten alike by
+        the next attempt, or collected by the cleaner)."""
+        seg = parts.segment
+        history = (base.history if base is not None and base.history
+                   else self.history_for(topic, queue_id, base.first_offset if base is not None else seg.q_start))
+        gaps = base.gaps_before(seg.q_start) if base is not None else ()
+        carried = (carry(base, seg, parts.compression, topic, queue_id, self._chunk_loader(topic, queue_id))
+                   if seg.layout == 2 else None)
+        desc = self.descriptor(topic, queue_id, history, seg, gaps, carried)
+        seg = upload(self.store, parts, desc, carried)
+        return self.commit(topic, queue_id, segment_change(topic, queue_id, base, seg, history), carried=carried)
+
+    def append_gap(self, topic: str, queue_id: int, base: Manifest | None, gap: Gap) -> Manifest:
+        """Record ``gap`` (offsets never to be archived) where ``base`` ends,
+        conditionally; returns the committed manifest, ConflictError as ``append``."""
+        history = self.history_for(topic, queue_id, gap.q_start)
+        return self.commit(topic, queue_id, gap_change(topic, queue_id, base, gap, history))
+
     def commit(
         self,
         topic: str,
@@ -629,7 +654,7 @@ class ColdTier:
         returns the new one; it raises ConflictError when it no longer applies,
         and returns its argument itself when the change is already there (a
         commit whose response was lost, then re-read): nothing is written then.
-        ``carried``: chunks already written inside a segment object (``carry``);
+        ``carried``: chunks already written inside a segment object (``append``);
         a chunk the commit needs that is not among them is written on its own.
         """
         key = f"{queue_prefix(self.cluster, self.broker, topic, queue_id)}/{MANIFEST}"
@@ -685,35 +710,6 @@ class ColdTier:
         head = json.dumps(new.head_dict(plan.refs, plan.tail, carried=_carrying(new)), separators=(",", ":"),
                           sort_keys=True)
         return new, head.encode("utf-8")
-
-    def carry(self, topic: str, queue_id: int, base: Manifest | None, seg: Segment, compression: str) -> Carried:
-        """The chunks that committing ``seg`` (a layout v2 segment) on ``base``
-        seals, placed in ``seg``'s object: its upload carries them and the
-        commit references them there (``commit(carried=...)``), so sealing
-        costs no request. Deterministic: the same base and segment give the
-        same bytes, so a retried upload rewrites the object as it was."""
-        if base is None or seg.layout != 2:
-            return Carried()
-        if len(base.segments) - sum(r.live for r in base.chunks) < chunks.CHUNK_SEGMENTS:
-            # the inline tail cannot seal a chunk yet (the newest segment stays
-            # inline): no plan, which costs as much as the history, for 15
-            # commits in 16; the commit's own plan writes anything else
-            return Carried()
-        obj = seg.keys()[0]
-        at = segmeta.carried_at(seg, compression)
-        offset = at
-
-        def place(name: str, body: bytes) -> str:
-            nonlocal offset
-            where = layout.section_key(obj, offset, len(body))
-            offset += len(body)
-            return where
-
-        plan = chunks.plan(base.chunks, base.segments, base.segments + (seg,), topic, queue_id,
-                           self._chunk_loader(topic, queue_id), place=place)
-        if not plan.writes:
-            return Carried()
-        return Carried(body=b"".join(body for _, body in plan.writes), at=at, places=dict(plan.placed))
 
     # --- catalog -----------------------------------------------------------------
 
