@@ -623,6 +623,10 @@ class ColdTier:
         manifest; ConflictError when the archive no longer ends where
         ``base`` did (nothing committed: the objects are rewritten alike by
         the next attempt, or collected by the cleaner)."""
+        # a queue the cache does not know is looked up before its first
+        # object is written: a lookup after it would adopt that object
+        # into a manifest rebuilt from the bucket (``current``)
+        self.current(topic, queue_id)
         seg = parts.segment
         history = (base.history if base is not None and base.history
                    else self.history_for(topic, queue_id, base.first_offset if base is not None else seg.q_start))
