@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2] / "tiered"
+ROOT = Path(__file__).resolve().parents[1] / "tiered"
 LOWER = ("store", "format", "archive")
 UPPER = ("tiered.dispatcher", "tiered.cleaner", "tiered.metrics", "tiered.query", "tiered.cli", "tiered.ops")
 
