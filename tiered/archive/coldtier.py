@@ -496,7 +496,8 @@ class ColdTier:
         the manifest naming it, written conditionally. Returns the committed
         manifest; ConflictError when the archive no longer ends where
         ``base`` did (nothing committed: the objects are rewritten alike by
-        the next attempt, or collected by the cleaner)."""
+        the next attempt, or collected by the cleaner). A v2 segment's
+        records buffer, a bytearray, becomes its object: not read again."""
         # a queue the cache does not know is looked up before its first
         # object is written: a lookup after it would adopt that object
         # into a manifest rebuilt from the bucket (``current``)
