@@ -14,22 +14,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from tiered.dispatcher.commitpass import BuildJob, PassOptions, PassStats, Planned, build_pass, build_segment
 from tiered.dispatcher.firststarts import FirstStarts, starts_path
 from tiered.dispatcher.segment import SEGMENT_BUFFERS, BuiltSegment
-from tiered.format.segbuffer import SegmentBuffer
 from tiered.clock import Clock
 from tiered.archive.coldtier import ColdTier, ConflictError
-from tiered.format.codec import crc32
 from tiered.format.lmq import is_lmq
 from tiered.errors import (CorruptRecordError, ExpiredLocallyError, FencedError, StoreBehindError, TieredError,
                            stuck_reason)
 from tiered.store.localstore import LocalStore
-from tiered.archive import segmeta
-from tiered.archive.manifest import Gap, Manifest, Segment, queue_prefix
+from tiered.archive.manifest import Gap, Manifest, queue_prefix
 from tiered.recorder import Recorder
 from tiered.timeparse import parse_time_ms
 
@@ -434,44 +431,10 @@ class QueueArchiver:
     ) -> Manifest:
         self.before_write()
         seg = built.segment
-        store = self.cold.store
-        history = (manifest.history if manifest is not None and manifest.history
-                   else self.cold.history_for(topic, queue_id, manifest.first_offset if manifest else seg.q_start))
-        gaps = manifest.gaps_before(seg.q_start) if manifest is not None else ()
-        carried = None
-        if seg.layout == 2:
-            # one PUT: records, entries, index, descriptor, and the manifest
-            # chunks this commit seals (carried: no request of their own)
-            carried = self.cold.carry(topic, queue_id, manifest, seg, built.compression)
-            desc = self.cold.descriptor(topic, queue_id, history, seg, gaps, carried)
-            packed = segmeta.pack_v2(built.commitlog, built.consumequeue, built.index, desc, built.compression,
-                                     consume=True, carried=carried.body)  # the built segment is not used again
-            store.put(seg.keys()[0], packed, crc=_object_crc(packed, seg, built.compression))
-            seg = replace(seg, stored_bytes=len(packed))  # the manifest knows it, the descriptor cannot
-            if packed is built.commitlog:  # uploaded: its mapped pages serve a next segment
-                SEGMENT_BUFFERS.give(packed)  # written: the upload, its last holder, is done with it
-        else:
-            desc = self.cold.descriptor(topic, queue_id, history, seg, gaps)
-            # The ConsumeQueue object last: its descriptor promises the others exist.
-            store.put(seg.commitlog_key, built.commitlog, crc=seg.commitlog_crc)  # the object is the segment's bytes
-            if built.index is not None and seg.index_key:
-                store.put(seg.index_key, built.index)
-            store.put(seg.consumequeue_key, segmeta.attach(built.consumequeue, desc))
-        base_next = manifest.next_offset if manifest else seg.q_start
-
-        def change(current: Manifest | None) -> Manifest:
-            if current is not None and current.segments and current.segments[-1] == seg:
-                return current  # our commit landed; its response was lost
-            if current is None and manifest is not None:
-                raise ConflictError(f"{topic}/{queue_id}: the manifest disappeared from the cold tier")
-            current = current or Manifest.empty(topic, queue_id, seg.q_start, history)
-            if current.next_offset != base_next or current.cl_next != seg.cl_start:
-                raise ConflictError(f"{topic}/{queue_id}: archive moved to {current.next_offset} meanwhile")
-            if current.history not in ("", history):
-                raise ConflictError(f"{topic}/{queue_id}: the manifest's history changed meanwhile")
-            return replace(current.with_segment(seg), history=history)
-
-        committed = self.cold.commit(topic, queue_id, change, carried=carried)
+        committed = self.cold.append(topic, queue_id, manifest, built)
+        if seg.layout == 2 and built.compression == "none":
+            # packed in place (a bytearray) and uploaded: its mapped pages serve a next segment
+            SEGMENT_BUFFERS.give(built.commitlog)  # committed: its last holder is done with it
         result.segments += 1
         result.messages += seg.messages
         result.nbytes += seg.nbytes
@@ -489,19 +452,8 @@ class QueueArchiver:
     ) -> Manifest:
         end = end if end is not None else start + 1
         self.before_write()
-        gap = Gap(start, end, reason, self.clock.now_ms(), detail[:500])
-
-        def change(current: Manifest | None) -> Manifest:
-            if current is not None and current.gaps and current.gaps[-1] == gap and current.next_offset == end:
-                return current  # our commit landed; its response was lost
-            if current is None and manifest is not None:
-                raise ConflictError(f"{topic}/{queue_id}: the manifest disappeared from the cold tier")
-            current = current or Manifest.empty(topic, queue_id, start, self.cold.history_for(topic, queue_id, start))
-            if current.next_offset != start:
-                raise ConflictError(f"{topic}/{queue_id}: archive moved to {current.next_offset} meanwhile")
-            return current.with_gap(gap)
-
-        committed = self.cold.commit(topic, queue_id, change)
+        committed = self.cold.append_gap(topic, queue_id, manifest,
+                                         Gap(start, end, reason, self.clock.now_ms(), detail[:500]))
         if reason == "expired_locally":
             self.recorder.gap(topic, queue_id, end - start)
             log.error("GAP: %s/%s offsets [%d, %d) were deleted locally before they were archived; "
@@ -519,13 +471,3 @@ class QueueArchiver:
             return
         self.recorder.cold_tier(topic, queue_id, manifest.nbytes, len(manifest.segments), manifest.min_store_ms)
 
-
-def _object_crc(packed: bytes | SegmentBuffer, seg: Segment, compression: str) -> int | None:
-    """The CRC-32 of a v2 object, for its upload's checksum: an uncompressed
-    one is the segment's bytes and a tail behind them, so it is the
-    segment's CRC (kept as its records were copied in) continued over the
-    tail, not all of it read again. None for a compressed one."""
-    if compression != "none":
-        return None
-    with memoryview(packed) as view:
-        return crc32(view[seg.nbytes:], seg.commitlog_crc)

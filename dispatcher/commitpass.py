@@ -249,7 +249,7 @@ def _read_heads(local: LocalStore, jobs: list[BuildJob], options: PassOptions) -
     after the start, and ``options.slack`` more, at most ``options.scan``."""
     n = len(jobs)
     scan, slack = options.scan, options.slack
-    files = [local._queue(job.topic, job.queue_id) for job in jobs]
+    files = [local.queue_files(job.topic, job.queue_id) for job in jobs]
     # per queue: plain Python lists, made arrays once (a numpy item set a queue costs more)
     start, bound, asked = [-1] * n, [NO_LIMIT] * n, [0] * n  # bound: the next file's start, relative
     read: list[int] = []
@@ -502,7 +502,7 @@ def _recheck_last(local: LocalStore, queues: list[_Queue], kept: np.ndarray | No
         spans = read_kept(kept, los, ns)  # and every file closed, due or not
         got, now = spans.got[due], spans.data.reshape(-1, CQ_ENTRY_SIZE)
     elif due:
-        paths = [local._queue(queues[i].job.topic, queues[i].job.queue_id).name(start)
+        paths = [local.queue_files(queues[i].job.topic, queues[i].job.queue_id).name(start)
                  for i, (start, _at, _seen) in zip(due, lasts)]
         spans = read_files(paths, np.fromiter((at for _s, at, _seen in lasts), np.int64, len(lasts)),
                            np.full(len(lasts), CQ_ENTRY_SIZE, np.int64))

@@ -13,7 +13,7 @@ import pytest
 
 from chunkkit import Recording, assert_older_readers_refuse, carried_docs, orphan_pass
 from dispatchkit import BROKER, CLUSTER, CountingRecorder, archive_all, assert_exact, new_dispatcher, new_writer, produce
-from tiered.archive import layout, segmeta
+from tiered.archive import coldtier, layout, segmeta
 from tiered.archive.chunks import CHUNK_DIR, CHUNK_SEGMENTS, Carried, ManifestChunkError
 from tiered.archive.coldtier import ColdTier
 from tiered.archive.manifest import CATALOG, MANIFEST, queue_prefix
@@ -246,7 +246,7 @@ def _descriptor_bytes(obj: bytes) -> bytes:
 
 @pytest.mark.parametrize("first_layout", [1, 2])
 def test_a_3_0_archive_with_standalone_chunks_is_read_and_continued(
-        cold_url, open_cold, tmp_path, clock, first_layout: int) -> None:
+        cold_url, open_cold, tmp_path, clock, first_layout: int, monkeypatch) -> None:  # noqa: ANN001
     """A 3.0 head (standalone chunks: layout v1's, or a v2 archive written
     before carriers, here committed without carrying) goes on in layout v2:
     new chunks are carried, the old ones stay where they are."""
@@ -255,9 +255,10 @@ def test_a_3_0_archive_with_standalone_chunks_is_read_and_continued(
     store = open_cold(cold_url)
     local = LocalStore(tmp_path / "store")
     d = dispatcher(store, local, tmp_path / "state", clock, layout=first_layout)
-    if first_layout == 2:
-        d.cold.carry = lambda *a, **k: Carried()  # type: ignore[method-assign]  # as a 3.0 tiered wrote v2
-    archive_all(d, local, [(TOPIC, 0)])
+    with monkeypatch.context() as patch:
+        if first_layout == 2:
+            patch.setattr(coldtier, "carry", lambda *a, **k: Carried())  # as a 3.0 tiered wrote v2
+        archive_all(d, local, [(TOPIC, 0)])
     doc = json.loads(store.get(HEAD))
     assert doc["format_version"] == "3.0" and all("in" not in c for c in doc["chunks"])
     standalone = {o.key for o in store.list_keys(f"{queue_prefix(CLUSTER, BROKER, TOPIC, 0)}/{CHUNK_DIR}/")}

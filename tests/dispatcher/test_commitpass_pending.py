@@ -132,7 +132,7 @@ def _per_queue_gather(local, job, phys_limit: int, scan: int):  # noqa: ANN001, 
     (before ``_read_heads``): its plain entries, whether the next passes the
     budget, the bytes taken, the last entry to read again and whether the
     written data ends in its file."""
-    files = local._queue(job.topic, job.queue_id)
+    files = local.queue_files(job.topic, job.queue_id)
     byte = job.start * CQ_ENTRY_SIZE
     start = files.locate(byte)
     nothing = (b"", False, 0, None, False)
@@ -229,7 +229,7 @@ def test_every_queue_at_once_takes_what_each_queue_read_alone_took(tmp_path_fact
                              segment_bytes=budget, key_index=True, layout=2))
     local = LocalStore(root)
     for qi, (_first, _files, _start, _back, look) in enumerate(queues):
-        files = local._queue(f"T{qi % 3}", qi)  # the round's look: files listed, maybe counted
+        files = local.queue_files(f"T{qi % 3}", qi)  # the round's look: files listed, maybe counted
         if look == "hint":
             local.max_offset(f"T{qi % 3}", qi)
         elif look == "stale":

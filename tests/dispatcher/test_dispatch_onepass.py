@@ -132,9 +132,9 @@ def _as_per_queue(local: LocalStore, job, planned: dict, *context: object):  # n
 
 def _watched(local: LocalStore, monkeypatch) -> dict[str, list[tuple[int, int, int]]]:  # noqa: ANN001
     """Pages mapped ahead (populate) and CommitLog files entered by a per-queue
-    read (``_commitlog_window``: once per file per queue read)."""
+    read (``commitlog_window``: once per file per queue read)."""
     calls: dict[str, list[tuple[int, int, int]]] = {"populate": [], "entered": []}
-    populate, window = local.commitlog.populate, local._commitlog_window
+    populate, window = local.commitlog.populate, local.commitlog_window
 
     def watch_populate(start: int, lo: int, hi: int) -> None:
         calls["populate"].append((start, lo, hi))
@@ -145,7 +145,7 @@ def _watched(local: LocalStore, monkeypatch) -> dict[str, list[tuple[int, int, i
         return window(phys, size)
 
     monkeypatch.setattr(local.commitlog, "populate", watch_populate)
-    monkeypatch.setattr(local, "_commitlog_window", watch_window)
+    monkeypatch.setattr(local, "commitlog_window", watch_window)
     return calls
 
 
@@ -532,7 +532,7 @@ def test_a_consumequeue_file_damaged_between_the_gather_and_the_walk(tmp_path, c
     seen = LocalStore(sd)  # the per-queue read's, which looked at the files before the damage too
     for store in (local, seen):
         for q in queues:
-            store.max_offset(*q) if mapped else store._queue(*q)
+            store.max_offset(*q) if mapped else store.queue_files(*q)
             store.release_queue(*q)
     real_walk = commitpass._walk
 
@@ -594,7 +594,7 @@ def test_a_queue_gone_before_the_pass_is_left_to_its_own_read(tmp_path, clock, m
     local, seen = LocalStore(sd), LocalStore(sd)  # the pass's, and build_segment's in the same state
     for store in (local, seen):
         for q in queues:  # the round's look: files listed (and mapped, counting them)
-            store.max_offset(*q) if mapped else store._queue(*q)
+            store.max_offset(*q) if mapped else store.queue_files(*q)
             store.release_queue(*q)
     shutil.rmtree(sd / "consumequeue" / "Gone" / "2")
     jobs = _jobs(queues)

@@ -798,6 +798,7 @@ def test_attach_templates_match_the_subchart_objects(parent_docs) -> None:
 FREE_FORM = {
     "resources", "podSecurityContext", "securityContext", "broker.resources", "broker.securityContext",
     "exportJob.resources", "metrics.dashboard.labels", "probes.liveness", "probes.startup",
+    "replay.resources", "replay.probes.liveness", "replay.probes.readiness",
 }
 
 
@@ -866,3 +867,134 @@ def test_export_cronjob_runs_a_valid_tiered_export(rendered: dict[str, list[dict
 def test_export_cronjob_requires_a_target(chart: helm_python.Chart) -> None:
     with pytest.raises(Exception, match="exportJob.to"):
         render(chart, {"exportJob": {"enabled": True}})
+
+
+# --------------------------------------------------------------------------
+# replay: `tiered replay` as its own Deployment and Service
+# --------------------------------------------------------------------------
+
+REPLAY_VALUES = {"replay": {"enabled": True, "broker": "broker-a", "start": ["audit-g=latest"],
+                            "acl": {"existingSecret": "replay-acl", "key": "acl.yml"}}}
+
+
+def replay_objects(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if d["metadata"]["labels"].get("app.kubernetes.io/component") == "replay"]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_replay_is_off_by_default(scenario: str, rendered) -> None:
+    assert replay_objects(rendered[scenario]) == []
+    assert not [d for d in rendered[scenario] if "replay" in d["metadata"]["name"]]
+
+
+def test_replay_renders_a_deployment_and_service(chart: helm_python.Chart) -> None:
+    values = load_values(SCENARIOS["sidecar-s3-monitoring"]) | REPLAY_VALUES
+    docs = render(chart, values)
+    replay = replay_objects(docs)
+    assert sorted(d["kind"] for d in replay) == ["Deployment", "Service"]
+    for doc in replay:
+        validate_builtin(doc)
+    deployment, service = one(replay, "Deployment", "-replay"), one(replay, "Service", "-replay")
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    ((_, _, sidecar),) = tiered_pods(docs)
+    assert container["image"] == sidecar["image"]  # the same image as serve
+    assert container["command"] == ["tiered", "replay"]
+    assert container["args"] == [
+        "--config", "/etc/tiered/config.yaml", "--listen", "$(POD_IP):9876", "--follow-interval", "10s",
+        "--max-connections", "4096", "--broker", "broker-a", "--acl", "/etc/tiered-replay-acl/plain_acl.yml",
+        "--start", "audit-g=latest"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    # the same S3 credentials as the sidecar, by reference
+    assert [e for e in container["env"] if e["name"].startswith("AWS_")] == [
+        e for e in sidecar["env"] if e["name"].startswith("AWS_")] != []
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"remoting": 9876, "replay-metrics": 9464}
+    assert (container["livenessProbe"]["httpGet"], container["readinessProbe"]["httpGet"]) == (
+        {"path": "/healthz", "port": "replay-metrics"}, {"path": "/readyz", "port": "replay-metrics"})
+    assert container["resources"]["limits"]["memory"] == "512Mi"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["replay-acl"] == {"name": "replay-acl", "mountPath": "/etc/tiered-replay-acl", "readOnly": True}
+    assert mounts["tiered-config"]["readOnly"] is True
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["replay-acl"]["secret"] == {"secretName": "replay-acl", "defaultMode": 0o400,
+                                               "items": [{"key": "acl.yml", "path": "plain_acl.yml"}]}
+    assert volumes["tiered-config"]["configMap"]["name"] == one(docs, "ConfigMap", "-config")["metadata"]["name"]
+    # the Service selects exactly the replay pods, on both ports
+    labels = pod["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert deployment["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    broker_pod = one(docs, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    assert not service["spec"]["selector"].items() <= broker_pod.items()
+    assert [(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
+        ("remoting", 9876, "remoting"), ("replay-metrics", 9464, "replay-metrics")]
+    assert of_kind(docs, "Secret") == []  # the ACL is referenced, never rendered
+
+
+def test_replay_without_an_acl_mounts_none(chart: helm_python.Chart) -> None:
+    docs = render(chart, {"replay": {"enabled": True, "port": 10876, "maxConnections": 10}})
+    deployment = one(replay_objects(docs), "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--acl" not in container["args"] and "--broker" not in container["args"]
+    assert container["args"][2:8] == ["--listen", "$(POD_IP):10876", "--follow-interval", "10s",
+                                      "--max-connections", "10"]
+    assert "replay-acl" not in {v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    for doc in replay_objects(docs):
+        validate_builtin(doc)
+
+
+@pytest.mark.parametrize("bad", [
+    {"replay": {"enabled": True, "acl": {"secret": "x"}}},
+    {"replay": {"enabled": True, "port": 0}},
+    {"replay": {"enabled": True, "start": ["no-equals-sign"]}},
+])
+def test_schema_rejects_bad_replay_values(chart: helm_python.Chart, bad: dict[str, Any]) -> None:
+    with pytest.raises(helm_python.HelmValuesError, match="/replay"):
+        chart.render(bad, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_the_rendered_replay_command_runs(chart: helm_python.Chart, tmp_path: Path) -> None:
+    """The Deployment's args and the chart's config file, run by the real
+    `tiered replay` (the pod IP as loopback, the archive a local one): it
+    serves with the ACL, so a request without credentials is refused."""
+    import os
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
+    from replaykit import BROKER, CLUSTER, Raw, make_archive
+
+    archived = make_archive(tmp_path / "archive")
+    docs = render(chart, {"cluster": CLUSTER, "cold": {"url": archived.cold_url},
+                          "replay": {"enabled": True, "broker": BROKER, "acl": {"existingSecret": "replay-acl"}}})
+    (container,) = one(docs, "Deployment", "-replay")["spec"]["template"]["spec"]["containers"]
+    config = yaml.safe_load(one(docs, "ConfigMap", "-config")["data"]["config.yaml"])
+    config["state_dir"] = str(tmp_path / "state")
+    config["metrics"] |= {"host": "127.0.0.1", "port": 0}  # free ports: tests run side by side
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "plain_acl.yml").write_text(
+        "accounts:\n  - {accessKey: replayReader, secretKey: s3cretValue42, defaultTopicPerm: SUB}\n")
+    args = [a.replace("/etc/tiered/config.yaml", str(tmp_path / "config.yaml"))
+             .replace("/etc/tiered-replay-acl/plain_acl.yml", str(tmp_path / "plain_acl.yml"))
+             .replace("$(POD_IP):9876", "127.0.0.1:0") for a in container["args"]]
+    proc = subprocess.Popen([sys.executable, "-m", "tiered.cli", *container["command"][1:], *args],
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("tiered replay: serving on "):
+                break
+        address = lines[-1].rsplit(" ", 1)[1].strip()
+        assert not [x for x in lines if "WARNING" in x], lines
+        raw = Raw(address)
+        try:
+            assert raw.call(30, {"topic": "Orders", "queueId": "0"}).code == 16  # NO_PERMISSION
+        finally:
+            raw.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)

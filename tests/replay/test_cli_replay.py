@@ -30,10 +30,17 @@ def invoke(*args: str):  # noqa: ANN201
     return CliRunner().invoke(app, ["replay", *args], env={"COLUMNS": "200"})
 
 
-def test_an_archive_of_several_brokers_needs_one_named(two_brokers: str) -> None:
-    result = invoke("--cold", two_brokers)
+def test_one_broker_name_in_two_clusters_needs_one_named(two_brokers: str, tmp_path: Path) -> None:
+    """A route names a broker once (every archived broker of the URL is
+    served otherwise: tests/replay/test_multi_broker.py)."""
+    base = Path(two_brokers.removeprefix("file://")).parent
+    cold = tmp_path / "cold"
+    archive(base / "store", open_store(f"file://{cold}"), tmp_path / "state-a")
+    archive(base / "store", open_store(f"file://{cold}"), tmp_path / "state-b", cluster="OtherCluster")
+    result = invoke("--cold", f"file://{cold}")
     assert result.exit_code == 1
-    assert f"found {CLUSTER}/{BROKER}, {CLUSTER}/broker-y: choose one with --cluster and --broker" in result.output
+    assert f"broker name(s) {BROKER} archived in several clusters" in result.output
+    assert "choose one with --cluster and --broker" in result.output
 
 
 def test_the_named_broker_is_the_one_served(two_brokers: str) -> None:
@@ -87,7 +94,7 @@ def test_where_a_group_without_a_committed_offset_starts(two_brokers: str) -> No
     # Orders queue 0 holds messages 0, 3, 6, 9 stored at T0 + i seconds
     at = datetime.fromtimestamp((T0 + 3500) / 1000, tz=timezone.utc).isoformat()
     with Replay(two_brokers, "--cluster", CLUSTER, "--broker", BROKER, "--start", "late-g=latest",
-                "--start", f"time-g={at}", "--start", "early-g=earliest") as replay:
+                "--start", f"time-g={at}", "--start", "early-g=earliest", "--start", "client-g=client") as replay:
         raw = Raw(replay.address)
 
         def query(group: str) -> str:
@@ -98,6 +105,11 @@ def test_where_a_group_without_a_committed_offset_starts(two_brokers: str) -> No
         assert [query(g) for g in ("late-g", "time-g", "early-g", "other-g")] == ["4", "2", "0", "0"]
         raw.call(15, {"consumerGroup": "late-g", "topic": "Orders", "queueId": "0", "commitOffset": "1"})
         assert query("late-g") == "1"  # a committed offset wins
+        # client: "not found", so the client's consumeFromWhere decides (tests/replay/test_js_client.py)
+        asked = {"consumerGroup": "client-g", "topic": "Orders", "queueId": "0"}
+        assert raw.call(14, asked).code == 22
+        raw.call(15, {**asked, "commitOffset": "3"})
+        assert query("client-g") == "3"
         raw.close()
 
 

@@ -55,4 +55,8 @@ def test_requests_messages_bytes_connections_and_bad_frames_are_counted(tmp_path
         ("tiered_replay_messages_total", ()): 5.0,
         ("tiered_replay_bytes_total", ()): float(sum(map(len, want[:5]))),
         ("tiered_replay_held_pulls", ()): 0.0,
+        ("tiered_replay_refused_connections_total", ()): 0.0,
+        # the one-way commit of offset 1 on queue 0: the rest of that queue is behind
+        ("tiered_replay_group_lag_messages", (("group", "g"), ("topic", "Orders"))):
+            float(len(local_raw(archived.root, "Orders", 0)) - 1),
     }

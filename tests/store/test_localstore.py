@@ -660,7 +660,7 @@ def test_read_gives_a_files_bytes_as_they_are_now_without_mapping(tmp_path: Path
     (d / f"{0:020d}").write_bytes(bytes(range(100)))
     (d / f"{60:020d}").write_bytes(b"\x07" * 30)
     store = LocalStore(tmp_path)
-    files = store._queue("T", 0)
+    files = store.queue_files("T", 0)
     assert files.read(0, 10, 20) == (bytes(range(10, 30)), 100)
     assert files.read(0, 90, 20) == (bytes(range(90, 100)), 100)  # the file ends there
     assert files.read(60, 0, 100) == (b"\x07" * 30, 30)
@@ -748,7 +748,7 @@ def test_max_offset_at_first_look_and_after(tmp_path: Path) -> None:
         for _ in range(1234):
             w.put("M", 0, b"z")
         store = LocalStore(tmp_path)
-        files = store._queue("M", 0)
+        files = store.queue_files("M", 0)
         assert store.max_offset("M", 0) == 1234
         assert files.written == {20000: 234}  # the last file's, where the written end is
         for _ in range(10):
@@ -759,7 +759,7 @@ def test_max_offset_at_first_look_and_after(tmp_path: Path) -> None:
 
 def _queue_range_by_entries(store: LocalStore, topic: str, queue_id: int) -> QueueRange:
     """``queue_range`` as it was written: each probe through ``_entry``."""
-    files = store._queue(topic, queue_id)
+    files = store.queue_files(topic, queue_id)
     max_offset = store._max_offset(files)
     lo, hi = files.starts[0] // CQ_ENTRY_SIZE, max_offset
     min_phys = store.commitlog.starts[0] if store.commitlog.starts else None
@@ -805,3 +805,32 @@ def test_queue_range_probes_as_entry_by_entry(tmp_path_factory, files, first_fil
         (d / f"{(first_file + fi) * per_file * CQ_ENTRY_SIZE:020d}").write_bytes(data)
     store, reference = LocalStore(root), LocalStore(root)
     assert store.queue_range("T", 0) == _queue_range_by_entries(reference, "T", 0)
+
+
+def _resident_kib(path: Path) -> int:
+    """This process's resident KiB of its mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            inside = line.endswith(" " + str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc/self/smaps")
+def test_release_queue_gives_back_the_mapped_pages_of_every_file_and_views_stay_valid(tmp_path: Path) -> None:
+    d = tmp_path / "consumequeue" / "T" / "0"
+    d.mkdir(parents=True)
+    files_bytes = {start: bytes([start % 251 + 1]) * (256 << 10) for start in (0, 256 << 10)}
+    for start, data in files_bytes.items():
+        (d / f"{start:020d}").write_bytes(data)
+    store = LocalStore(tmp_path)
+    files = store.queue_files("T", 0)
+    views = {start: files.view(start) for start in files_bytes}
+    assert all(bytes(views[s]) == data for s, data in files_bytes.items())  # every page touched
+    assert all(_resident_kib(d / f"{s:020d}") >= 256 for s in files_bytes)
+    store.release_queue("T", 0)
+    assert all(_resident_kib(d / f"{s:020d}") == 0 for s in files_bytes)
+    assert all(bytes(views[s]) == data for s, data in files_bytes.items())  # faulted in again, same bytes
+    store.release_queue("T", 9)  # a queue never read: nothing to give back

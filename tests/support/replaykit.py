@@ -75,9 +75,9 @@ def expected(root: Path) -> dict[tuple[str, int, int], Expected]:
     return out
 
 
-def archive(root: Path, store: ObjectStore, state_dir: Path, broker: str = BROKER) -> None:
+def archive(root: Path, store: ObjectStore, state_dir: Path, broker: str = BROKER, cluster: str = CLUSTER) -> None:
     """Archive everything in the store, in small segments (several per queue)."""
-    cold = ColdTier(store, CLUSTER, broker, state_dir=state_dir, writer="test")
+    cold = ColdTier(store, cluster, broker, state_dir=state_dir, writer="test")
     opts = DispatchOptions(archive=ArchiveOptions(upload_bytes=1, max_delay_ms=0, segment_bytes=4096),
                            parallelism=1, round_budget_s=float("inf"))
     d = Dispatcher(LocalStore(root), cold, options=opts, topic_filter=TopicFilter(include_system=False))
@@ -116,6 +116,9 @@ class Replay:
             raise AssertionError("tiered replay did not start:\n" + "\n".join(self.lines))
         self.address = next(x for x in self.lines if x.startswith("tiered replay: serving on ")).rsplit(" ", 1)[1]
         self.metrics_url = next(x for x in self.lines if x.startswith("tiered replay: metrics on ")).rsplit(" ", 1)[1]
+        # "cluster/broker" -> the address that archived broker is served on
+        self.brokers = {x.split(" ")[3]: x.rsplit(" ", 1)[1] for x in self.lines
+                        if x.startswith("tiered replay: broker ")}
         self.host, port = self.address.rsplit(":", 1)
         self.port = int(port)
 

@@ -305,7 +305,7 @@ def plan(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Carried:
-    """Manifest chunks a segment object carries (``ColdTier.carry``): their
+    """Manifest chunks a segment object carries (``append.carry``): their
     bytes, where they start in the object as stored, and each one's place
     (chunk name -> ``ChunkRef.at``)."""
 

@@ -3,7 +3,7 @@
 Commit = data objects first (stable names), then one conditional manifest
 write: ``IfNoneMatch: *`` for a queue's first manifest, ``IfMatch: <etag>``
 after. The manifest chunks a commit seals (tiered/archive/chunks.py) ride in
-the segment object uploaded for it (``carry``, then ``commit(carried=...)``),
+the segment object uploaded for it (``append``, tiered/archive/append.py),
 or, when the commit is not an upload's or its base changed, are objects of
 their own written before the head. A lost race (another writer, or the
 cleaner in this process) re-reads the manifest and re-applies the change, or
@@ -11,7 +11,8 @@ gives up when the change no longer applies (``ConflictError``). The catalog
 is written by ``refresh_catalog`` when it is due (tiered/archive/catalog.py).
 
 The local cache (one JSON file per queue under the state directory, written
-with tmp/bak/rename) lets a round with nothing new make no request at all.
+with tmp/bak/rename) lets a round with nothing new make no request at all;
+the manifest chunks are kept beside it (tiered/archive/chunkcache.py).
 It is rebuilt from the bucket when it is lost, corrupt, or was written under
 another lease epoch. A queue missing from the cache is looked up in the
 bucket once before anything is written for it, so a stale cache can never
@@ -25,23 +26,23 @@ import logging
 import os
 import threading
 import uuid
-import urllib.parse
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from tiered.clock import Clock, SystemClock
 from tiered.errors import (ConflictError, CorruptRecordError, FormatVersionError, ManifestChunkError,
-                           ObjectNotFoundError, PreconditionFailedError, StorageError, TieredError,
+                           ObjectNotFoundError, PreconditionFailedError, TieredError,
                            UnaccountedObjectsError)
 from tiered.format.jsonfile import read_json, write_json
-from tiered.archive import chunks, layout, segmeta
+from tiered.archive import chunks
+from tiered.archive.append import SegmentParts, carry, gap_change, segment_change, upload
 from tiered.archive.catalog import DEFAULT_REFRESH_S, CatalogKeeper
+from tiered.archive.chunkcache import ChunkCache, cache_name, prefetch
 from tiered.archive.chunks import Carried, chunk_key
 from tiered.archive.filewrite import write_whole
-from tiered.archive.manifest import (CATALOG, IDENTITY, MANIFEST, Catalog, CatalogEntry, ChunkRef, Gap, Manifest, Segment,
+from tiered.archive.manifest import (CATALOG, IDENTITY, MANIFEST, Catalog, CatalogEntry, Gap, Manifest, Segment,
                                      broker_prefix, history_id, queue_prefix, topic_of_dir)
 from tiered.archive.rebuild import RebuildPlan, RepairReport, plan_rebuild, queues_in, scan_queue
 from tiered.recorder import NullRecorder, Recorder
@@ -77,10 +78,6 @@ def _queues_with_objects(keys: list[str], prefix: str) -> set[QueueKey]:
 def _carrying(m: Manifest) -> bool:
     """Whether a chunk ``m`` reaches is carried in a segment object (format 4.0)."""
     return any(f"/{chunks.CHUNK_DIR}/" not in k for k in m.chunk_keys)
-
-
-def _cache_name(topic: str, queue_id: int) -> str:
-    return f"{urllib.parse.quote(topic, safe='')}.{queue_id}.json"
 
 
 class ColdTier:
@@ -122,7 +119,7 @@ class ColdTier:
         self._catalog_lock = threading.Lock()
         self._catalog = CatalogKeeper(catalog_refresh_s, self.cache_dir / "_catalog" / "written.json"
                                       if self.cache_dir is not None else None)
-        self._chunks: dict[str, chunks.Chunk] = {}  # key -> content; chunks are immutable
+        self._chunks = ChunkCache(store, cluster, broker, self.cache_dir)
         # Queues with any object in the LIST of the whole prefix that the last
         # load made (None: it made none, it read the catalog or the cache). A
         # queue outside it had nothing in the bucket then, and since then only
@@ -241,9 +238,9 @@ class ColdTier:
             refs = Manifest.chunk_refs(head, str(path))
             if refs:  # the head as committed; its chunks from the local copies (or the bucket)
                 topic, qid = str(head["topic"]), int(head["queue_id"])
-                load = self._chunk_loader(topic, qid)
+                load = self._chunks.loader(topic, qid)
                 m = Manifest.from_dict(head, str(path), prefix=chunks.flatten(refs, load))
-                m = self._stored_in(m, refs, load)
+                m = self._chunks.stored_in(m, refs, load)
             else:
                 m = Manifest.from_dict(head, str(path))
             entries[(m.topic, m.queue_id)] = _Entry(m, doc["etag"], True)
@@ -295,7 +292,7 @@ class ColdTier:
                     path.unlink()
             for (topic, qid), entry in entries.items():
                 self._persist(topic, qid, entry)
-            self._prune_local_chunks(entries)
+            self._chunks.prune(e.manifest for e in entries.values() if e.manifest is not None)
         log.info("manifest cache rebuilt from the bucket: %d queues", len(entries))
 
     def _persist(self, topic: str, queue_id: int, entry: _Entry, head: bytes | None = None) -> None:
@@ -313,7 +310,7 @@ class ColdTier:
         # No fsync and no .bak: a cache file lost or torn by a power cut is
         # rebuilt from the bucket (or found one commit behind, which the
         # conditional commit detects); tmp + rename keeps a crash from tearing it.
-        path = self.cache_dir / _cache_name(topic, queue_id)
+        path = self.cache_dir / cache_name(topic, queue_id)
         tmp = path.with_name(path.name + ".tmp")
         try:
             write_whole(tmp, doc, sync=False)
@@ -321,33 +318,6 @@ class ColdTier:
             path.parent.mkdir(parents=True, exist_ok=True)  # once, not at every commit
             write_whole(tmp, doc, sync=False)
         os.replace(tmp, path)
-
-    def _local_chunks(self, topic: str, queue_id: int) -> Path | None:
-        """Where the local cache keeps copies of a queue's chunk objects
-        (the bucket's bytes: immutable, checked by their hash when read)."""
-        if self.cache_dir is None:
-            return None
-        return self.cache_dir / "_chunks" / _cache_name(topic, queue_id).removesuffix(".json")
-
-    def _save_chunk(self, topic: str, queue_id: int, name: str, body: bytes) -> None:
-        folder = self._local_chunks(topic, queue_id)
-        if folder is None:
-            return
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{name}.tmp"
-        tmp.write_bytes(body)  # no fsync: a torn copy fails its hash and is read from the bucket
-        tmp.replace(folder / name)
-
-    def _prune_local_chunks(self, entries: dict[QueueKey, _Entry]) -> None:
-        """Drop local chunk copies no cached manifest reaches (after a rebuild)."""
-        root = self.cache_dir / "_chunks" if self.cache_dir is not None else None
-        if root is None or not root.is_dir():
-            return
-        keep = {(self._local_chunks(t, q), name)
-                for (t, q), e in entries.items() if e.manifest is not None for name in e.manifest.chunk_names}
-        for path in root.glob("*/*"):
-            if (path.parent, path.name) not in keep:
-                path.unlink(missing_ok=True)
 
     # --- reading -----------------------------------------------------------------
 
@@ -393,109 +363,14 @@ class ColdTier:
             return m
         if (doc.get("topic"), doc.get("queue_id")) != (topic, queue_id):  # before reading its chunks
             raise CorruptRecordError(key, 0, f"foreign manifest: it describes {doc.get('topic')}/{doc.get('queue_id')}")
-        load = self._chunk_loader(topic, queue_id)
-        self._prefetch(refs, load)
+        load = self._chunks.loader(topic, queue_id)
+        prefetch(refs, load)
         m = Manifest.from_dict(doc, key, prefix=chunks.flatten(refs, load))
         try:
             m.check()
         except ValueError as exc:
             raise ManifestChunkError(key, 0, f"the chunks and the head do not tile the archive: {exc}") from None
-        return self._stored_in(m, refs, load)
-
-    def _stored_in(self, m: Manifest, refs: tuple[ChunkRef, ...],
-                   load: Callable[[ChunkRef], chunks.Chunk]) -> Manifest:
-        """``m`` with its chunk references and, for every chunk they reach,
-        its name and the stored object holding it (its own, or its carrier)."""
-        qp = queue_prefix(self.cluster, self.broker, m.topic, m.queue_id)
-        reached = chunks.reachable(refs, load)
-        return replace(m, chunks=refs, chunk_names=tuple(r.name for r in reached),
-                       chunk_keys=tuple(chunks.stored_in(qp, r) for r in reached))
-
-    def _chunk_loader(self, topic: str, queue_id: int) -> Callable[[ChunkRef], chunks.Chunk]:
-        qp = queue_prefix(self.cluster, self.broker, topic, queue_id)
-        local = self._local_chunks(topic, queue_id)
-
-        def load(ref: ChunkRef) -> chunks.Chunk:
-            key = chunk_key(qp, ref.name)  # the cache's key: a chunk's name is its content, wherever stored
-            chunk = self._chunks.get(key)
-            if chunk is None and local is not None:
-                try:
-                    chunk = chunks.decode((local / ref.name).read_bytes(), key, ref, topic, queue_id)
-                except (OSError, ManifestChunkError):
-                    chunk = None  # no local copy, or a torn one: the bucket has it
-            if chunk is None:
-                data = self._read_carried(qp, ref) if ref.carried else self._read_standalone(key)
-                source, offset = (key, 0) if ref.at is None else (layout.object_of(ref.at), layout.split(ref.at)[1])
-                chunk = chunks.decode(data, source, ref, topic, queue_id, offset)
-                self._save_chunk(topic, queue_id, ref.name, data)
-            if key not in self._chunks:
-                self._chunks[key] = chunk
-            elif chunk.total != ref.total or chunk.level != ref.level:
-                raise ManifestChunkError(key, 0, f"manifest chunk holds {chunk.total} segments at level "
-                                                 f"{chunk.level}; its reference promises {ref.total} at {ref.level}")
-            return chunk
-        return load
-
-    def _read_standalone(self, key: str) -> bytes:
-        try:
-            return self.store.get(key)
-        except ObjectNotFoundError:
-            raise ManifestChunkError(key, 0, "manifest chunk missing; `tiered repair` rebuilds the "
-                                             "manifest from the segment objects") from None
-
-    def _read_carried(self, qp: str, ref: ChunkRef) -> bytes:
-        """A carried chunk's bytes: one ranged GET of its carrier, a segment
-        object of the queue. A carrier that is gone or shorter than the
-        reference says is a ManifestChunkError naming it (a HEAD tells a
-        store's refusal of a range past the end from any other failure)."""
-        obj, at, length = layout.split(ref.at or "")
-        end = at + (length or 0)
-        if not obj.startswith(f"{qp}/segment/"):
-            raise ManifestChunkError(obj, at, f"manifest chunk {ref.name} is placed in an object that is not "
-                                              f"one of its queue's segments")
-        what = f"the segment object carrying manifest chunk {ref.name}"
-        repair = "; `tiered repair` rebuilds the manifest from the segment objects"
-        try:
-            data = self.store.get_range(obj, at, end)
-        except ObjectNotFoundError:
-            raise ManifestChunkError(obj, at, f"{what} is missing{repair}") from None
-        except StorageError:
-            info = self.store.head(obj)
-            if info is None:
-                raise ManifestChunkError(obj, at, f"{what} is missing{repair}") from None
-            if info.size < end:
-                raise ManifestChunkError(obj, at, f"{what} is truncated ({info.size} bytes, the chunk ends at "
-                                                  f"{end}){repair}") from None
-            raise
-        if len(data) != end - at:
-            raise ManifestChunkError(obj, at, f"{what} is truncated ({at + len(data)} bytes, the chunk ends at "
-                                              f"{end}){repair}")
-        return data
-
-    def _prefetch(self, refs: tuple[ChunkRef, ...], load: Callable[[ChunkRef], chunks.Chunk]) -> None:
-        """Read the chunks under ``refs`` level by level, in parallel (a
-        reader of a long history waits for a few round trips, not one per chunk)."""
-        frontier = list(refs)
-        while frontier:
-            if len(frontier) > 1:
-                with ThreadPoolExecutor(min(8, len(frontier))) as pool:
-                    got = list(pool.map(load, frontier))
-            else:
-                got = [load(frontier[0])]
-            frontier = [k for c in got for k in c.refs]
-
-    def _forget_chunks(self, topic: str, queue_id: int, old: Manifest | None, new: Manifest | None) -> None:
-        """Drop cached chunks (in memory and local copies) the queue's new
-        manifest no longer reaches."""
-        if old is not None and old.chunk_names:
-            keep = set(new.chunk_names) if new is not None else set()
-            local = self._local_chunks(topic, queue_id)
-            qp = queue_prefix(self.cluster, self.broker, topic, queue_id)
-            for name in old.chunk_names:
-                if name not in keep:
-                    self._chunks.pop(chunk_key(qp, name), None)
-                    if local is not None:
-                        (local / name).unlink(missing_ok=True)
+        return self._chunks.stored_in(m, refs, load)
 
     def current(self, topic: str, queue_id: int) -> Manifest | None:
         """The manifest to build on: cached, or looked up once for a queue the
@@ -614,6 +489,35 @@ class ColdTier:
 
     # --- writing -----------------------------------------------------------------
 
+    def append(self, topic: str, queue_id: int, base: Manifest | None, parts: SegmentParts) -> Manifest:
+        """Archive a built segment that continues ``base`` (None: the queue's
+        first): its objects, packed for its layout (v2 with the manifest
+        chunks this commit seals, its descriptor, its upload's checksum), then
+        the manifest naming it, written conditionally. Returns the committed
+        manifest; ConflictError when the archive no longer ends where
+        ``base`` did (nothing committed: the objects are rewritten alike by
+        the next attempt, or collected by the cleaner). A v2 segment's
+        records buffer, a bytearray, becomes its object: not read again."""
+        # a queue the cache does not know is looked up before its first
+        # object is written: a lookup after it would adopt that object
+        # into a manifest rebuilt from the bucket (``current``)
+        self.current(topic, queue_id)
+        seg = parts.segment
+        history = (base.history if base is not None and base.history
+                   else self.history_for(topic, queue_id, base.first_offset if base is not None else seg.q_start))
+        gaps = base.gaps_before(seg.q_start) if base is not None else ()
+        carried = (carry(base, seg, parts.compression, topic, queue_id, self._chunks.loader(topic, queue_id))
+                   if seg.layout == 2 else None)
+        desc = self.descriptor(topic, queue_id, history, seg, gaps, carried)
+        seg = upload(self.store, parts, desc, carried)
+        return self.commit(topic, queue_id, segment_change(topic, queue_id, base, seg, history), carried=carried)
+
+    def append_gap(self, topic: str, queue_id: int, base: Manifest | None, gap: Gap) -> Manifest:
+        """Record ``gap`` (offsets never to be archived) where ``base`` ends,
+        conditionally; returns the committed manifest, ConflictError as ``append``."""
+        history = self.history_for(topic, queue_id, gap.q_start)
+        return self.commit(topic, queue_id, gap_change(topic, queue_id, base, gap, history))
+
     def commit(
         self,
         topic: str,
@@ -629,7 +533,7 @@ class ColdTier:
         returns the new one; it raises ConflictError when it no longer applies,
         and returns its argument itself when the change is already there (a
         commit whose response was lost, then re-read): nothing is written then.
-        ``carried``: chunks already written inside a segment object (``carry``);
+        ``carried``: chunks already written inside a segment object (``append``);
         a chunk the commit needs that is not among them is written on its own.
         """
         key = f"{queue_prefix(self.cluster, self.broker, topic, queue_id)}/{MANIFEST}"
@@ -655,7 +559,7 @@ class ColdTier:
                 self.fetch(topic, queue_id)
                 continue
             committed = _Entry(new, etag, True)
-            self._forget_chunks(topic, queue_id, base, new)
+            self._chunks.forget(topic, queue_id, base, new)
             self._entries[(topic, queue_id)] = committed
             self._persist(topic, queue_id, committed, head)
             self._catalog.changed((topic, queue_id))
@@ -670,7 +574,7 @@ class ColdTier:
         names them (a crash in between leaves an orphan, never a dangling
         reference); return ``new`` with its chunk references and the head's bytes."""
         qp = queue_prefix(self.cluster, self.broker, topic, queue_id)
-        load = self._chunk_loader(topic, queue_id)
+        load = self._chunks.loader(topic, queue_id)
         places = carried.places if carried is not None else {}
         plan = chunks.plan(base.chunks if base else (), base.segments if base else (), new.segments,
                            topic, queue_id, load, place=(lambda name, body: places.get(name)) if places else None,
@@ -678,42 +582,13 @@ class ColdTier:
         for name, body in plan.writes:
             if name not in plan.placed:
                 self.store.put(chunk_key(qp, name), body)
-            self._save_chunk(topic, queue_id, name, body)
+            self._chunks.save(topic, queue_id, name, body)
         for name, chunk in plan.made.items():
-            self._chunks[chunk_key(qp, name)] = chunk
-        new = self._stored_in(new, plan.refs, load)
+            self._chunks.remember(topic, queue_id, name, chunk)
+        new = self._chunks.stored_in(new, plan.refs, load)
         head = json.dumps(new.head_dict(plan.refs, plan.tail, carried=_carrying(new)), separators=(",", ":"),
                           sort_keys=True)
         return new, head.encode("utf-8")
-
-    def carry(self, topic: str, queue_id: int, base: Manifest | None, seg: Segment, compression: str) -> Carried:
-        """The chunks that committing ``seg`` (a layout v2 segment) on ``base``
-        seals, placed in ``seg``'s object: its upload carries them and the
-        commit references them there (``commit(carried=...)``), so sealing
-        costs no request. Deterministic: the same base and segment give the
-        same bytes, so a retried upload rewrites the object as it was."""
-        if base is None or seg.layout != 2:
-            return Carried()
-        if len(base.segments) - sum(r.live for r in base.chunks) < chunks.CHUNK_SEGMENTS:
-            # the inline tail cannot seal a chunk yet (the newest segment stays
-            # inline): no plan, which costs as much as the history, for 15
-            # commits in 16; the commit's own plan writes anything else
-            return Carried()
-        obj = seg.keys()[0]
-        at = segmeta.carried_at(seg, compression)
-        offset = at
-
-        def place(name: str, body: bytes) -> str:
-            nonlocal offset
-            where = layout.section_key(obj, offset, len(body))
-            offset += len(body)
-            return where
-
-        plan = chunks.plan(base.chunks, base.segments, base.segments + (seg,), topic, queue_id,
-                           self._chunk_loader(topic, queue_id), place=place)
-        if not plan.writes:
-            return Carried()
-        return Carried(body=b"".join(body for _, body in plan.writes), at=at, places=dict(plan.placed))
 
     # --- catalog -----------------------------------------------------------------
 

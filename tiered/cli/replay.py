@@ -14,8 +14,10 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from prometheus_client import CollectorRegistry
@@ -26,12 +28,15 @@ from tiered.cli.wiring import archive_store, setup_logging, shown_url
 from tiered.clock import SystemClock
 from tiered.config import parse_duration
 from tiered.errors import TieredError
-from tiered.replay.broker import Limits, ReplayBroker
 from tiered.metrics import MetricsServer
+from tiered.replay.acl import Acl
+from tiered.replay.broker import Limits, ReplayBroker
+from tiered.replay.lag import GroupLagCollector
 from tiered.replay.metrics import ReplayMetrics
 from tiered.replay.offsets import GroupOffsets
 from tiered.replay.server import ReplayServer
-from tiered.replay.source import ArchiveSource, pick_broker
+from tiered.replay.registry import Registry, listen_ports, pick_brokers
+from tiered.replay.source import ArchiveSource
 from tiered.replay.start import Start, parse_start
 
 log = logging.getLogger("tiered.replay")
@@ -42,6 +47,8 @@ READ_THREADS = 8
 # /healthz fails once the event loop has not beaten for this long
 LIVENESS_S = 30.0
 BEAT_S = 1.0
+# open client connections beyond which a new one is closed at once (bounded memory)
+MAX_CONNECTIONS = 4096
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -54,16 +61,18 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def exposure_warning(host: str) -> str | None:
-    """A warning when ``host`` is reachable from other machines: replay has
-    no access control yet, so whoever reaches it reads the whole archive."""
+def exposure_warning(host: str, acl: bool = False) -> str | None:
+    """A warning when ``host`` is reachable from other machines and no
+    ``--acl`` is given: whoever reaches it reads the whole archive."""
+    if acl:
+        return None
     try:
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = host == "localhost"
     if loopback:
         return None
-    return (f"replay listens on {host}, not a loopback address, and checks no credentials: "
+    return (f"replay listens on {host}, not a loopback address, and checks no credentials (no --acl): "
             "anyone who reaches it reads every archived message of the broker")
 
 
@@ -122,18 +131,48 @@ class Liveness:
             await asyncio.sleep(BEAT_S)
 
 
-async def run(source: ArchiveSource, offsets: GroupOffsets, host: str, port: int, *,
-              starts: dict[str, Start], follow_s: float, metrics_addr: tuple[str, int]) -> None:
+@dataclass(frozen=True, kw_only=True)
+class Archived:
+    """One archived broker to serve: its archive and its groups' offsets."""
+
+    source: ArchiveSource
+    offsets: GroupOffsets
+
+
+async def _start_servers(served: list[Archived], host: str, ports: list[int], executor: ThreadPoolExecutor,
+                         metrics: ReplayMetrics, *, acl: Acl | None, max_connections: int,
+                         **broker_kw: Any) -> list[ReplayServer]:
+    """One listener per archived broker (a pull does not name its broker);
+    every one answers routes naming them all."""
+    registry = Registry()
+    servers: list[ReplayServer] = []
+    for one, at in zip(served, ports):
+        def broker_for(address: str, one: Archived = one) -> ReplayBroker:
+            registry.add(one.source, address)
+            return ReplayBroker(one.source, one.offsets, address=address, executor=executor, metrics=metrics,
+                                registry=registry, **broker_kw)
+        server = ReplayServer(broker_for, host, at, metrics=metrics, acl=acl, max_connections=max_connections)
+        try:
+            await server.start()
+        except OSError:
+            for started in servers:
+                await started.close()
+            raise
+        servers.append(server)
+    return servers
+
+
+async def run(served: list[Archived], host: str, ports: list[int], *,
+              starts: dict[str, Start], follow_s: float, metrics_addr: tuple[str, int], acl: Acl | None = None,
+              max_connections: int = MAX_CONNECTIONS) -> None:
     """Serve until SIGTERM or SIGINT, following the archive every ``follow_s``
     (0: never) and writing offsets every few seconds and at the end; metrics
     and probes on ``metrics_addr``."""
     executor = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="replay-read")
     registry = CollectorRegistry()
     metrics = ReplayMetrics(registry)
+    registry.register(GroupLagCollector([(one.source, one.offsets) for one in served]))
     limits = Limits(long_polling=follow_s > 0)
-    server = ReplayServer(lambda address: ReplayBroker(source, offsets, address=address, executor=executor,
-                                                       starts=starts, limits=limits, metrics=metrics),
-                          host, port, metrics=metrics)
     liveness = Liveness()
     probes = MetricsServer(registry, host=metrics_addr[0], port=metrics_addr[1], alive=liveness.alive,
                            ready=lambda: (True, "serving"))
@@ -141,26 +180,36 @@ async def run(source: ArchiveSource, offsets: GroupOffsets, host: str, port: int
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    address = await server.start()
+    servers = await _start_servers(served, host, ports, executor, metrics, acl=acl, max_connections=max_connections,
+                                   starts=starts, limits=limits)
     probes.start()
     tasks = [asyncio.create_task(liveness.run())]
     if follow_s > 0:
-        tasks.append(asyncio.create_task(_follow(source, server, executor, follow_s)))
-    log.info("replay of %s/%s (%d topics) listening on %s", source.cluster, source.broker, len(source.topics),
-             address)
+        tasks += [asyncio.create_task(_follow(one.source, server, executor, follow_s))
+                  for one, server in zip(served, servers)]
+    for one, server in zip(served, servers):
+        assert server.broker is not None
+        log.info("replay of %s/%s (%d topics) listening on %s", one.source.cluster, one.source.broker,
+                 len(one.source.topics), server.broker.address)
+        print(f"tiered replay: broker {one.source.cluster}/{one.source.broker} on {server.broker.address}",
+              file=sys.stderr, flush=True)
+    assert servers[0].broker is not None
     print(f"tiered replay: metrics on {probes.url}", file=sys.stderr, flush=True)
-    print(f"tiered replay: serving on {address}", file=sys.stderr, flush=True)
+    print(f"tiered replay: serving on {servers[0].broker.address}", file=sys.stderr, flush=True)
     try:
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), FLUSH_INTERVAL_S)
             except asyncio.TimeoutError:
-                await _flush(offsets, executor)
+                for one in served:
+                    await _flush(one.offsets, executor)
     finally:
         for task in tasks:
             task.cancel()
-        await server.close()
-        await _flush(offsets, executor)
+        for server in servers:
+            await server.close()
+        for one in served:
+            await _flush(one.offsets, executor)
         probes.stop()
         executor.shutdown(wait=True)
 
@@ -169,15 +218,23 @@ async def run(source: ArchiveSource, offsets: GroupOffsets, host: str, port: int
 def replay(
     config: ConfigOpt = None, cold: ColdOpt = None, cluster: ClusterOpt = None, broker: BrokerOpt = None,
     listen: Annotated[Optional[str], typer.Option(
-        "--listen", help="HOST:PORT to serve on, as name server and broker (port 0: a free one).")] = None,
+        "--listen", help="HOST:PORT to serve on, as name server and broker; further archived brokers on the "
+                    "next ports (port 0: free ones).")] = None,
     start: Annotated[Optional[list[str]], typer.Option(
-        "--start", help="GROUP=earliest|latest|TIME: where a group with no committed offset starts "
-                        "(default earliest; TIME as ISO 8601 or epoch ms; repeatable).")] = None,
+        "--start", help="GROUP=earliest|latest|client|TIME: where a group with no committed offset starts "
+                        "(default earliest; client: the client's consumeFromWhere; TIME as ISO 8601 or epoch ms; "
+                        "repeatable).")] = None,
     metrics_port: Annotated[Optional[int], typer.Option(
         "--metrics-port", help="HTTP port for /metrics, /healthz, /readyz (default metrics.port; 0: a free one).")] = None,
     follow_interval: Annotated[str, typer.Option(
         "--follow-interval", help="How often to read the archive again for newly archived records (one GET per "
                                   "queue); 0 serves the archive as it was at start.")] = "10s",
+    acl: Annotated[Optional[Path], typer.Option(
+        "--acl", envvar="TIERED_REPLAY__ACL",
+        help="RocketMQ ACL 1.0 plain_acl.yml: every request must be signed by one of its accounts.")] = None,
+    max_connections: Annotated[int, typer.Option(
+        "--max-connections", envvar="TIERED_REPLAY__MAX_CONNECTIONS", min=0,
+        help="Open client connections beyond which a new one is closed at once (0: no cap).")] = MAX_CONNECTIONS,
 ) -> None:
     """Serve the archive to unmodified RocketMQ clients: a read-only broker and name server.
 
@@ -186,8 +243,9 @@ def replay(
     (kept per group beside the archive), looks offsets up by time; records
     archived while it runs are served too (--follow-interval). A group
     with no committed offset starts at the earliest archived one (--start
-    says otherwise). Sends are refused. One archived broker is served: --cluster/--broker choose it when
-    the archive holds several."""
+    says otherwise). Sends are refused. Every archived broker under the URL is
+    served, each on its own port (--listen's, then the next ones); --cluster
+    and --broker narrow it to one."""
     settings = settings_from(config, cold_url=cold, cluster=cluster, broker=broker)
     setup_logging(settings.log.format, settings.log.level)
     try:
@@ -196,23 +254,34 @@ def replay(
         follow_s = follow_seconds(follow_interval)
     except ValueError as exc:
         fail(str(exc), 2)
-    warning = exposure_warning(host)
+    try:
+        access = Acl.load(acl) if acl is not None else None
+    except TieredError as exc:
+        fail(str(exc), 2)
+    warning = exposure_warning(host, acl=access is not None)
     if warning:
         log.warning(warning)
     given = settings.model_fields_set
     try:
         store = archive_store(settings)
-        c, b = pick_broker(store, settings.cluster if "cluster" in given else None,
-                           settings.broker if "broker" in given else None)
-        source = ArchiveSource(store, c, b)
+        pairs = pick_brokers(store, settings.cluster if "cluster" in given else None,
+                             settings.broker if "broker" in given else None)
+        sources = [ArchiveSource(store, c, b) for c, b in pairs]
     except TieredError as exc:
         fail(f"{shown_url(settings.cold_url)}: {exc}")
-    if not source.topics:
-        fail(f"{shown_url(settings.cold_url)}: {c}/{b} has no archived queue to replay")
-    offsets = GroupOffsets(store, c, b, now_ms=SystemClock().now_ms)
+    served = [Archived(source=s, offsets=GroupOffsets(store, s.cluster, s.broker, now_ms=SystemClock().now_ms))
+              for s in sources if s.topics]
+    if not served:
+        names = ", ".join(f"{c}/{b}" for c, b in pairs)
+        fail(f"{shown_url(settings.cold_url)}: {names} has no archived queue to replay")
     try:
-        asyncio.run(run(source, offsets, host, port, starts=starts, follow_s=follow_s,
+        ports = listen_ports(port, len(served))
+    except ValueError as exc:
+        fail(str(exc), 2)
+    try:
+        asyncio.run(run(served, host, ports, starts=starts, follow_s=follow_s,
                         metrics_addr=(settings.metrics.host,
-                                      settings.metrics.port if metrics_port is None else metrics_port)))
+                                      settings.metrics.port if metrics_port is None else metrics_port),
+                        acl=access, max_connections=max_connections))
     except OSError as exc:
         fail(f"--listen {host}:{port}: {exc.strerror or exc}")

@@ -24,8 +24,9 @@ from tiered.replay.locks import QueueLocks, locked_body, parse_body
 from tiered.replay.metrics import ReplayMetrics
 from tiered.replay.offsets import GroupOffsets, check_name
 from tiered.replay.protocol import number, response, text
-from tiered.replay.route import route_body
-from tiered.replay.start import LATEST, TIME, Start
+from tiered.replay.registry import Registry
+from tiered.replay.route import RouteBroker, route_body
+from tiered.replay.start import CLIENT, LATEST, TIME, Start
 from tiered.replay.source import (FOUND, NO_MATCHED_LOGIC_QUEUE, NO_MESSAGE_IN_QUEUE, OFFSET_OVERFLOW_BADLY,
                                   OFFSET_OVERFLOW_ONE, OFFSET_TOO_SMALL, ArchiveSource, Pulled)
 
@@ -90,8 +91,11 @@ class ReplayBroker:
     def __init__(self, source: ArchiveSource, offsets: GroupOffsets, *, address: str, executor: Executor,
                  limits: Limits | None = None, starts: Mapping[str, Start] | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 now_ms: Callable[[], int] | None = None, metrics: ReplayMetrics | None = None) -> None:
+                 now_ms: Callable[[], int] | None = None, metrics: ReplayMetrics | None = None,
+                 registry: Registry | None = None) -> None:
         self.source = source
+        # the other archived brokers this process serves, for the route (None: this one only)
+        self.registry = registry
         self.offsets = offsets
         self.address = address
         self.executor = executor
@@ -166,12 +170,15 @@ class ReplayBroker:
 
     async def route(self, req: Command, conn: int) -> Command:
         topic = text(req, "topic")
-        queues = self.source.topics.get(topic)
-        if queues is None:
+        if self.registry is not None:
+            brokers = self.registry.route(topic)
+        else:
+            queues = self.source.topics.get(topic)
+            brokers = [] if queues is None else [RouteBroker(cluster=self.source.cluster, broker=self.source.broker,
+                                                             address=self.address, queues=queues)]
+        if not brokers:
             return response(req, p.TOPIC_NOT_EXIST, remark=f"No topic route info in name server for the topic: {topic}")
-        body = route_body(cluster=self.source.cluster, broker=self.source.broker, address=self.address,
-                          queues=queues)
-        return response(req, p.SUCCESS, body=body)
+        return response(req, p.SUCCESS, body=route_body(brokers))
 
     async def heartbeat(self, req: Command, conn: int) -> Command:
         self.consumers.heartbeat(conn, req.body)
@@ -309,7 +316,8 @@ class ReplayBroker:
         if not self.offsets.loaded(group):
             await self._run(self.offsets.load, group)
         stored = self.offsets.get(group, topic, queue_id)
-        if stored is None and req.ext.get("setZeroIfNotFound", "").lower() == "false":
+        client_decides = self.starts.get(group, Start()).where == CLIENT
+        if stored is None and (client_decides or req.ext.get("setZeroIfNotFound", "").lower() == "false"):
             return response(req, p.QUERY_NOT_FOUND, remark="Not found, do not set to zero, maybe this group boot first")
         offset = stored if stored is not None else await self._start(group, topic, queue_id)
         return response(req, p.SUCCESS, ext={"offset": str(offset)})

@@ -35,6 +35,8 @@ class ReplayMetrics:
                                  ["request", "outcome"], registry=r)
         self.messages = Counter("tiered_replay_messages", "Archived messages served by pulls.", registry=r)
         self.bytes = Counter("tiered_replay_bytes", "Stored record bytes served by pulls.", registry=r)
+        self.refused = Counter("tiered_replay_refused_connections",
+                               "Connections closed at once: the cap on open connections was reached.", registry=r)
         self.held = Gauge("tiered_replay_held_pulls", "Pulls held until records arrive or they time out.",
                           registry=r)
 

@@ -99,6 +99,11 @@ class GroupOffsets:
         with self._lock:
             return self._known.get(group, {}).get((topic, queue_id))
 
+    def committed(self) -> dict[str, dict[Queue, int]]:
+        """A copy of every offset this process knows, by group."""
+        with self._lock:
+            return {group: dict(queues) for group, queues in self._known.items()}
+
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         self.key(group)  # a name that cannot be a key is refused before it is kept
         with self._lock:

@@ -19,10 +19,12 @@ import itertools
 import logging
 from collections.abc import Callable
 
-from tiered.errors import BadFrameError
+from tiered.errors import BadFrameError, BadRequestError
+from tiered.replay.acl import Acl
 from tiered.replay.broker import ReplayBroker
 from tiered.replay.frame import Command, decode, encode_head, frame_length
 from tiered.replay.metrics import ReplayMetrics
+from tiered.replay.protocol import response
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +33,11 @@ MAX_INFLIGHT = 64
 
 class ReplayServer:
     def __init__(self, broker_for: Callable[[str], ReplayBroker], host: str, port: int,
-                 metrics: ReplayMetrics | None = None) -> None:
+                 metrics: ReplayMetrics | None = None, acl: Acl | None = None, max_connections: int = 0) -> None:
         """``broker_for(address)`` builds the broker once the bound address
-        (the one the route advertises) is known: port 0 picks a free one."""
+        (the one the route advertises) is known: port 0 picks a free one.
+        With ``acl`` every request is checked before it runs; beyond
+        ``max_connections`` open connections (0: no cap) a new one is closed."""
         self._broker_for = broker_for
         self.host = host
         self.port = port
@@ -42,6 +46,8 @@ class ReplayServer:
         self._ids = itertools.count(1)
         self._conns: set[_Connection] = set()
         self.metrics = metrics
+        self.acl = acl
+        self.max_connections = max_connections
 
     async def start(self) -> str:
         loop = asyncio.get_running_loop()
@@ -61,6 +67,20 @@ class ReplayServer:
         if self._server is not None:
             await self._server.wait_closed()
 
+    def denied(self, cmd: Command, host: str) -> Command | None:
+        """The NO_PERMISSION answer when the ACL refuses ``cmd`` (None when it
+        may run): the request reaches no handler."""
+        if self.acl is None:
+            return None
+        try:
+            self.acl.check(cmd, host)
+            return None
+        except BadRequestError as exc:
+            log.debug("request %d from %s refused: %s", cmd.code, host, exc)
+            if self.metrics is not None:
+                self.metrics.request(cmd.code, exc.code)
+            return response(cmd, exc.code, remark=str(exc))
+
 
 class _Connection(asyncio.Protocol):
     """One client connection: frames cut from the received bytes, each
@@ -74,6 +94,7 @@ class _Connection(asyncio.Protocol):
         self.requests: set[asyncio.Task[None]] = set()
         self.reading = True  # False while reading is paused (too many requests in flight, or writes backed up)
         self.writes_paused = False
+        self.refused = False  # closed at once: over the server's connection cap
         self.loop = asyncio.get_running_loop()
         self.finished: asyncio.Future[None] = self.loop.create_future()
 
@@ -81,11 +102,24 @@ class _Connection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport) and self.server.broker is not None
         self.transport = transport
         self.peer = transport.get_extra_info("peername")
-        self.server._conns.add(self)
-        if self.server.metrics is not None:
-            self.server.metrics.connections.inc()
+        self.host = str(self.peer[0]) if isinstance(self.peer, tuple) else ""
+        server = self.server
+        if server.max_connections and len(server._conns) >= server.max_connections:
+            log.info("refusing the connection from %s: %d connections open", self.peer, len(server._conns))
+            if server.metrics is not None:
+                server.metrics.refused.inc()
+            self.refused = True
+            transport.abort()
+            return
+        server._conns.add(self)
+        if server.metrics is not None:
+            server.metrics.connections.inc()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self.finished.done():
+            self.finished.set_result(None)
+        if self.refused:
+            return
         if self.server.metrics is not None:
             self.server.metrics.connections.dec()
         self.server._conns.discard(self)
@@ -94,8 +128,6 @@ class _Connection(asyncio.Protocol):
         assert self.server.broker is not None
         self.server.broker.closed(self.conn)
         self.buf = bytearray()
-        if not self.finished.done():
-            self.finished.set_result(None)
 
     def abort(self) -> None:
         if self.transport is not None:
@@ -160,7 +192,11 @@ class _Connection(asyncio.Protocol):
         transport = self.transport
         assert transport is not None and self.server.broker is not None
         try:
-            resp = await self.server.broker.handle(cmd, self.conn)
+            resp = self.server.denied(cmd, self.host)
+            if resp is None:
+                resp = await self.server.broker.handle(cmd, self.conn)
+            elif cmd.is_oneway:
+                return
             if resp is None or transport.is_closing():
                 return
             # one write of head and body: frames never interleave, and it is one

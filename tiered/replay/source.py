@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 from tiered.archive.manifest import Manifest
 from tiered.archive.storage import ObjectStore
-from tiered.errors import TieredError
-from tiered.query.reader import Archive, ColdReader, QueueRef, ReadStatus, discover
+from tiered.query.batchread import is_batch
+from tiered.query.reader import Archive, ColdReader, QueueRef, ReadStatus
+from tiered.replay import batchqueue
 from tiered.replay.window import WINDOW_RECORDS, WindowCache, read_window, window_of
 
 # DefaultMessageStore's GetMessageStatus names (sent as the pull's remark)
@@ -45,18 +46,6 @@ class Pulled:
     next_offset: int
     min_offset: int
     max_offset: int
-
-
-def pick_broker(store: ObjectStore, cluster: str | None, broker: str | None) -> tuple[str, str]:
-    """The one archived (cluster, broker) to serve: the one named, or the
-    only one under the root."""
-    found = discover(store, cluster, broker)
-    if cluster and broker:
-        return cluster, broker
-    if len(found) != 1:
-        names = ", ".join(f"{c}/{b}" for c, b in found) or "none"
-        raise TieredError(f"replay serves one archived broker; found {names}: choose one with --cluster and --broker")
-    return found[0]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,8 +70,7 @@ class ArchiveSource:
         archive = Archive(store=self.store, brokers=[(self.cluster, self.broker)])
         refs = archive.queues()
         manifests = archive.manifests(refs)
-        # BatchCQ queues hold records of several messages each: not served by this slice
-        served = {(r.topic, r.queue_id): m for r, m in manifests.items() if not any(s.batch for s in m.segments)}
+        served = {(r.topic, r.queue_id): m for r, m in manifests.items()}
         topics: dict[str, int] = {}
         for topic, qid in served:
             topics[topic] = max(topics.get(topic, 0), qid + 1)
@@ -118,11 +106,15 @@ class ArchiveSource:
         m = self.manifest(topic, queue_id, snap)
         if m is None:
             return 0
+        if is_batch(m):  # BatchCQ: offsets count messages (tiered/replay/batchqueue.py)
+            return batchqueue.bounds(m)[0]
         return m.segments[0].q_start if m.segments else m.next_offset
 
     def max_offset(self, topic: str, queue_id: int, snap: Snapshot | None = None) -> int:
         """The offset after the last archived record, as the broker's max offset."""
         m = self.manifest(topic, queue_id, snap)
+        if m is not None and is_batch(m):
+            return batchqueue.bounds(m)[1]
         return 0 if m is None else m.next_offset
 
     def pull(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int) -> Pulled:
@@ -158,6 +150,13 @@ class ArchiveSource:
             return result(OFFSET_OVERFLOW_ONE, offset)
         if offset > hi:
             return result(OFFSET_OVERFLOW_BADLY, hi)
+        if is_batch(m):  # BatchCQ: a record holds several messages, so no windows (read on a read thread)
+            if not read:
+                return None
+            got = batchqueue.pull(self._reader(snap), self._ref(topic, queue_id), m, offset, max_count, max_bytes)
+            if got is None:
+                return result(OFFSET_OVERFLOW_ONE, hi)
+            return result(FOUND, got.next_offset, got.body, got.messages)
         seg = m.segment_for(offset)
         cut = None if seg is None else self.windows.cut(topic, queue_id, seg, offset, max_count, max_bytes)
         if cut is not None:
@@ -199,17 +198,26 @@ class ArchiveSource:
             return 0
         ref = self._ref(topic, queue_id)
         if not upper:
-            found = self._reader().offset_for_time(ref, timestamp_ms)
-            return 0 if found is None else found
-        after = self._reader().offset_for_time(ref, timestamp_ms + 1)
-        if after is None or after <= self.min_offset(topic, queue_id):
+            return self._lower(ref, timestamp_ms)
+        after = self._lower(ref, timestamp_ms + 1)
+        if after <= self.min_offset(topic, queue_id):
             return 0
         return after - 1
+
+    def _lower(self, ref: QueueRef, timestamp_ms: int) -> int:
+        """The first offset stored at or after the time (the max offset when all are older)."""
+        m = self.manifest(ref.topic, ref.queue_id)
+        if m is not None and is_batch(m):
+            return batchqueue.offset_for_time(self._reader(), ref, m, timestamp_ms)
+        found = self._reader().offset_for_time(ref, timestamp_ms)
+        return 0 if found is None else found
 
     def earliest_store_ms(self, topic: str, queue_id: int) -> int:
         """The store time of the first archived record; -1 when there is none."""
         lo, hi = self.min_offset(topic, queue_id), self.max_offset(topic, queue_id)
         if self.manifest(topic, queue_id) is None or lo >= hi:
             return -1
-        res = self._reader().read(self._ref(topic, queue_id), lo, max_count=1)
+        m = self.manifest(topic, queue_id)
+        first = m.segments[0].q_start if m is not None and is_batch(m) else lo  # BatchCQ: the first entry
+        res = self._reader().read(self._ref(topic, queue_id), first, max_count=1)
         return res.records[0].store_timestamp if res.records else -1

@@ -134,7 +134,7 @@ class LocalStore:
     def refresh_queue(self, topic: str, queue_id: int) -> None:
         """``refresh`` for the CommitLog and one queue only."""
         self.commitlog.refresh()
-        self._queue(topic, queue_id).refresh()
+        self.queue_files(topic, queue_id).refresh()
 
     def release_queue(self, topic: str, queue_id: int) -> None:
         """Give back this process's mapped pages of a queue's ConsumeQueue
@@ -142,8 +142,7 @@ class LocalStore:
         a few pages of each; kept, they add up to hundreds of MiB."""
         files = self._queues.get((topic, queue_id))
         if files is not None:
-            for start in list(files._maps):
-                files.release(start)
+            files.release_all()
 
     def commitlog_join(self, los: np.ndarray, his: np.ndarray) -> bytes:
         """CommitLog bytes [los[i], his[i]) of each span (each within one file,
@@ -185,7 +184,10 @@ class LocalStore:
             return None
         return (start, view) if hi - start <= len(view) else None
 
-    def _queue(self, topic: str, queue_id: int) -> QueueFiles:
+    def queue_files(self, topic: str, queue_id: int) -> QueueFiles:
+        """The ConsumeQueue (or BatchConsumeQueue) files of a queue, kept
+        mapped across calls; a reader of the queue (``QueueCursor``, the
+        CommitLog pass) walks them itself."""
         files = self._queues.get((topic, queue_id))
         if files is None:
             if self.is_batch(topic):
@@ -217,14 +219,14 @@ class LocalStore:
         """The ConsumeQueue entry (CommitLog offset, size, tags code) at
         ``queue_offset``; None when it is not written or its file is gone."""
         try:
-            return self._entry(self._queue(topic, queue_id), queue_offset)
+            return self._entry(self.queue_files(topic, queue_id), queue_offset)
         except FileNotFoundError:
             return None
 
     def batch_entry(self, topic: str, queue_id: int, offset: int) -> Any:
         """The BatchConsumeQueue entry (``tiered.store.batchcq.BatchEntry``)
         at entry ``offset`` of a BatchCQ queue; None when not written."""
-        files = self._queue(topic, queue_id)
+        files = self.queue_files(topic, queue_id)
         if not files.is_batch or self.entry_at(topic, queue_id, offset) is None:
             return None
         return files.unit(offset)  # type: ignore[attr-defined]
@@ -247,13 +249,13 @@ class LocalStore:
         from tiered.store.batchcq import entry_of
 
         rng = self.queue_range(topic, queue_id)
-        return entry_of(self._queue(topic, queue_id), queue_offset, rng.min_offset,  # type: ignore[arg-type]
+        return entry_of(self.queue_files(topic, queue_id), queue_offset, rng.min_offset,  # type: ignore[arg-type]
                         rng.max_offset)
 
     def truncated(self, topic: str, queue_id: int) -> bool:
         """The last ConsumeQueue file ends inside an entry (from its mapping:
         no system call), so an "idle" queue is really stopped on corruption."""
-        files = self._queue(topic, queue_id)
+        files = self.queue_files(topic, queue_id)
         if not files.starts:
             return False
         try:
@@ -269,7 +271,7 @@ class LocalStore:
         entry (files are preallocated and entries written whole), or a zero
         entry while later entries are written (the broker writes them in
         order, so this is not a tail in progress). None: the end of data."""
-        files = self._queue(topic, queue_id)
+        files = self.queue_files(topic, queue_id)
         byte = offset * CQ_ENTRY_SIZE
         start = files.locate(byte)
         if start is None:
@@ -297,7 +299,7 @@ class LocalStore:
     def queue_range(self, topic: str, queue_id: int) -> QueueRange:
         """Offsets on local disk. Leading filler entries and entries whose
         CommitLog file the broker already deleted are not counted."""
-        files = self._queue(topic, queue_id)
+        files = self.queue_files(topic, queue_id)
         if not files.starts:
             files.refresh()
         if not files.starts:
@@ -415,7 +417,7 @@ class LocalStore:
                 raise NotWrittenYetError(source, rel, f"record of {size} bytes truncated at {len(view) - rel}")
         return decode_record(view, rel, source, verify_crc=verify_crc)
 
-    def _commitlog_window(self, phys: int, size: int) -> tuple[int, memoryview, str] | None:
+    def commitlog_window(self, phys: int, size: int) -> tuple[int, memoryview, str] | None:
         """(start, view, source) of the CommitLog file holding the ``size``
         bytes at ``phys``, remapped if it grew; None when they are not
         (completely) on disk yet. Raises FileNotFoundError when the file is
@@ -506,7 +508,7 @@ class LocalStore:
         return QueueCursor(self, topic, queue_id, from_offset, max_count=max_count, max_bytes=max_bytes,
                            verify_crc=verify_crc).batches()
 
-    def _missing(self, phys: int, offset: int) -> CorruptRecordError:
+    def missing_record_error(self, phys: int, offset: int) -> CorruptRecordError:
         """A record that is not on disk while a later ConsumeQueue entry is:
         the broker writes records in order and each entry after its record,
         so this is not a tail still being written but lost data."""
@@ -535,7 +537,7 @@ class LocalStore:
         """The next queue offset the broker will write: cheap enough to call for
         every idle queue every round (no directory listing unless the last
         ConsumeQueue file is full)."""
-        files = self._queue(topic, queue_id)
+        files = self.queue_files(topic, queue_id)
         if not files.starts:
             files.refresh()
             if not files.starts:
@@ -560,7 +562,7 @@ class LocalStore:
     def pending(self, topic: str, queue_id: int, from_offset: int, *, max_entries: int = 1 << 20) -> tuple[int, int]:
         """(messages, bytes) written after ``from_offset``, from the ConsumeQueue
         alone (no CommitLog read); counts at most ``max_entries`` entries."""
-        files = self._queue(topic, queue_id)
+        files = self.queue_files(topic, queue_id)
         count = 0
         total = 0
         offset = from_offset
@@ -590,7 +592,9 @@ class LocalStore:
             offset += n
         return count, total
 
-    def _expired(self, topic: str, queue_id: int, offset: int) -> ExpiredLocallyError:
+    def expired_error(self, topic: str, queue_id: int, offset: int) -> ExpiredLocallyError:
+        """The error for ``offset`` read after the broker deleted it: the
+        store is looked at again so it names the first offset still there."""
         self.refresh()
         rng = self.queue_range(topic, queue_id)
         nxt = rng.min_offset if rng.min_offset > offset else None
@@ -604,14 +608,14 @@ class LocalStore:
         timestamps grow with queue offsets in one queue."""
         rng = self.queue_range(topic, queue_id)
         lo, hi = rng.min_offset, rng.max_offset
-        files = self._queue(topic, queue_id)
+        files = self.queue_files(topic, queue_id)
         while lo < hi:
             mid = (lo + hi) // 2
             try:
                 entry = self._entry(files, mid)
                 stamp = None if entry is None else self.read_at(entry[0], verify_crc=False).store_timestamp
             except FileNotFoundError:
-                raise self._expired(topic, queue_id, mid) from None
+                raise self.expired_error(topic, queue_id, mid) from None
             except NotWrittenYetError:
                 stamp = None  # a torn tail ends the queue here
             if stamp is None or stamp >= timestamp_ms:

@@ -119,6 +119,11 @@ class FileSet:
             except (AttributeError, OSError, ValueError):
                 pass  # advisory only
 
+    def release_all(self) -> None:
+        """``release`` every file mapped so far, whole."""
+        for start in list(self._maps):
+            self.release(start)
+
     def populate(self, start: int, lo: int, hi: int) -> None:
         """Map this process's pages of file ``start`` for bytes [lo, hi) in
         one call: a reader about to touch all of them (every record of a

@@ -72,7 +72,7 @@ class QueueCursor:
     def __init__(self, store: LocalStore, topic: str, queue_id: int, offset: int, *, max_count: int | None,
                  max_bytes: int | None, verify_crc: bool) -> None:
         self.store = store
-        self.files = store._queue(topic, queue_id)
+        self.files = store.queue_files(topic, queue_id)
         self.topic = topic
         self.queue_id = queue_id
         self.topic_raw = topic.encode("utf-8")
@@ -132,7 +132,7 @@ class QueueCursor:
                 if start is None:
                     if not files.starts:
                         return None  # no ConsumeQueue file (yet): nothing written
-                    raise self.store._expired(self.topic, self.queue_id, self.offset)
+                    raise self.store.expired_error(self.topic, self.queue_id, self.offset)
             rel = byte - start
             if start != self.cq_start:
                 if self.cq_start >= 0:
@@ -142,7 +142,7 @@ class QueueCursor:
                 view = files.view(start, rel + CQ_ENTRY_SIZE)  # remapped if it grew
             except FileNotFoundError:
                 files.refresh()
-                raise self.store._expired(self.topic, self.queue_id, self.offset) from None
+                raise self.store.expired_error(self.topic, self.queue_id, self.offset) from None
             slot = files.entries_per_file(start, view) * CQ_ENTRY_SIZE
             if rel < slot:
                 break
@@ -221,7 +221,7 @@ class QueueCursor:
             if size == 0:
                 return None
             if size == CQ_FILLER_SIZE:
-                raise self.store._expired(self.topic, self.queue_id, offset)
+                raise self.store.expired_error(self.topic, self.queue_id, offset)
             raise CorruptRecordError(str(self.files.path(chunk.start)), (offset - chunk.base) * CQ_ENTRY_SIZE,
                                      f"ConsumeQueue entry ({phys}, {size}, {tags}) is impossible")
         if phys + size > self.phys_limit:
@@ -239,7 +239,7 @@ class QueueCursor:
                                    size, self.verify_crc)
         except NotWrittenYetError:
             if offset != chunk.last:
-                raise self.store._missing(phys, offset) from None
+                raise self.store.missing_record_error(phys, offset) from None
             return None  # the tail: not (completely) written yet
         except CorruptRecordError:
             if chunk.entry(offset) != entry:
@@ -259,12 +259,12 @@ class QueueCursor:
             commitlog.release(self.cl_start, self.cl_released, pos)
         else:
             try:
-                window = self.store._commitlog_window(phys, size)
+                window = self.store.commitlog_window(phys, size)
             except FileNotFoundError:
-                raise self.store._expired(self.topic, self.queue_id, offset) from None
+                raise self.store.expired_error(self.topic, self.queue_id, offset) from None
             if window is None:
                 if not is_last:
-                    raise self.store._missing(phys, offset)
+                    raise self.store.missing_record_error(phys, offset)
                 return False
             if self.cl_view is not EMPTY and window[0] != self.cl_start:
                 commitlog.release(self.cl_start, self.cl_released)  # done with that file
