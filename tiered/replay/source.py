@@ -55,6 +55,8 @@ class Snapshot:
     archive: Archive
     manifests: dict[tuple[str, int], Manifest]
     topics: dict[str, int]  # topic -> queue count (highest archived queue id + 1)
+    # the BatchCQ queues, found once: asking each manifest walks its segments, on every pull
+    batch: frozenset[tuple[str, int]] = frozenset()
 
 
 class ArchiveSource:
@@ -74,7 +76,8 @@ class ArchiveSource:
         topics: dict[str, int] = {}
         for topic, qid in served:
             topics[topic] = max(topics.get(topic, 0), qid + 1)
-        return Snapshot(archive=archive, manifests=served, topics=topics)
+        return Snapshot(archive=archive, manifests=served, topics=topics,
+                        batch=frozenset(q for q, m in served.items() if is_batch(m)))
 
     def refresh(self) -> set[tuple[str, int]]:
         """Read the catalog and manifests again; the queues whose archive
@@ -103,17 +106,19 @@ class ArchiveSource:
 
     def min_offset(self, topic: str, queue_id: int, snap: Snapshot | None = None) -> int:
         """The first offset still archived (0 for a queue never archived)."""
+        snap = snap or self._snap
         m = self.manifest(topic, queue_id, snap)
         if m is None:
             return 0
-        if is_batch(m):  # BatchCQ: offsets count messages (tiered/replay/batchqueue.py)
+        if (topic, queue_id) in snap.batch:  # BatchCQ: offsets count messages (tiered/replay/batchqueue.py)
             return batchqueue.bounds(m)[0]
         return m.segments[0].q_start if m.segments else m.next_offset
 
     def max_offset(self, topic: str, queue_id: int, snap: Snapshot | None = None) -> int:
         """The offset after the last archived record, as the broker's max offset."""
+        snap = snap or self._snap
         m = self.manifest(topic, queue_id, snap)
-        if m is not None and is_batch(m):
+        if m is not None and (topic, queue_id) in snap.batch:
             return batchqueue.bounds(m)[1]
         return 0 if m is None else m.next_offset
 
@@ -150,7 +155,7 @@ class ArchiveSource:
             return result(OFFSET_OVERFLOW_ONE, offset)
         if offset > hi:
             return result(OFFSET_OVERFLOW_BADLY, hi)
-        if is_batch(m):  # BatchCQ: a record holds several messages, so no windows (read on a read thread)
+        if (topic, queue_id) in snap.batch:  # BatchCQ: a record holds several messages, so no windows
             if not read:
                 return None
             got = batchqueue.pull(self._reader(snap), self._ref(topic, queue_id), m, offset, max_count, max_bytes)
