@@ -187,13 +187,15 @@ def test_dockerignore_matcher_understands_the_rules() -> None:
 def test_context_ships_every_package_file_and_nothing_local() -> None:
     rules = ignore_rules()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = [p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]]
+    setuptools = project["tool"]["setuptools"]
+    folders = ["tiered", *setuptools["package-dir"].values()]  # tiered.dispatcher... live at the top
     tracked = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout.split()
     needed = {"pyproject.toml", "setup.py", "constraints.txt", project["project"]["readme"]}
-    needed |= {f for f in tracked if f.split("/")[0] in packages}
+    needed |= {f"{module}.py" for module in setuptools["py-modules"]}
+    needed |= {f for f in tracked if f.split("/")[0] in folders}
     assert len(needed) > 5
     for path in sorted(needed):
         if (ROOT / path).exists():
