@@ -62,17 +62,19 @@ class VenvSize:
         }
 
 
+def _setuptools() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
 def packages() -> list[str]:
     """The source folders `pip install .` ships: tiered and the folders
     pyproject's package-dir installs inside it (tiered.dispatcher...)."""
-    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    return ["tiered", *setuptools["package-dir"].values()]
+    return ["tiered", *_setuptools()["package-dir"].values()]
 
 
 def modules() -> list[str]:
     """The single-file modules it ships (pyproject's py-modules)."""
-    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    return [f"{name}.py" for name in setuptools["py-modules"]]
+    return [f"{name}.py" for name in _setuptools()["py-modules"]]
 
 
 def requirements(extra: str | None = None) -> list[str]:
