@@ -313,8 +313,8 @@ class ReplayBroker:
     async def query_offset(self, req: Command, conn: int) -> Command:
         group = text(req, "consumerGroup")
         topic, queue_id = self._queue(req)
-        if not self.offsets.loaded(group):
-            await self._run(self.offsets.load, group)
+        if not self.offsets.fresh(group):  # other replicas' commits, as flushed
+            await self._run(self.offsets.refresh, group)
         stored = self.offsets.get(group, topic, queue_id)
         client_decides = self.starts.get(group, Start()).where == CLIENT
         if stored is None and (client_decides or req.ext.get("setZeroIfNotFound", "").lower() == "false"):

@@ -11,6 +11,12 @@ A flush re-reads the object, lays this process's commits over it and
 writes it back only if nobody wrote it meanwhile (``put_if_match``, or
 ``put_if_absent`` for a new group), retrying on a lost race: a restarted
 replay, or several behind one Service, never lose each other's queues.
+
+Replicas read each other's commits when a client asks for a committed
+offset (``refresh``: a rebalance handing a queue to a consumer connected to
+another replica asks then), at most once a second per group: a queue
+committed through another replica is seen once that replica has flushed,
+as a broker's slave sees the master's offsets once they are synced.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ FOLDER = "_replay.offsets"
 # TopicValidator's rule for topic and group names: also keeps keys inside the folder
 _NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,255}$")
 _ATTEMPTS = 8
+# a rebalance asks for all of a group's queues at once: one read answers them
+FRESH_MS = 1000
 
 Queue = tuple[str, int]
 
@@ -61,7 +69,7 @@ def decode(data: bytes, key: str) -> dict[Queue, int]:
 
 
 class GroupOffsets:
-    """Committed offsets by group. ``load`` and ``flush`` reach the bucket
+    """Committed offsets by group. ``refresh`` and ``flush`` reach the bucket
     (call them off the event loop); ``get`` and ``commit`` only memory."""
 
     def __init__(self, store: ObjectStore, cluster: str, broker: str, *, now_ms: Callable[[], int]) -> None:
@@ -70,30 +78,44 @@ class GroupOffsets:
         self.now_ms = now_ms
         self._lock = threading.Lock()
         self._known: dict[str, dict[Queue, int]] = {}
-        self._loaded: set[str] = set()
-        self._dirty: dict[str, dict[Queue, int]] = {}
+        self._read_ms: dict[str, int] = {}  # when each group's object was last read
+        self._dirty: dict[str, dict[Queue, int]] = {}  # commits not yet given to a flush
+        self._writing: dict[str, dict[Queue, int]] = {}  # commits a flush is writing
+        self._reads = threading.Lock()  # one read at a time: a burst of queries waits for the first
+        self._during: dict[Queue, int] | None = None  # commits of the group being read, made during the read
+        self._reading = ""
 
     def key(self, group: str) -> str:
         return f"{self.prefix}/{check_name('group', group)}.json"
 
-    def loaded(self, group: str) -> bool:
+    def fresh(self, group: str) -> bool:
+        """Whether the group's object was read within the last ``FRESH_MS``."""
         with self._lock:
-            return group in self._loaded
+            read = self._read_ms.get(group)
+        return read is not None and self.now_ms() - read < FRESH_MS
 
-    def load(self, group: str) -> None:
-        """Read the group's object once (later commits of this process win)."""
-        key = self.key(group)
-        if self.loaded(group):
-            return
-        try:
-            stored = decode(self.store.get(key), key)
-        except ObjectNotFoundError:
-            stored = {}
-        with self._lock:
-            if group not in self._loaded:
-                # commits this process made before the load are newer than the stored ones
-                self._known[group] = {**stored, **self._known.get(group, {})}
-                self._loaded.add(group)
+    def refresh(self, group: str) -> None:
+        """Read the group's object, unless read within ``FRESH_MS``: other
+        replicas' flushed commits replace what this process knew, except the
+        queues it committed itself since (not flushed yet, being written, or
+        committed while this read was under way), which are newer."""
+        with self._reads:
+            if self.fresh(group):
+                return
+            key = self.key(group)
+            with self._lock:
+                self._reading, self._during = group, {}
+            try:
+                stored = decode(self.store.get(key), key)
+            except ObjectNotFoundError:
+                stored = {}
+            finally:
+                with self._lock:
+                    during, self._reading, self._during = self._during or {}, "", None
+            with self._lock:
+                mine = {**self._writing.get(group, {}), **self._dirty.get(group, {}), **during}
+                self._known[group] = {**stored, **mine}
+                self._read_ms[group] = self.now_ms()
 
     def get(self, group: str, topic: str, queue_id: int) -> int | None:
         with self._lock:
@@ -109,12 +131,15 @@ class GroupOffsets:
         with self._lock:
             self._known.setdefault(group, {})[(topic, queue_id)] = offset
             self._dirty.setdefault(group, {})[(topic, queue_id)] = offset
+            if self._during is not None and group == self._reading:
+                self._during[(topic, queue_id)] = offset
 
     def flush(self) -> int:
         """Write every group with new commits; returns how many were written.
         A group whose write fails keeps its commits for the next flush."""
         with self._lock:
             batch, self._dirty = self._dirty, {}
+            self._writing = batch
         written = 0
         failed: Exception | None = None
         for group, commits in batch.items():
@@ -125,6 +150,8 @@ class GroupOffsets:
                 with self._lock:  # newer commits made meanwhile win over these
                     self._dirty[group] = {**commits, **self._dirty.get(group, {})}
                 failed = failed or exc
+        with self._lock:
+            self._writing = {}
         if failed is not None:
             raise failed
         return written
