@@ -97,6 +97,17 @@ class ConfigError(TieredError):
     """A configuration value or a broker config file that cannot be used."""
 
 
+class AclFileError(ConfigError):
+    """A RocketMQ ACL file (``tiered replay --acl``) that cannot be used:
+    ``path`` names the file, ``reason`` the entry and what is wrong with it,
+    never a secret of it."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"--acl {path}: {reason}")
+
+
 class FormatVersionError(TieredError):
     """A manifest or catalog written by a newer, incompatible format version."""
 

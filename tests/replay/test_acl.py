@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from replaykit import Archived, Raw, Replay
-from tiered.errors import BadRequestError, ConfigError
+from tiered.errors import AclFileError, BadRequestError, ConfigError
 from tiered.replay import protocol as p
 from tiered.replay.acl import Acl, AddressPattern, content, sign, signature
 from tiered.replay.frame import Command
@@ -98,10 +98,77 @@ def test_white_remote_address_patterns(pattern: str, host: str, matches: bool) -
     assert AddressPattern(pattern).match(host) is matches
 
 
-@pytest.mark.parametrize("pattern", ["192.168.1.300", "192.168.*.1", "192.168.9-3.*", "fe80::1-2:*", "10.0.0.{a,b}"])
+# IPv6, as RemoteAddressStrategyFactory and AclUtils read it before ACL 1.0's removal (f75dc5a4d2^):
+# a range's bounds are hex; HEAD with :: is expanded to the groups before the varying one; without ::
+# HEAD is a prefix and the groups after the varying one are free (RemoteAddressStrategyTest's shapes)
+@pytest.mark.parametrize(("pattern", "host", "matches"), [
+    ("*:*:*:*:*:*:*:*", "2001:db8::1", True),
+    ("1050:0000:0000:0000:0005:0600:300c:326b", "1050::5:600:300c:326b", True),  # one address, any spelling
+    ("1050::5:600:300c:326b", "1050:0:0:0:5:600:300c:326B", True),
+    ("1050::5:600:300c:326b", "1050::5:600:300c:326c", False),
+    ("1050::0005:0600:300c:3261,1050::0005:0600:300c:3262", "1050::5:600:300c:3262", True),
+    ("1050::0005:0600:300c:3261,1050::0005:0600:300c:3262", "1050::5:600:300c:3263", False),
+    ("1050::0005:0600:300c:3261:{1,2,3}", "1050:0:0:5:600:300c:3261:2", True),  # a set in the last group
+    ("1050::0005:0600:300c:3261:{1,2,3}", "1050:0:0:5:600:300c:3261:4", False),
+    ("1050::0005:0600:300c:*", "1050::5:600:300c:ffff", True),  # HEAD:*
+    ("1050::0005:0600:300c:*", "1050::5:600:300c:0", True),
+    ("1050::0005:0600:300c:*", "1050::5:600:3001:1", False),
+    ("1050::0005:0600:300c:1-200", "1050::5:600:300c:200", True),  # HEAD:x-y, hex bounds
+    ("1050::0005:0600:300c:1-200", "1050::5:600:300c:1", True),
+    ("1050::0005:0600:300c:1-200", "1050::5:600:300c:201", False),
+    ("1050::0005:0600:300c:1-200", "1050::5:600:300c:0", False),
+    ("1050::0005:0600:300c:1-200:*", "1050:0:0:5:600:300c:1:abcd", True),  # HEAD:x-y:*
+    ("1050::0005:0600:300c:1-200:*", "1050:0:0:5:600:300c:200:0", True),
+    ("1050::0005:0600:300c:1-200:*", "1050:0:0:5:600:300c:201:1", False),
+    ("1050::0005:0600:300c:1-200:*", "1051:0:0:5:600:300c:1:1", False),
+    ("1050:0005:0600:300c:3261:*", "1050:5:600:300c:3261:9:8:7", True),  # no ::: a prefix of 5 groups
+    ("1050:0005:0600:300c:3261:*", "1050:5:600:300c:3262::", False),
+    ("::1:*", "::1:5", True),
+    ("::1:*", "::2:5", False),
+    ("1050::0005:0600:300c:*", "10.0.0.1", False),  # an IPv4 client never matches an IPv6 range
+    ("10.0.*.*", "::ffff:10.0.0.1", False),  # nor an IPv6 client an IPv4 range
+    ("1050::0005:0600:300c:*", "not-an-address", False),
+])
+def test_ipv6_white_remote_address_patterns(pattern: str, host: str, matches: bool) -> None:
+    assert AddressPattern(pattern).match(host) is matches
+
+
+@pytest.mark.parametrize("pattern", [
+    "192.168.1.300", "192.168.*.1", "192.168.9-3.*", "10.0.0.{a,b}",
+    "fe80::1-2:*",  # :: just before the varying group: RocketMQ reads fe80:0 as the head; refused
+    "1050::*",
+    "1050::300c:*:*",  # * only once, as the last group
+    "1050::300c:*:1",
+    "1050::300c:1-2:3",  # a range is the last group, or the one before a last *
+    "1050::300c:2-1",  # x <= y
+    "1050::300c:0-0",  # RocketMQ finds no range when y is 0
+    "1050::300c:1-10000",  # past ffff
+    "1050::300c:-5",
+    "1-2:*",  # no head
+    "1-2",
+    "1050::zz:*",  # a head group that is not hex
+    "1050::1::2:*",
+    "1:2:3:4:5:6:7:8:*",  # more than 8 groups
+    "1:2:3:4:5:6:7:1-2:*",
+    "1050::0005:0600:300c:3261:{1,zz}",
+    "1050::0005:0600:300c:3261:326g",
+])
 def test_bad_patterns_are_refused_at_load(pattern: str) -> None:
     with pytest.raises(ConfigError):
         AddressPattern(pattern)
+
+
+def test_a_bad_pattern_in_a_file_is_an_acl_file_error_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "plain_acl.yml"
+    for text, where in ((ACL_YAML.replace("whiteRemoteAddress:\n", "whiteRemoteAddress: 1050::300c:2-1\n", 1),
+                         f"accounts[0] ({ACCESS}): whiteRemoteAddress '1050::300c:2-1'"),
+                        (ACL_YAML.replace("  - 10.9.*.*", "  - 10.9.*.*\n  - 1050::*"),
+                         "globalWhiteRemoteAddresses[1]: whiteRemoteAddress '1050::*'")):
+        path.write_text(text)
+        with pytest.raises(AclFileError) as info:
+            Acl.load(path)
+        assert info.value.path == str(path) and info.value.reason.startswith(where)
+        assert str(info.value).startswith(f"--acl {path}: {where}") and SECRET not in str(info.value)
 
 
 def _acl(tmp_path: Path, text: str = ACL_YAML) -> Acl:
@@ -311,6 +378,22 @@ def test_with_acl_no_exposure_warning(archived: Archived, acl_file: Path) -> Non
     with Replay(archived.cold_url, "--acl", str(acl_file)) as r:
         lines = list(r.lines)
     assert not [x for x in lines if "WARNING" in x]
+
+
+def test_ipv6_clients_are_matched_by_ipv6_ranges(archived: Archived, tmp_path: Path) -> None:
+    """A client connected over IPv6 (::1): outside the global range it must
+    sign; inside its account's range its access key alone lets it in."""
+    path = tmp_path / "plain_acl.yml"
+    path.write_text(ACL_YAML.replace("  - 10.9.*.*", "  - 0:0:0:0:0:0:0:2-5").replace(
+        "whiteRemoteAddress:\n", "whiteRemoteAddress: '::0:1-2'\n", 1))
+    with Replay(archived.cold_url, "--acl", str(path), listen="[::1]:0") as r:
+        raw = Raw(r.address)
+        try:
+            ext = {"topic": "Orders", "queueId": "0"}
+            assert raw.call(p.GET_MAX_OFFSET, ext).code == p.NO_PERMISSION
+            assert raw.call(p.GET_MAX_OFFSET, {**ext, "AccessKey": ACCESS}).code == p.SUCCESS
+        finally:
+            raw.close()
 
 
 def test_the_acl_comes_from_the_environment_too(archived: Archived, acl_file: Path) -> None:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from replaykit import Archived, make_archive, CLUSTER, BROKER, Replay, archive, expected, write
+from replaykit import Archived, make_archive, CLUSTER, BROKER, Raw, Replay, archive, expected, free_port, write
 from tiered.archive.storage import open_store
+from tiered.format.codec import Host
 
 rocketmq = pytest.importorskip("rocketmq.client", reason="the RocketMQ C++ client wheel (x86_64 Linux)")
 
@@ -130,3 +131,67 @@ def test_an_orderly_push_consumer_gets_each_queue_in_order(archived: Archived, r
     assert sorted(got) == want
     for q in range(3):  # the queue locks keep one consumer thread per queue: offsets come in order
         assert [o for qq, o in got if qq == q] == [o for qq, o in want if qq == q]
+
+
+def _send_backs(metrics_url: str) -> float:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"{metrics_url}/metrics", timeout=10).read().decode()
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == "tiered_replay_requests_total" and s.labels == {"request": "send_back",
+                                                                           "outcome": "no_permission"})
+
+
+def test_a_failed_message_whose_send_back_is_refused_is_lost_by_the_cpp_client(tmp_path: Path) -> None:
+    """What the 2019 C++ client (1.2.x ConsumeMessageConcurrentlyService) does when its callback
+    returns RECONSUME_LATER: the pull's whole batch is sent back (CONSUMER_SEND_MSG_BACK, to the
+    records' store host, not to the route's broker: here the archive names replay's own address),
+    a refusal is only logged, and the offset moves past the batch. The failed message and the rest
+    of its batch, never shown to the callback, are not delivered again and the commit passes them."""
+    from rocketmq.client import RecvMessage, _CConsumeStatus, dll, ffi_check
+
+    port = free_port()
+    archived = make_archive(tmp_path, store_host=Host("127.0.0.1", port))
+    orders = {k[1:] for k in archived.messages if k[0] == "Orders"}
+    ends = {q: sum(1 for qq, _ in orders if qq == q) for q in range(3)}
+    seen: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def on_message(_consumer, msg) -> int:  # noqa: ANN001 - the wheel's raw callback: it returns the status
+        m = RecvMessage(msg)
+        with lock:
+            seen.append((m.queue_id, m.queue_offset))
+        failed = (m.queue_id, m.queue_offset) == (0, 0)
+        return (_CConsumeStatus.RECONSUME_LATER if failed else _CConsumeStatus.CONSUME_SUCCESS).value
+
+    with Replay(archived.cold_url, listen=f"127.0.0.1:{port}") as replay:
+        raw = Raw(replay.address)  # the client's first pull of queue 0: offset 0, at most 32
+        first = raw.call(11, {"consumerGroup": "probe", "topic": "Orders", "queueId": "0", "queueOffset": "0",
+                              "maxMsgNums": "32", "sysFlag": "0"})
+        raw.close()
+        batch = int(first.ext["nextBeginOffset"])
+        want = orders - {(0, o) for o in range(1, batch)}  # the batch's others never reach the callback
+        consumer = rocketmq.PushConsumer("send-back-g")
+        consumer.set_namesrv_addr(replay.address)
+        ffi_check(dll.Subscribe(consumer._handle, b"Orders", b"*"))
+        consumer._register_callback(on_message)
+        consumer.start()
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                with lock:
+                    got = set(seen)
+                if got == want and _send_backs(replay.metrics_url) >= batch:
+                    break
+                time.sleep(0.2)
+            time.sleep(0.5)  # let the consumer finish the batch it is in before the commit at shutdown
+        finally:
+            consumer.shutdown()
+        assert set(seen) == want, sorted(want ^ set(seen))
+        assert _send_backs(replay.metrics_url) == batch  # each message of the failed batch, refused once
+    assert sorted(seen) == sorted(want)  # nothing delivered twice: the failed message is not re-consumed
+    doc = json.loads((Path(archived.cold_url.removeprefix("file://")) / CLUSTER / BROKER / "_replay.offsets" /
+                      "send-back-g.json").read_bytes())
+    assert {r["queue_id"]: r["offset"] for r in doc["offsets"] if r["topic"] == "Orders"} == ends

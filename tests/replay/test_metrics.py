@@ -34,6 +34,7 @@ def test_requests_messages_bytes_connections_and_bad_frames_are_counted(tmp_path
         assert found.body == b"".join(want[:5])
         assert raw.call(11, {**pull, "queueOffset": str(len(want))}).code == 19
         assert raw.call(10, {"topic": "Orders"}).code == 16
+        assert raw.call(36, {"group": "g", "offset": "0", "delayLevel": "0"}).code == 16
         raw.send(encode(Command(code=15, opaque=9, flag=2, ext={"consumerGroup": "g", "topic": "Orders",
                                                                   "queueId": "0", "commitOffset": "1"})))
         assert raw.call(9999).code == 3
@@ -50,6 +51,7 @@ def test_requests_messages_bytes_connections_and_bad_frames_are_counted(tmp_path
         ("tiered_replay_requests_total", (("outcome", "success"), ("request", "pull"))): 1.0,
         ("tiered_replay_requests_total", (("outcome", "not_found"), ("request", "pull"))): 1.0,
         ("tiered_replay_requests_total", (("outcome", "no_permission"), ("request", "send"))): 1.0,
+        ("tiered_replay_requests_total", (("outcome", "no_permission"), ("request", "send_back"))): 1.0,
         ("tiered_replay_requests_total", (("outcome", "success"), ("request", "update_offset"))): 1.0,
         ("tiered_replay_requests_total", (("outcome", "not_supported"), ("request", "other"))): 1.0,
         ("tiered_replay_messages_total", ()): 5.0,

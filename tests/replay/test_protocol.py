@@ -152,8 +152,19 @@ def test_sends_are_refused_and_other_codes_not_supported(raw) -> None:  # noqa: 
     for code in (10, 310, 320):
         resp = raw.call(code, {"producerGroup": "p", "topic": "Orders", "queueId": "0"}, body=b"hello")
         assert resp.code == 16 and "sending message is forbidden" in resp.remark
-    other = raw.call(36, {"group": "g"})  # CONSUMER_SEND_MSG_BACK
-    assert (other.code, other.remark) == (3, " request type 36 not supported")
+    # CONSUMER_SEND_MSG_BACK: refused as a broker without write permission refuses it,
+    # once its header decodes (a missing @CFNotNull field is SYSTEM_ERROR, as on the broker)
+    back = raw.call(36, {"group": "g", "offset": "1234", "delayLevel": "0", "originMsgId": "X"})
+    assert (back.code, back.remark, back.body) == (
+        16, f"the broker[{BROKER}] sending message is forbidden: it replays an archive", b"")
+    assert raw.call(36, {"group": "g", "offset": "1234", "delayLevel": "0"}, serialize=ROCKETMQ).code == 16
+    for missing in ("offset", "group", "delayLevel"):
+        ext = {k: v for k, v in {"group": "g", "offset": "1", "delayLevel": "0"}.items() if k != missing}
+        bad = raw.call(36, ext)
+        assert (bad.code, bad.remark) == (1, f"the custom field <{missing}> is null")
+    assert raw.call(36, {"group": "g", "offset": "x", "delayLevel": "0"}).code == 1
+    other = raw.call(37, {"group": "g"})  # no handler: the broker's "not supported"
+    assert (other.code, other.remark) == (3, " request type 37 not supported")
     # QUERY_ASSIGNMENT: 5.x Java clients fall back to rebalancing themselves
     assert raw.call(400, {"topic": "Orders", "consumerGroup": "g"}).code == 3
 

@@ -48,10 +48,13 @@ class Expected:
     store_size: int
 
 
-def write(root: Path, first: int, count: int) -> None:
+def write(root: Path, first: int, count: int, store_host: Host | None = None) -> None:
     """Messages ``first`` .. ``first + count - 1`` of every topic, round robin
-    over its queues; store time ``T0 + i`` seconds (appends to a store)."""
-    with StoreWriter(root, commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
+    over its queues; store time ``T0 + i`` seconds (appends to a store).
+    ``store_host`` is the broker address the records name (StoreWriter's
+    default otherwise)."""
+    hosted = {} if store_host is None else {"store_host": store_host}
+    with StoreWriter(root, commitlog_file_size=1 << 20, cq_entries_per_file=1000, **hosted) as w:
         for topic, queues in TOPICS.items():
             for i in range(first, first + count):
                 ts = T0 + i * 1000
@@ -92,8 +95,9 @@ def archive(root: Path, store: ObjectStore, state_dir: Path, broker: str = BROKE
 class Replay:
     """``tiered replay`` in a subprocess; ``address`` is where it listens."""
 
-    def __init__(self, cold_url: str, *args: str, env: dict[str, str] | None = None) -> None:
-        cmd = [sys.executable, "-m", "tiered.cli", "replay", "--cold", cold_url, "--listen", "127.0.0.1:0",
+    def __init__(self, cold_url: str, *args: str, env: dict[str, str] | None = None,
+                 listen: str = "127.0.0.1:0") -> None:
+        cmd = [sys.executable, "-m", "tiered.cli", "replay", "--cold", cold_url, "--listen", listen,
                "--metrics-port", "0", *args]
         env = {"TIERED_METRICS__HOST": "127.0.0.1", **(env or {})}
         full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
@@ -201,6 +205,15 @@ class Raw:
 MESSAGES = 60  # per topic
 
 
+def free_port() -> int:
+    """A port nothing listens on now (for a store host replay then listens on)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @dataclass
 class Archived:
     root: Path
@@ -209,8 +222,8 @@ class Archived:
     messages: dict[tuple[str, int, int], Expected]
 
 
-def make_archive(base: Path) -> Archived:
+def make_archive(base: Path, store_host: Host | None = None) -> Archived:
     root, cold, state = base / "store", base / "cold", base / "state"
-    write(root, 0, MESSAGES)
+    write(root, 0, MESSAGES, store_host)
     archive(root, open_store(f"file://{cold}"), state)
     return Archived(root, f"file://{cold}", state, expected(root))

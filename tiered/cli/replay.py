@@ -13,7 +13,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +29,7 @@ from tiered.clock import SystemClock
 from tiered.config import parse_duration
 from tiered.errors import TieredError
 from tiered.metrics import MetricsServer
-from tiered.replay.acl import Acl
+from tiered.replay.aclfile import AclFile, watch
 from tiered.replay.broker import Limits, ReplayBroker
 from tiered.replay.lag import GroupLagCollector
 from tiered.replay.metrics import ReplayMetrics
@@ -113,6 +113,16 @@ async def _follow(source: ArchiveSource, server: ReplayServer, executor: ThreadP
             server.broker.arrived(grown)
 
 
+async def _watch_acl(acl: AclFile, executor: ThreadPoolExecutor, metrics: ReplayMetrics) -> None:
+    """Read the --acl file again when it changes (off the event loop), counting each change."""
+    loop = asyncio.get_running_loop()
+
+    def off_loop(fn: Callable[[], str | None]) -> Awaitable[str | None]:
+        return loop.run_in_executor(executor, fn)
+
+    await watch(acl, off_loop, lambda outcome: metrics.acl_reloads.labels(outcome).inc())
+
+
 class Liveness:
     """``/healthz``: the event loop beat within ``LIVENESS_S`` (a loop stuck
     in a handler answers nobody, whatever the metrics thread says)."""
@@ -140,7 +150,7 @@ class Archived:
 
 
 async def _start_servers(served: list[Archived], host: str, ports: list[int], executor: ThreadPoolExecutor,
-                         metrics: ReplayMetrics, *, acl: Acl | None, max_connections: int,
+                         metrics: ReplayMetrics, *, acl: AclFile | None, max_connections: int,
                          **broker_kw: Any) -> list[ReplayServer]:
     """One listener per archived broker (a pull does not name its broker);
     every one answers routes naming them all."""
@@ -163,7 +173,7 @@ async def _start_servers(served: list[Archived], host: str, ports: list[int], ex
 
 
 async def run(served: list[Archived], host: str, ports: list[int], *,
-              starts: dict[str, Start], follow_s: float, metrics_addr: tuple[str, int], acl: Acl | None = None,
+              starts: dict[str, Start], follow_s: float, metrics_addr: tuple[str, int], acl: AclFile | None = None,
               max_connections: int = MAX_CONNECTIONS) -> None:
     """Serve until SIGTERM or SIGINT, following the archive every ``follow_s``
     (0: never) and writing offsets every few seconds and at the end; metrics
@@ -187,6 +197,8 @@ async def run(served: list[Archived], host: str, ports: list[int], *,
     if follow_s > 0:
         tasks += [asyncio.create_task(_follow(one.source, server, executor, follow_s))
                   for one, server in zip(served, servers)]
+    if acl is not None:
+        tasks.append(asyncio.create_task(_watch_acl(acl, executor, metrics)))
     for one, server in zip(served, servers):
         assert server.broker is not None
         log.info("replay of %s/%s (%d topics) listening on %s", one.source.cluster, one.source.broker,
@@ -255,7 +267,7 @@ def replay(
     except ValueError as exc:
         fail(str(exc), 2)
     try:
-        access = Acl.load(acl) if acl is not None else None
+        access = AclFile(acl) if acl is not None else None
     except TieredError as exc:
         fail(str(exc), 2)
     warning = exposure_warning(host, acl=access is not None)

@@ -21,14 +21,15 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
-from tiered.errors import BadRequestError, ConfigError
+from tiered.errors import AclFileError, BadRequestError, ConfigError
 from tiered.replay import protocol as p
 from tiered.replay.frame import Command
 
@@ -90,27 +91,29 @@ def sign(ext: Mapping[str, str], body: bytes, access_key: str, secret: str) -> d
 
 class AddressPattern:
     """One ``whiteRemoteAddress`` entry (RemoteAddressStrategyFactory): blank
-    matches nothing; ``*``, ``*.*.*.*`` every address; ``a,b`` and
-    ``10.0.0.{1,2}`` a set; ``10.0.*.*`` and ``10.0.1-9.*`` a range; anything
-    else one address. IPv4 ranges only: an IPv6 range is refused at load."""
+    matches nothing; ``*``, ``*.*.*.*``, ``*:*:*:*:*:*:*:*`` every address;
+    ``a,b``, ``10.0.0.{1,2}`` and ``fd00::1:{1,2}`` a set; ``10.0.*.*``,
+    ``10.0.1-9.*``, ``fd00::1:*``, ``fd00::1-a`` and ``fd00::1-a:*`` a range;
+    anything else one address. A pattern that does not parse raises
+    ConfigError."""
 
     def __init__(self, text: str | None) -> None:
         self.text = (text or "").strip()
         self._any = self.text in ("*", "*.*.*.*", "*:*:*:*:*:*:*:*")
         self._set: frozenset[str] = frozenset()
-        self._range: tuple[str, int, int, int] | None = None
+        self._range: _Range | None = None
         t = self.text
         if not t or self._any:
             return
         if t.endswith("}"):
             head, sep, tail = t.partition("{")
             if not sep or "," in head:
-                raise ConfigError(f"whiteRemoteAddress {t!r}: a set is written a.b.c.{{x,y}}")
+                raise ConfigError(f"whiteRemoteAddress {t!r}: a set is written a.b.c.{{x,y}} or a:b::c:{{x,y}}")
             self._set = frozenset(_address(head + x.strip()) for x in tail[:-1].split(",") if x.strip())
         elif "," in t:
             self._set = frozenset(_address(x.strip()) for x in t.split(",") if x.strip())
         elif "*" in t or "-" in t:
-            self._range = _range(t)
+            self._range = _range6(t) if ":" in t else _range(t)
         else:
             self._set = frozenset({_address(t)})
 
@@ -122,12 +125,26 @@ class AddressPattern:
         except ValueError:
             return False
         if self._range is not None:
-            head, index, start, end = self._range
-            parts = str(addr).split(".")
-            if addr.version != 4 or ".".join(parts[:index]) + "." != head:
-                return False
-            return start <= int(parts[index]) <= end
+            return self._range.match(addr)
         return str(addr) in self._set
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Range:
+    """RangeRemoteAddressStrategy: addresses whose first parts are ``head``
+    and whose next part is within ``start``..``end``; later parts are free."""
+
+    version: int
+    head: tuple[int, ...]
+    start: int
+    end: int
+
+    def match(self, addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+        if addr.version != self.version:
+            return False
+        parts = tuple(addr.packed) if addr.version == 4 else struct.unpack(">8H", addr.packed)
+        n = len(self.head)
+        return parts[:n] == self.head and self.start <= parts[n] <= self.end
 
 
 def _address(text: str) -> str:
@@ -137,12 +154,12 @@ def _address(text: str) -> str:
         raise ConfigError(f"whiteRemoteAddress {text!r}: not an IP address") from None
 
 
-def _range(text: str) -> tuple[str, int, int, int]:
-    """RangeRemoteAddressStrategy for IPv4: the fixed head, which part varies,
-    and its bounds; the parts after it must be ``*``."""
+def _range(text: str) -> _Range:
+    """RangeRemoteAddressStrategy for IPv4: the fixed head, then the part that
+    varies (``*`` or ``x-y``); the parts after it must be ``*``."""
     parts = text.split(".")
-    if ":" in text or len(parts) != 4:
-        raise ConfigError(f"whiteRemoteAddress {text!r}: ranges are IPv4, a.b.c.d with * or x-y")
+    if len(parts) != 4:
+        raise ConfigError(f"whiteRemoteAddress {text!r}: an IPv4 range is a.b.c.d with * or x-y")
     for index in (1, 2, 3):
         value = parts[index].strip()
         if value == "*" or "-" in value:
@@ -158,8 +175,64 @@ def _range(text: str) -> tuple[str, int, int, int]:
             head = parts[:index]
             if not all(x.isdigit() and int(x) <= 255 for x in head):
                 raise ConfigError(f"whiteRemoteAddress {text!r}: not an IP address")
-            return ".".join(str(int(x)) for x in head) + ".", index, start, end
+            return _Range(version=4, head=tuple(int(x) for x in head), start=start, end=end)
     raise ConfigError(f"whiteRemoteAddress {text!r}: no range part")
+
+
+def _range6(text: str) -> _Range:
+    """RangeRemoteAddressStrategy for IPv6 (AclUtils.IPv6AddressCheck and
+    v6ipProcess): ``HEAD:*``, ``HEAD:x-y`` or ``HEAD:x-y:*``, bounds in hex.
+    HEAD with ``::`` is expanded to the 7 (6 before ``x-y:*``) groups before
+    the varying one; without it, its groups are a prefix and the groups after
+    the varying one are free, as RocketMQ matches them. Stricter than
+    RocketMQ: a ``::`` just before the varying group (which RocketMQ reads as
+    a shorter prefix than written), a group that is not hex, or more than 8
+    groups are refused."""
+    bad = f"whiteRemoteAddress {text!r}"
+    if text.count("*") > 1 or ("*" in text and not text.endswith(":*")) or text.count("-") > 1:
+        raise ConfigError(f"{bad}: an IPv6 range is HEAD:*, HEAD:x-y or HEAD:x-y:*")
+    # the groups before the varying one expand to 6 when a * follows it, else to 7
+    width = 6 if "*" in text and "-" in text else 7
+    pieces = text.rsplit(":", 8 - width)
+    if len(pieces) != 9 - width:
+        raise ConfigError(f"{bad}: an IPv6 range is HEAD:*, HEAD:x-y or HEAD:x-y:*")
+    head, varying = pieces[0], pieces[1]
+    if varying == "*":
+        start, end = 0, 0xFFFF
+    else:
+        lo, sep, hi = varying.partition("-")
+        if not (sep and _hex_group(lo) and _hex_group(hi)):
+            raise ConfigError(f"{bad}: range {varying!r} is x-y, in hex")
+        start, end = int(lo, 16), int(hi, 16)
+        if not 0 <= start <= end or end == 0:
+            raise ConfigError(f"{bad}: range {varying!r} needs x <= y and 0 < y")
+    return _Range(version=6, head=_head6(head, width, bad), start=start, end=end)
+
+
+def _head6(head: str, width: int, bad: str) -> tuple[int, ...]:
+    """The fixed groups of an IPv6 range, ``::`` expanded to ``width`` groups."""
+    if not head or head.endswith(":"):
+        raise ConfigError(f"{bad}: write the groups before the varying one (no :: just before it)")
+    if head.count("::") > 1:
+        raise ConfigError(f"{bad}: :: at most once")
+    if "::" in head:
+        left, _, right = head.partition("::")
+        lefts, rights = left.split(":") if left else [], right.split(":")
+        zeros = width - len(lefts) - len(rights)
+        if zeros < 1:
+            raise ConfigError(f"{bad}: more than 8 groups")
+        groups = [*lefts, *["0"] * zeros, *rights]
+    else:
+        groups = head.split(":")
+        if len(groups) > width:
+            raise ConfigError(f"{bad}: more than 8 groups")
+    if not all(_hex_group(g) for g in groups):
+        raise ConfigError(f"{bad}: not an IPv6 address before the varying group")
+    return tuple(int(g, 16) for g in groups)
+
+
+def _hex_group(text: str) -> bool:
+    return 1 <= len(text) <= 4 and all(c in "0123456789abcdefABCDEF" for c in text)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,6 +247,12 @@ class Account:
     perms: Mapping[str, int] = field(default_factory=dict)
 
 
+class AccessCheck(Protocol):
+    """What the server asks of an ACL: an Acl, or an AclFile that reloads one."""
+
+    def check(self, req: Command, host: str) -> None: ...
+
+
 def denied(message: str) -> BadRequestError:
     """A request the ACL refuses: NO_PERMISSION, with a message naming no secret."""
     return BadRequestError(message, code=p.NO_PERMISSION)
@@ -186,18 +265,42 @@ class Acl:
 
     @classmethod
     def load(cls, path: Path) -> Acl:
-        """Read a ``plain_acl.yml``. Errors name the file and field, never a value of it."""
+        """Read a ``plain_acl.yml``; AclFileError names the file and entry, never a value of it."""
         try:
-            doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"--acl {path}: {type(exc).__name__}") from None
+            data = path.read_bytes()
+        except OSError as exc:
+            raise AclFileError(str(path), type(exc).__name__) from None
+        return cls.parse(data, path)
+
+    @classmethod
+    def parse(cls, data: bytes, path: Path, *, empty_ok: bool = True) -> Acl:
+        """The rules of ``data``, the content of ``path``. An empty file has no
+        account (so every request must come from nowhere); ``empty_ok=False``
+        refuses it, as RocketMQ skips an empty file it reloads ("No data")."""
+        try:
+            doc = yaml.safe_load(data.decode("utf-8"))
+        except (UnicodeDecodeError, yaml.YAMLError) as exc:
+            # the type only: a YAML error quotes the file, secrets and all
+            raise AclFileError(str(path), type(exc).__name__) from None
+        if doc is None or doc == {}:
+            if not empty_ok:
+                raise AclFileError(str(path), "no data")
+            doc = {}
         if not isinstance(doc, dict):
-            raise ConfigError(f"--acl {path}: a mapping with accounts and globalWhiteRemoteAddresses")
-        white = [AddressPattern(str(x)) for x in doc.get("globalWhiteRemoteAddresses") or ()]
-        accounts: dict[str, Account] = {}
-        for i, raw in enumerate(doc.get("accounts") or ()):
-            account = _account(raw, f"--acl {path}: accounts[{i}]")
-            accounts.setdefault(account.access_key, account)  # the first of a repeated key wins
+            raise AclFileError(str(path), "a mapping with accounts and globalWhiteRemoteAddresses")
+        try:
+            white = []
+            for i, text in enumerate(_listed(doc, "globalWhiteRemoteAddresses")):
+                try:
+                    white.append(AddressPattern(str(text)))
+                except ConfigError as exc:
+                    raise ConfigError(f"globalWhiteRemoteAddresses[{i}]: {exc}") from None
+            accounts: dict[str, Account] = {}
+            for i, raw in enumerate(_listed(doc, "accounts")):
+                account = _account(raw, f"accounts[{i}]")
+                accounts.setdefault(account.access_key, account)  # the first of a repeated key wins
+        except ConfigError as exc:
+            raise AclFileError(str(path), str(exc)) from None
         return cls(accounts, white)
 
     def check(self, req: Command, host: str) -> None:
@@ -248,9 +351,22 @@ def _account(raw: Any, where: str) -> Account:
                 raise ConfigError(f"{where} ({access_key}): {kind} entry {str(item)[:80]!r}: NAME=PERM")
             perms[prefix + name.strip()] = parse_perm(perm)
     white = raw.get("whiteRemoteAddress")
-    return Account(access_key=access_key, secret=secret, white=AddressPattern(None if white is None else str(white)),
+    try:
+        pattern = AddressPattern(None if white is None else str(white))
+    except ConfigError as exc:
+        raise ConfigError(f"{where} ({access_key}): {exc}") from None
+    return Account(access_key=access_key, secret=secret, white=pattern,
                    admin=bool(raw.get("admin", False)), default_topic=parse_perm(raw.get("defaultTopicPerm")),
                    default_group=parse_perm(raw.get("defaultGroupPerm")), perms=perms)
+
+
+def _listed(doc: Mapping[str, Any], key: str) -> list[Any]:
+    value = doc.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: a list")
+    return value
 
 
 def needed_perms(req: Command) -> dict[str, int]:
@@ -274,9 +390,9 @@ def needed_perms(req: Command) -> dict[str, int]:
     elif code == p.PULL_MESSAGE:
         add(ext.get("topic"), SUB)
         add(group(ext.get("consumerGroup")), SUB)
-    elif code == QUERY_MESSAGE:
+    elif code == p.QUERY_MESSAGE:
         add(ext.get("topic"), SUB)
-    elif code == CONSUMER_SEND_MSG_BACK:
+    elif code == p.CONSUMER_SEND_MSG_BACK:
         add(group(ext.get("group")), SUB)
     elif code == p.HEART_BEAT:
         for name, topics in _heartbeat(req.body):
@@ -289,11 +405,6 @@ def needed_perms(req: Command) -> dict[str, int]:
         add(group(_required(ext, "consumerGroup")), SUB)
         add(_required(ext, "topic"), SUB)
     return out
-
-
-# RequestCode: codes the ACL lists that replay does not otherwise name
-QUERY_MESSAGE = 12
-CONSUMER_SEND_MSG_BACK = 36
 
 
 def _required(ext: Mapping[str, str], name: str) -> str:

@@ -123,6 +123,7 @@ class ReplayBroker:
             p.GET_MAX_OFFSET: self.max_offset,
             p.GET_MIN_OFFSET: self.min_offset,
             p.GET_EARLIEST_MSG_STORETIME: self.earliest_time,
+            p.CONSUMER_SEND_MSG_BACK: self.send_back,
         }
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -136,9 +137,7 @@ class ReplayBroker:
             if handler is not None:
                 resp = await handler(req, conn)
             elif req.code in p.SENDS:
-                resp = response(req, p.NO_PERMISSION,
-                                remark=f"the broker[{self.source.broker}] sending message is forbidden: "
-                                       "it replays an archive")
+                resp = self._forbidden(req)
             else:
                 resp = response(req, p.REQUEST_CODE_NOT_SUPPORTED, remark=f" request type {req.code} not supported")
         except BadRequestError as exc:
@@ -155,6 +154,23 @@ class ReplayBroker:
 
     def closed(self, conn: int) -> None:
         self.consumers.closed(conn)
+
+    def _forbidden(self, req: Command) -> Command:
+        """What a broker without write permission answers a send or a
+        send-back (SendMessageProcessor: PermName.isWriteable fails)."""
+        return response(req, p.NO_PERMISSION,
+                        remark=f"the broker[{self.source.broker}] sending message is forbidden: it replays an archive")
+
+    async def send_back(self, req: Command, conn: int) -> Command:
+        """CONSUMER_SEND_MSG_BACK: a consumer hands back a message it failed,
+        for the broker to store in the group's %RETRY% topic. The header is
+        decoded first (its @CFNotNull fields), then refused as a broker without
+        write permission refuses it: the client re-consumes the message
+        itself, or does not (docs/replay.md, "A failed message")."""
+        number(req, "offset")
+        text(req, "group")
+        number(req, "delayLevel")
+        return self._forbidden(req)
 
     def arrived(self, queues: set[tuple[str, int]]) -> None:
         """Wake the pulls held on ``queues``: their archive grew."""

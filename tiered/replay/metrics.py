@@ -16,7 +16,7 @@ REQUESTS = {
     p.PULL_MESSAGE: "pull", p.QUERY_CONSUMER_OFFSET: "query_offset", p.UPDATE_CONSUMER_OFFSET: "update_offset",
     p.SEARCH_OFFSET_BY_TIMESTAMP: "search_offset", p.GET_MAX_OFFSET: "max_offset", p.GET_MIN_OFFSET: "min_offset",
     p.GET_EARLIEST_MSG_STORETIME: "earliest_time", p.SEND_MESSAGE: "send", p.SEND_MESSAGE_V2: "send",
-    p.SEND_BATCH_MESSAGE: "send",
+    p.SEND_BATCH_MESSAGE: "send", p.CONSUMER_SEND_MSG_BACK: "send_back",
 }
 OUTCOMES = {
     p.SUCCESS: "success", p.SYSTEM_ERROR: "error", p.REQUEST_CODE_NOT_SUPPORTED: "not_supported",
@@ -39,6 +39,9 @@ class ReplayMetrics:
                                "Connections closed at once: the cap on open connections was reached.", registry=r)
         self.held = Gauge("tiered_replay_held_pulls", "Pulls held until records arrive or they time out.",
                           registry=r)
+        # outcome: reloaded, or rejected (the file changed but cannot be used: the rules before it stay)
+        self.acl_reloads = Counter("tiered_replay_acl_reloads", "Changes of the --acl file, by outcome.",
+                                   ["outcome"], registry=r)
 
     def request(self, request_code: int, response_code: int) -> None:
         self._requests.labels(REQUESTS.get(request_code, "other"), OUTCOMES.get(response_code, "other")).inc()

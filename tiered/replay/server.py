@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 
 from tiered.errors import BadFrameError, BadRequestError
-from tiered.replay.acl import Acl
+from tiered.replay.acl import AccessCheck
 from tiered.replay.broker import ReplayBroker
 from tiered.replay.frame import Command, decode, encode_head, frame_length
 from tiered.replay.metrics import ReplayMetrics
@@ -33,7 +33,7 @@ MAX_INFLIGHT = 64
 
 class ReplayServer:
     def __init__(self, broker_for: Callable[[str], ReplayBroker], host: str, port: int,
-                 metrics: ReplayMetrics | None = None, acl: Acl | None = None, max_connections: int = 0) -> None:
+                 metrics: ReplayMetrics | None = None, acl: AccessCheck | None = None, max_connections: int = 0) -> None:
         """``broker_for(address)`` builds the broker once the bound address
         (the one the route advertises) is known: port 0 picks a free one.
         With ``acl`` every request is checked before it runs; beyond
