@@ -74,7 +74,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tiered.dispatcher.segment import BuiltSegment, SegmentBuilder
-from tiered.dispatcher.segment import ragged as _ragged
+from tiered.dispatcher.segment import ragged
 from tiered.errors import CorruptRecordError, ExpiredLocallyError
 from tiered.format.batch import COPY_FIELDS, CQ_DTYPE, check_copy_runs, copies_in_stretches, run_tails
 from tiered.format.keyindex import BadProperties, record_key_hashes
@@ -372,14 +372,14 @@ def _taken(heads: _Heads, parts: dict[int, tuple[np.ndarray, int | None]], k: np
     """The first ``k[i]`` entries read for each queue i, one queue after the
     other: from its head, or from ``parts`` for a queue that read on."""
     if not parts:
-        return heads.table.take(_ragged(heads.first, k))
+        return heads.table.take(ragged(heads.first, k))
     # the parts behind the heads' table, as rows of one array
     source = _joined([heads.table, *(entries for entries, _end in parts.values())])
     starts = heads.first.copy()
     behind = np.cumsum([len(heads.table)] + [len(entries) for entries, _end in parts.values()])
     for (i, _part), row in zip(parts.items(), behind[:-1].tolist()):
         starts[i] = row
-    return source.take(_ragged(starts, k))
+    return source.take(ragged(starts, k))
 
 
 def _read_on(files: QueueFiles, start: int, rel: int, end: int, head: np.ndarray, step: int, phys_limit: int,
@@ -460,7 +460,7 @@ def _plain_runs(table: np.ndarray, firsts: np.ndarray, counts: np.ndarray, phys_
     if not counts.sum():
         zeros = np.zeros(n, np.int64)
         return zeros, zeros.astype(bool), zeros
-    rows = _ragged(firsts, counts)
+    rows = ragged(firsts, counts)
     every = table.take(rows) if len(rows) != len(table) else table
     firsts = np.cumsum(counts) - counts  # of each queue's entries in ``every``
     ends = firsts + counts

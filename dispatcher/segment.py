@@ -234,11 +234,14 @@ class SegmentBuilder:
         for it."""
         if end - self._n != int(sizes.sum()):
             raise ValueError(f"records of {int(sizes.sum())} bytes extend {self._n} to {end}")
-        self._extended(end, sizes, tags, store_ms, born_ms, key_offsets, key_hashes, crc)
+        self.extend_unchecked(end, sizes, tags, store_ms, born_ms, key_offsets, key_hashes, crc)
 
-    def _extended(self, end: int, sizes: np.ndarray, tags: np.ndarray, store_ms: np.ndarray, born_ms: np.ndarray,
-                  key_offsets: np.ndarray | None, key_hashes: np.ndarray | None, crc: int | None) -> None:
-        """What ``extend`` and ``extend_many`` keep of records they checked."""
+    def extend_unchecked(self, end: int, sizes: np.ndarray, tags: np.ndarray, store_ms: np.ndarray,
+                         born_ms: np.ndarray, key_offsets: np.ndarray | None, key_hashes: np.ndarray | None,
+                         crc: int | None) -> None:
+        """``extend`` without its check that the sizes add up to ``end``, for a
+        caller that checked it already: ``extend_many`` checks every builder's
+        at once, cheaper than a check a builder."""
         if key_offsets is not None and key_hashes is not None and len(key_offsets):
             self._key_offsets.append(key_offsets)
             self._key_hashes.append(key_hashes)
@@ -275,7 +278,7 @@ class SegmentBuilder:
         counts = his - los
         if len(los) != n or len(his) != n or len(ends) != n or len(key_bounds) != n + 1 or (counts < 0).any():
             raise ValueError(f"{n} builders: one row range and end each, and key bounds, are needed")
-        held = np.fromiter((b._n for b in builders), np.int64, n)
+        held = np.fromiter((b.nbytes for b in builders), np.int64, n)
         done = np.concatenate(([0], np.cumsum(sizes.take(ragged(los, counts)))))
         bounds = np.concatenate(([0], np.cumsum(counts)))
         wrong = np.flatnonzero(done[bounds[1:]] - done[bounds[:-1]] != ends - held)
@@ -288,8 +291,8 @@ class SegmentBuilder:
         crc_of = crcs.tolist() if crcs is not None else [None] * n
         for b, end, lo, hi, k_lo, k_hi, crc in zip(builders, ends.tolist(), los.tolist(), his.tolist(),
                                                    key_bounds[:-1].tolist(), key_bounds[1:].tolist(), crc_of):
-            b._extended(end, sizes[lo:hi], tags[lo:hi], store_ms[lo:hi], born_ms[lo:hi], key_offsets[k_lo:k_hi],
-                        key_hashes[k_lo:k_hi], crc)
+            b.extend_unchecked(end, sizes[lo:hi], tags[lo:hi], store_ms[lo:hi], born_ms[lo:hi],
+                               key_offsets[k_lo:k_hi], key_hashes[k_lo:k_hi], crc)
 
     def reserve(self, nbytes: int, records: int = 0) -> None:
         """Room for ``nbytes`` more record bytes of ``records`` records,

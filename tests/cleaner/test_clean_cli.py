@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,14 +27,15 @@ def env(tmp_path: Path, cold_url: str, request: pytest.FixtureRequest) -> dict[s
     return e
 
 
-def make_store(root: Path) -> None:
+def make_store(store_writer: Callable[..., StoreWriter]) -> Path:
     now = time.time_ns() // 1_000_000
-    with StoreWriter(root, commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
+    with store_writer() as w:
         for i in range(3):
             w.put("Old", 0, b"old", keys=[f"o{i}"], store_timestamp=now - 100 * HOUR_MS + i)
             w.put("Kept", 0, b"kept", store_timestamp=now - 100 * HOUR_MS + i)
             w.put("New", 0, b"new", store_timestamp=now - 1000 + i)
         w.set_topic_attribute("Kept", "reserve.time", "200")
+    return w.root
 
 
 def invoke(env: dict[str, str], *args: str) -> tuple[int, str]:
@@ -41,9 +43,8 @@ def invoke(env: dict[str, str], *args: str) -> tuple[int, str]:
     return result.exit_code, result.stdout if result.exit_code == 0 else result.output
 
 
-def test_dry_run_then_clean(tmp_path: Path, cold_url: str, env: dict[str, str], moto_endpoint: str) -> None:
-    store = tmp_path / "store"
-    make_store(store)
+def test_dry_run_then_clean(store_writer, cold_url: str, env: dict[str, str], moto_endpoint: str) -> None:
+    store = make_store(store_writer)
     code, out = invoke(env, "dispatch", "--once", "--all", "--store", str(store), "--cold", cold_url)
     assert code == 0, out
     objects = open_store(cold_url, s3=S3Options(endpoint_url=moto_endpoint))
@@ -76,9 +77,8 @@ def test_dry_run_then_clean(tmp_path: Path, cold_url: str, env: dict[str, str], 
 
 
 def test_without_store_uses_the_retention_recorded_by_the_dispatcher(
-        tmp_path: Path, cold_url: str, env: dict[str, str]) -> None:
-    store = tmp_path / "store"
-    make_store(store)
+        store_writer, cold_url: str, env: dict[str, str]) -> None:  # noqa: ANN001
+    store = make_store(store_writer)
     assert invoke(env, "dispatch", "--once", "--all", "--store", str(store), "--cold", cold_url)[0] == 0
     # no --store: Kept's reserve.time (200 h) comes from the catalog the dispatcher wrote
     code, out = invoke(env, "clean", "--cold", cold_url, "--once", "--dry-run")
@@ -95,9 +95,8 @@ def test_without_store_uses_the_retention_recorded_by_the_dispatcher(
 
 
 def test_without_store_a_topic_of_unknown_retention_is_kept(
-        tmp_path: Path, cold_url: str, env: dict[str, str], moto_endpoint: str) -> None:
-    store = tmp_path / "store"
-    make_store(store)
+        store_writer, cold_url: str, env: dict[str, str], moto_endpoint: str) -> None:  # noqa: ANN001
+    store = make_store(store_writer)
     assert invoke(env, "dispatch", "--once", "--all", "--store", str(store), "--cold", cold_url)[0] == 0
     # a catalog from before retention was recorded: nothing says what the broker keeps
     objects = open_store(cold_url, s3=S3Options(endpoint_url=moto_endpoint))

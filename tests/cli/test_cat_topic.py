@@ -27,19 +27,18 @@ QUEUES = 3
 Written = list[tuple[int, int, str, int]]
 
 
-def write(root: Path, first: int, count: int, *, queues: int = QUEUES) -> Written:
+def write(w: StoreWriter, first: int, count: int, *, queues: int = QUEUES) -> Written:
     """Orders records ``first``..``first+count``: record i in queue i % queues,
     stored at T0 + (i // 2) s, so that two queues share each second (record
     2 in queue 2 and record 3 in queue 0 tie: queue 0 comes first although
     written second); an Other topic in between that cat must leave out."""
     out: Written = []
-    with StoreWriter(root, commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
-        for i in range(first, first + count):
-            ts = T0 + (i // 2) * SEC
-            a = w.put("Orders", i % queues, bytes([i % 251]) * 300, unique_key=f"O{i:05d}", store_timestamp=ts,
-                      born_timestamp=ts)
-            out.append((i % queues, a.queue_offset, f"O{i:05d}", ts))
-            w.put("Other", 0, b"x" * 50, unique_key=f"X{i:05d}", store_timestamp=ts, born_timestamp=ts)
+    for i in range(first, first + count):
+        ts = T0 + (i // 2) * SEC
+        a = w.put("Orders", i % queues, bytes([i % 251]) * 300, unique_key=f"O{i:05d}", store_timestamp=ts,
+                  born_timestamp=ts)
+        out.append((i % queues, a.queue_offset, f"O{i:05d}", ts))
+        w.put("Other", 0, b"x" * 50, unique_key=f"X{i:05d}", store_timestamp=ts, born_timestamp=ts)
     return out
 
 
@@ -48,9 +47,10 @@ def in_time_order(rows: Written) -> Written:
 
 
 @pytest.fixture
-def orders(tmp_path: Path) -> tuple[str, ObjectStore, Written]:
+def orders(tmp_path: Path, store_writer) -> tuple[str, ObjectStore, Written]:  # noqa: ANN001
     """90 Orders records over 3 queues archived in segments of ~2 KiB (several per queue)."""
-    written = write(tmp_path / "store", 0, 90)
+    with store_writer() as w:
+        written = write(w, 0, 90)
     url = f"file://{tmp_path / 'cold'}"
     store = open_store(url)
     archive(tmp_path / "store", store, tmp_path / "state", segment_bytes=2048)
@@ -109,7 +109,7 @@ def test_topic_usage_errors(orders) -> None:
     assert result.exit_code == 1 and "Nope: no archived queue at" in result.stderr
 
 
-def test_follow_topic_reads_new_records_and_new_queues(orders, tmp_path: Path) -> None:
+def test_follow_topic_reads_new_records_and_new_queues(orders, tmp_path: Path, store_writer) -> None:  # noqa: ANN001
     url, store, written = orders
     reader = ColdReader(store, cluster=CLUSTER, broker=BROKER)
     refs = reader.archive.queues(lambda t: t == "Orders")
@@ -119,7 +119,8 @@ def test_follow_topic_reads_new_records_and_new_queues(orders, tmp_path: Path) -
     def sleep() -> None:
         sleeps.append(1)
         if len(sleeps) == 1:  # more traffic, into a fourth queue too, archived while cat waits
-            later.extend(write(tmp_path / "store", 90, 12, queues=4))
+            with store_writer() as w:
+                later.extend(write(w, 90, 12, queues=4))
             archive(tmp_path / "store", store, tmp_path / "state", segment_bytes=2048)
 
     since = T0 + 40 * SEC

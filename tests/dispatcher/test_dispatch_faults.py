@@ -104,7 +104,7 @@ def test_each_fault_kind_is_translated_and_retried(kind, moto_endpoint, s3_bucke
         assert store.head("a/obj") is None
     # s3fs's aiohttp session silently re-sends an idempotent request once
     # when a pooled connection is reset; boto3 calls are never retried
-    # outside ObjectStore._call, so each of them counts its retry.
+    # outside ObjectStore.request, so each of them counts its retry.
     assert recorder.retries["put_if_absent"] + recorder.retries["put_if_match"] >= 1, recorder.retries
     assert sum(recorder.retries.values()) >= 4, recorder.retries
 

@@ -292,16 +292,16 @@ def _resident(path: Path) -> int:
 
 
 @pytest.mark.parametrize("threads", [1, 4])
-def test_a_window_copied_in_stretches_holds_one_stretch_mapped(tmp_path: Path, threads: int) -> None:
+def test_a_window_copied_in_stretches_holds_one_stretch_mapped(store_writer, threads: int) -> None:
     """A queue's records over 5 MiB of a mapped CommitLog, copied in stretches
     of 256 KiB: the same records, bytes and CRC as in one go, and the pages
     behind each stretch given back (what a wide window of the CommitLog pass
     relies on to keep its resident set at a stretch, not the window)."""
-    with StoreWriter(tmp_path, commitlog_file_size=8 << 20, cq_entries_per_file=1000) as w:
+    with store_writer(commitlog_file_size=8 << 20) as w:
         for i in range(320):
             w.put("T", i % 2, bytes([i % 251]) * 16_000, keys=[f"k{i}"], store_timestamp=1_700_000_000_000 + i)
-    path = tmp_path / "commitlog" / f"{0:020d}"
-    raw = (tmp_path / "consumequeue" / "T" / "0" / f"{0:020d}").read_bytes()
+    path = w.root / "commitlog" / f"{0:020d}"
+    raw = (w.root / "consumequeue" / "T" / "0" / f"{0:020d}").read_bytes()
     entries = np.frombuffer(raw, CQ_DTYPE)
     entries = entries[entries["size"] != 0].copy()
     tails, blob = batch.run_tails([b"T"])

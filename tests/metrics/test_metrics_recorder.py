@@ -300,7 +300,7 @@ def test_storage_layer_uses_only_known_ops_and_outcomes() -> None:
     storage = "".join((root / "archive" / name).read_text(encoding="utf-8")
                       for name in ("objectstore.py", "filestore.py", "s3store.py", "storage.py"))
     errors = (root / "errors.py").read_text(encoding="utf-8")
-    ops = set(re.findall(r'_call\(\s*"(\w+)"', storage))
+    ops = set(re.findall(r'\brequest\(\s*"(\w+)"', storage))
     outcomes = set(re.findall(r'outcome="(\w+)"', storage + errors))
     assert ops and ops <= set(OPS)
     assert outcomes and outcomes <= set(OUTCOMES)

@@ -160,19 +160,18 @@ def test_check_detects_a_changed_record(env, tmp_path: Path) -> None:
         check(reader, result, target)
 
 
-def test_recorded_gap_inside_the_range_becomes_fillers(tmp_path: Path, open_cold) -> None:  # noqa: ANN001
+def test_recorded_gap_inside_the_range_becomes_fillers(tmp_path: Path, open_cold, store_writer) -> None:  # noqa: ANN001
     """The broker deleted data before it was archived: the archive records a gap,
     the restore keeps the offsets after it in place with filler entries."""
     from readerkit import archive
-    from tiered.store.storewriter import StoreWriter
 
-    root = tmp_path / "store"
     store = open_cold(f"file://{tmp_path / 'cold'}")
-    with StoreWriter(root, commitlog_file_size=8192, cq_entries_per_file=CQ_ENTRIES) as w:
+    with store_writer(commitlog_file_size=8192, cq_entries_per_file=CQ_ENTRIES) as w:
+        root = w.root
         for i in range(10):
             w.put("G", 0, b"x" * 500, store_timestamp=T0 + i, born_timestamp=T0 + i)
     archive(root, store, tmp_path / "state", segment_bytes=4096)
-    with StoreWriter(root) as w:
+    with store_writer(commitlog_file_size=8192, cq_entries_per_file=CQ_ENTRIES) as w:  # reopened: appends
         for i in range(10, 60):
             w.put("G", 0, b"y" * 500, store_timestamp=T0 + i, born_timestamp=T0 + i)
     for name in sorted(os.listdir(root / "commitlog"))[:3]:  # the broker's retention, before archival

@@ -120,7 +120,7 @@ def test_corrupt_record_names_object_and_offset_or_is_skipped(mixed: bool, what:
     pos = sum(len(r) for r in raws[:victim])
     rec = decode_record(memoryview(raws[victim]), 0)
     assert rec.body_length > 0
-    at = {"magic": pos + 5, "queue_offset": pos + 27, "body": pos + rec._body_start() + rec.body_length // 2}[what]
+    at = {"magic": pos + 5, "queue_offset": pos + 27, "body": pos + rec.body_start + rec.body_length // 2}[what]
     bad = _flip(cl, at)
     with pytest.raises(CorruptRecordError) as info:
         decode(bad, cq, "Orders")

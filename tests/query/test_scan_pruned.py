@@ -238,15 +238,15 @@ def test_scans_from_manifests_are_packed_by_rows() -> None:
     assert pack_rows([], 10) == []
 
 
-def test_msg_id_of_an_ipv6_store_host_and_a_client_id(cold_url: str, open_cold, tmp_path: Path) -> None:
+def test_msg_id_of_an_ipv6_store_host_and_a_client_id(cold_url: str, open_cold, tmp_path: Path,  # noqa: ANN001
+                                                       store_writer) -> None:  # noqa: ANN001
     """A 56-digit offset id (IPv6 store host) and a client id (UNIQ_KEY, 32
     hex digits as producers make them) each find their record."""
     from readerkit import archive
-    from tiered.store.storewriter import StoreWriter
 
     store = open_cold(cold_url)
     six, four = Host("fd00::7", 10911), Host("10.1.2.3", 10911)
-    with StoreWriter(tmp_path / "s6", commitlog_file_size=1 << 20) as w:
+    with store_writer("s6") as w:
         for i in range(60):
             w.put("Six", i % 2, f"body-{i}".encode() * 20, keys=[f"k{i}"], unique_key=f"{0xC0A80001 + i:032X}",
                   store_host=six if i % 3 == 0 else four, store_timestamp=1_700_000_000_000 + i)

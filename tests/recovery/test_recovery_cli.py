@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -71,9 +72,10 @@ def data_keys(objects: ObjectStore, topic: str) -> set[str]:
     return {o.key for o in objects.list_keys(f"{PREFIX}/{topic}/0/") if not o.key.endswith("manifest.json")}
 
 
-def three_segments(tmp_path: Path, env: dict[str, str], cold_url: str) -> tuple[StoreWriter, Path]:
-    store = tmp_path / "store"
-    w = StoreWriter(store, commitlog_file_size=1 << 20, cq_entries_per_file=1000)
+def three_segments(store_writer: Callable[..., StoreWriter], env: dict[str, str],
+                   cold_url: str) -> tuple[StoreWriter, Path]:
+    w = store_writer()
+    store = w.root
     for batch in range(3):
         produce(w, "T", 5, batch * 5)
         produce(w, "U", 2, batch * 2)
@@ -84,8 +86,9 @@ def three_segments(tmp_path: Path, env: dict[str, str], cold_url: str) -> tuple[
 
 @pytest.mark.parametrize("lose_cache", [False, True])
 def test_lost_manifest_is_rebuilt_and_archiving_continues(
-        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore, lose_cache: bool) -> None:
-    w, store = three_segments(tmp_path, env, cold_url)
+        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore, lose_cache: bool,
+        store_writer) -> None:  # noqa: ANN001
+    w, store = three_segments(store_writer, env, cold_url)
     before = manifest(objects, "T")
     assert len(before.segments) == 3 and before.history
     objects.delete_many([f"{PREFIX}/T/0/manifest.json"])  # a lifecycle rule, a hand, a partial restore
@@ -115,8 +118,8 @@ def test_lost_manifest_is_rebuilt_and_archiving_continues(
 
 
 def test_unaccountable_objects_stop_only_their_queue(
-        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
-    w, store = three_segments(tmp_path, env, cold_url)
+        store_writer, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
+    w, store = three_segments(store_writer, env, cold_url)
     m = manifest(objects, "T")
     # segment 2 of T becomes an object from before descriptors, then the manifest is lost
     seg = m.segments[1]
@@ -143,8 +146,8 @@ def test_unaccountable_objects_stop_only_their_queue(
 
 
 def test_repair_rebuilds_on_demand_and_dry_run_writes_nothing(
-        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
-    w, store = three_segments(tmp_path, env, cold_url)
+        store_writer, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
+    w, store = three_segments(store_writer, env, cold_url)
     lost = {t: manifest(objects, t) for t in ("T", "U")}
     objects.delete_many([f"{PREFIX}/T/0/manifest.json", f"{PREFIX}/U/0/manifest.json"])
     code, out = invoke(env, "repair", "--cold", cold_url, "--dry-run")
@@ -167,10 +170,10 @@ def test_repair_rebuilds_on_demand_and_dry_run_writes_nothing(
 
 
 def test_another_history_is_never_collected_as_orphans(
-        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
+        store_writer, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
     """The old failure: a manifest restarted afresh while older segments of
     another history remain. The cleaner keeps them and says so."""
-    w, store = three_segments(tmp_path, env, cold_url)
+    w, store = three_segments(store_writer, env, cold_url)
     old = manifest(objects, "T")
     # plant the objects of a foreign history: same queue, offsets before ours
     foreign = {}
@@ -193,8 +196,8 @@ def test_another_history_is_never_collected_as_orphans(
 
 
 def test_an_emptied_bucket_is_noticed_and_everything_archived_again(
-        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
-    w, store = three_segments(tmp_path, env, cold_url)
+        store_writer, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
+    w, store = three_segments(store_writer, env, cold_url)
     ident = json.loads(objects.get(f"{PREFIX}/_identity.json"))["id"]
     objects.delete_many([o.key for o in objects.list_keys("")])  # emptied (or recreated) under us
     code, out = dispatch({**env, "TIERED_LOG__LEVEL": "INFO"}, store, cold_url)
@@ -208,8 +211,8 @@ def test_an_emptied_bucket_is_noticed_and_everything_archived_again(
 
 
 def test_verify_names_overdue_unarchived_queues_and_missing_prefixes(
-        tmp_path: Path, cold_url: str, env: dict[str, str]) -> None:
-    w, store = three_segments(tmp_path, env, cold_url)
+        store_writer, cold_url: str, env: dict[str, str]) -> None:
+    w, store = three_segments(store_writer, env, cold_url)
     now = time.time_ns() // 1_000_000
     for i in range(3):
         w.put("Never", 0, b"never archived", store_timestamp=now - 600_000 + i)
@@ -238,9 +241,9 @@ ODD_TOPICS = ["_catalog.json", "manifest.json", "_lease.json", "_identity.json",
 
 
 def test_topics_named_like_internal_files_or_127_long_break_nothing(
-        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
-    store = tmp_path / "store"
-    with StoreWriter(store, commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
+        store_writer, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
+    with store_writer() as w:
+        store = w.root
         for topic in ODD_TOPICS:
             produce(w, topic, 3)
     code, out = dispatch(env, store, cold_url)
@@ -263,9 +266,10 @@ def test_topics_named_like_internal_files_or_127_long_break_nothing(
     assert invoke(env, "verify", "--store", str(store), "--cold", cold_url)[0] == 0
 
 
-def test_stale_temporary_files_of_a_file_cold_tier_are_removed(tmp_path: Path, env: dict[str, str]) -> None:
+def test_stale_temporary_files_of_a_file_cold_tier_are_removed(tmp_path: Path, env: dict[str, str],
+                                                               store_writer) -> None:  # noqa: ANN001
     cold_url = f"file://{tmp_path / 'cold'}"
-    w, store = three_segments(tmp_path, env, cold_url)
+    w, store = three_segments(store_writer, env, cold_url)
     qdir = tmp_path / "cold" / PREFIX / "T" / "0" / "commitlog"
     stale, fresh = qdir / ".00-01.123.456.tmp", qdir / ".00-02.123.457.tmp"
     stale.write_bytes(b"half an object")
@@ -284,8 +288,8 @@ def test_stale_temporary_files_of_a_file_cold_tier_are_removed(tmp_path: Path, e
 
 @pytest.mark.parametrize("damage", ["garbage", "foreign", "future"])
 def test_a_bad_manifest_stops_only_its_queue(
-        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore, damage: str) -> None:
-    w, store = three_segments(tmp_path, env, cold_url)
+        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore, damage: str, store_writer) -> None:
+    w, store = three_segments(store_writer, env, cold_url)
     key = f"{PREFIX}/T/0/manifest.json"
     if damage == "garbage":
         objects.put(key, b"\x00not a manifest")
@@ -316,11 +320,11 @@ def test_a_bad_manifest_stops_only_its_queue(
 
 @pytest.mark.parametrize("damage", ["zeroed", "truncated", "past_end"])
 def test_corrupt_local_data_is_loud_and_the_queue_waits(
-        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore, damage: str) -> None:
+        store_writer, cold_url: str, env: dict[str, str], objects: ObjectStore, damage: str) -> None:
     import struct
 
-    store = tmp_path / "store"
-    with StoreWriter(store, commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
+    with store_writer() as w:
+        store = w.root
         produce(w, "T", 10)
         produce(w, "U", 10)
     cq = store / "consumequeue" / "T" / "0" / ("0" * 20)
@@ -351,13 +355,13 @@ def test_corrupt_local_data_is_loud_and_the_queue_waits(
 
 
 def test_a_local_store_behind_its_archive_is_reported_never_archived_backwards(
-        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
-    w, store = three_segments(tmp_path, env, cold_url)
+        store_writer, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
+    w, store = three_segments(store_writer, env, cold_url)
     w.close()
     import shutil
 
     shutil.rmtree(store)  # the broker's disk replaced: offsets start again
-    with StoreWriter(store, commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w2:
+    with store_writer() as w2:
         produce(w2, "T", 4)
         produce(w2, "U", 8)
     before = manifest(objects, "T")
@@ -372,12 +376,12 @@ def test_a_local_store_behind_its_archive_is_reported_never_archived_backwards(
 
 
 def test_a_lost_manifest_chunk_stops_its_queue_and_repair_rebuilds_it(
-        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore) -> None:
+        tmp_path: Path, cold_url: str, env: dict[str, str], objects: ObjectStore, store_writer) -> None:
     """A head whose chunk (tiered/archive/chunks.py) is gone: status and
     dispatch name the chunk and exit 1, the other queue goes on; `tiered
     repair` rebuilds the segment list from the segment objects."""
-    store = tmp_path / "store"
-    w = StoreWriter(store, commitlog_file_size=1 << 20, cq_entries_per_file=1000)
+    w = store_writer()
+    store = w.root
     for batch in range(20):  # 20 segments: one chunk of 16 and a head holding 4
         produce(w, "T", 2, batch * 2)
         w.flush()

@@ -17,7 +17,6 @@ from s3proxies import RgwIfMatchProxy
 from tiered.archive.coldtier import ColdTier
 from tiered.store.localstore import LocalStore
 from tiered.archive.storage import S3Options, open_store
-from tiered.store.storewriter import StoreWriter
 from tiered.ops.verify import verify
 # a test module beside this one (pytest puts this folder on the path)
 from test_service_serve import BROKER, CLUSTER, free_port, metrics_text, samples, serve, serve_env, wait_for  # noqa: F401
@@ -31,12 +30,13 @@ def _lease(client, bucket: str) -> dict:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("via", ["server", "rgw"])
-def test_serve_rounds_with_lease_renewals_verify_exactly(via, tmp_path, serve, request):  # noqa: ANN001, F811
+def test_serve_rounds_with_lease_renewals_verify_exactly(via, tmp_path, store_writer, serve,  # noqa: ANN001, F811
+                                                         request):  # noqa: ANN001
     endpoint = request.getfixturevalue("moto_endpoint" if via == "server" else "real_moto_endpoint")
     bucket = request.getfixturevalue("s3_bucket") if via == "server" else _bucket(endpoint)
     proxy = RgwIfMatchProxy(endpoint).start() if via == "rgw" else None
     try:
-        _run(tmp_path, serve, proxy.url if proxy else endpoint, endpoint, bucket)
+        _run(tmp_path, store_writer, serve, proxy.url if proxy else endpoint, endpoint, bucket)
     finally:
         if proxy is not None:
             proxy.stop()
@@ -54,13 +54,13 @@ def _bucket(endpoint: str) -> str:
     return name
 
 
-def _run(tmp_path: Path, serve, url: str, direct: str, bucket: str) -> None:  # noqa: ANN001, F811
-    store = tmp_path / "store"
+def _run(tmp_path: Path, store_writer, serve, url: str, direct: str, bucket: str) -> None:  # noqa: ANN001, F811
     port = free_port()
     client = boto3.client("s3", endpoint_url=direct)
     env = serve_env(tmp_path, TIERED_S3__ENDPOINT_URL=url, TIERED_LEASE_TTL="10", TIERED_DISPATCH__INTERVAL="0.5",
                     TIERED_LOG__LEVEL="WARNING")
-    with StoreWriter(store, commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
+    with store_writer() as w:
+        store = w.root
         w.put("Rounds", 0, b"first", keys=["k0"])
         proc = serve(["--store", str(store), "--cold", f"s3://{bucket}/archive", "--metrics-port", str(port)], env)
 

@@ -22,7 +22,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,12 +101,14 @@ def moto_on_port() -> Iterator[Moto]:
     moto.stop()
 
 
-def produce(store: Path, n: int) -> None:
+def produce(store_writer: Callable[..., StoreWriter], n: int) -> Path:
+    """``n`` messages into each of QUEUES; the store's root."""
     now = time.time_ns() // 1_000_000
-    with StoreWriter(store, commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
+    with store_writer() as w:
         for i in range(n):
             for topic, qid in QUEUES:
                 w.put(topic, qid, os.urandom(150), keys=[f"k{i}"], store_timestamp=now)
+    return w.root
 
 
 def to_promtool_series(scrapes: list[Scrape]) -> list[dict[str, str]]:
@@ -140,13 +142,12 @@ def alert_names() -> list[str]:
     return [r["alert"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"] if "alert" in r]
 
 
-def test_store_outage_live(tmp_path: Path, moto_on_port: Moto) -> None:
+def test_store_outage_live(tmp_path: Path, moto_on_port: Moto, store_writer) -> None:  # noqa: ANN001
     import boto3
 
     endpoint = f"http://127.0.0.1:{moto_on_port.port}"
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="outage")
-    store = tmp_path / "store"
-    produce(store, 40)
+    store = produce(store_writer, 40)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERED_")}
     env.update({
@@ -201,7 +202,7 @@ def test_store_outage_live(tmp_path: Path, moto_on_port: Moto) -> None:
         assert all(queue_success.values())
 
         moto_on_port.stop()
-        produce(store, 7)
+        produce(store_writer, 7)
         produced_at = time.time()
         down = [scrape() for _ in range(20)]
         # An idle round makes no request (the bucket identity is read at most

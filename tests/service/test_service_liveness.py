@@ -14,7 +14,6 @@ from tiered.clock import ManualClock
 from tiered.config import load_settings
 from tiered.archive.lease import LeaseManager
 from tiered.archive.storage import open_store
-from tiered.store.storewriter import StoreWriter
 
 
 def status(url: str) -> tuple[int, str]:
@@ -25,10 +24,10 @@ def status(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def test_healthz_follows_the_heartbeat_only(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_healthz_follows_the_heartbeat_only(tmp_path: Path, monkeypatch, store_writer) -> None:  # noqa: ANN001
     for key in [k for k in os.environ if k.startswith("TIERED_")]:
         monkeypatch.delenv(key)
-    with StoreWriter(tmp_path / "store") as w:
+    with store_writer() as w:
         w.put("Orders", 0, b"x" * 10)
     # an object store nobody listens on: every request fails
     settings = load_settings(None, store=tmp_path / "store", cold_url="s3://nowhere/archive",
@@ -61,10 +60,10 @@ def test_healthz_follows_the_heartbeat_only(tmp_path: Path, monkeypatch) -> None
         sidecar.server.stop()
 
 
-def _idle_sidecar(tmp_path: Path, monkeypatch) -> tuple[Sidecar, ManualClock, str]:  # noqa: ANN001
+def _idle_sidecar(tmp_path: Path, monkeypatch, store_writer) -> tuple[Sidecar, ManualClock, str]:  # noqa: ANN001
     for key in [k for k in os.environ if k.startswith("TIERED_")]:
         monkeypatch.delenv(key)
-    with StoreWriter(tmp_path / "store") as w:
+    with store_writer() as w:
         w.put("Orders", 0, b"x" * 10)
     cold = f"file://{tmp_path / 'cold'}"
     settings = load_settings(None, store=tmp_path / "store", cold_url=cold, state_dir=tmp_path / "state",
@@ -73,8 +72,8 @@ def _idle_sidecar(tmp_path: Path, monkeypatch) -> tuple[Sidecar, ManualClock, st
     return Sidecar(settings, clock=clock), clock, cold
 
 
-def test_lease_gauges_and_changes(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
-    sidecar, clock, cold = _idle_sidecar(tmp_path, monkeypatch)
+def test_lease_gauges_and_changes(tmp_path: Path, monkeypatch, store_writer) -> None:  # noqa: ANN001
+    sidecar, clock, cold = _idle_sidecar(tmp_path, monkeypatch, store_writer)
     value = sidecar.registry.get_sample_value
     assert value("tiered_lease_held") == 0 and value("tiered_lease_expiry_timestamp_seconds") is None
     sidecar.dispatch_round()
@@ -84,7 +83,7 @@ def test_lease_gauges_and_changes(tmp_path: Path, monkeypatch) -> None:  # noqa:
     # another writer forces a takeover: the next round is fenced and the change counted
     other = LeaseManager(open_store(cold), "C/b", "intruder", clock=clock, force=True)
     other.acquire()
-    with StoreWriter(tmp_path / "store") as w:
+    with store_writer() as w:
         w.put("Orders", 0, b"y" * 10)  # something to write, so the round reads the lease
     clock.advance(120)
     sidecar.dispatch_round()
@@ -93,8 +92,9 @@ def test_lease_gauges_and_changes(tmp_path: Path, monkeypatch) -> None:  # noqa:
     assert value("tiered_lease_changes_total", {"event": "acquired"}) == 1
 
 
-def test_an_idle_sidecar_renews_its_lease_through_the_probe(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
-    sidecar, clock, cold = _idle_sidecar(tmp_path, monkeypatch)
+def test_an_idle_sidecar_renews_its_lease_through_the_probe(tmp_path: Path, monkeypatch,  # noqa: ANN001
+                                                            store_writer) -> None:  # noqa: ANN001
+    sidecar, clock, cold = _idle_sidecar(tmp_path, monkeypatch, store_writer)
     value = sidecar.registry.get_sample_value
     bucket = LeaseManager(open_store(cold), "C/b", "reader", clock=clock)
     sidecar.dispatch_round()  # archives the one message; every later round is idle
@@ -115,8 +115,8 @@ def test_an_idle_sidecar_renews_its_lease_through_the_probe(tmp_path: Path, monk
     assert value("tiered_lease_changes_total", {"event": "lost"}) == 0
 
 
-def test_a_lapsed_or_taken_lease_reads_not_held(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
-    sidecar, clock, cold = _idle_sidecar(tmp_path, monkeypatch)
+def test_a_lapsed_or_taken_lease_reads_not_held(tmp_path: Path, monkeypatch, store_writer) -> None:  # noqa: ANN001
+    sidecar, clock, cold = _idle_sidecar(tmp_path, monkeypatch, store_writer)
     value = sidecar.registry.get_sample_value
     sidecar.dispatch_round()
     # no renewal got through (a storage outage): past its expiry the lease is

@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -33,8 +33,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_store(path: Path, topics: dict[str, int], body: int = 200, queues: int = 2) -> dict[str, int]:
-    with StoreWriter(path, commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
+def make_store(store_writer: Callable[..., StoreWriter], topics: dict[str, int], body: int = 200,
+               queues: int = 2) -> dict[str, int]:
+    with store_writer() as w:
         for topic, n in topics.items():
             for i in range(n):
                 w.put(topic, i % queues, bytes([i % 251]) * body, keys=[f"{topic}-{i}"], tags="t")
@@ -114,9 +115,10 @@ def serve(tmp_path: Path) -> Iterator:  # noqa: ANN001
             proc.wait()
 
 
-def test_live_metrics_match_the_archive(tmp_path: Path, moto_endpoint: str, s3_url: str, serve) -> None:  # noqa: ANN001
+def test_live_metrics_match_the_archive(tmp_path: Path, moto_endpoint: str, s3_url: str, serve,  # noqa: ANN001
+                                        store_writer) -> None:  # noqa: ANN001
     store = tmp_path / "store"
-    produced = make_store(store, {"Orders": 300, "%DLQ%g": 40})
+    produced = make_store(store_writer, {"Orders": 300, "%DLQ%g": 40})
     port = free_port()
     proc = serve(["--store", str(store), "--cold", s3_url, "--metrics-port", str(port)],
                  serve_env(tmp_path, TIERED_S3__ENDPOINT_URL=moto_endpoint))
@@ -170,9 +172,10 @@ def test_live_metrics_match_the_archive(tmp_path: Path, moto_endpoint: str, s3_u
     assert sum(e["messages"] for e in archived) == sum(produced.values())
 
 
-def test_sigterm_during_upload_exits_zero_and_archive_verifies(tmp_path: Path, serve) -> None:  # noqa: ANN001
+def test_sigterm_during_upload_exits_zero_and_archive_verifies(tmp_path: Path, serve,  # noqa: ANN001
+                                                               store_writer) -> None:  # noqa: ANN001
     store = tmp_path / "store"
-    with StoreWriter(store, commitlog_file_size=64 << 20, cq_entries_per_file=100_000) as w:
+    with store_writer(commitlog_file_size=64 << 20, cq_entries_per_file=100_000) as w:
         body = os.urandom(4096)
         for i in range(24_000):  # ~100 MB over 4 queues: uploads are still running at SIGTERM
             w.put("Big", i % 4, body)
@@ -241,11 +244,11 @@ SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYSECRETKEY"
 TOKEN = "FwoGZXIvYXdzEXAMPLE-SESSION-TOKEN-VALUE"
 
 
-def test_secrets_never_leak(tmp_path: Path, serve) -> None:  # noqa: ANN001
+def test_secrets_never_leak(tmp_path: Path, serve, store_writer) -> None:  # noqa: ANN001
     """A run that hits errors (nothing listens at the endpoint) with secrets in env
     and in the config file: none of them in logs, /metrics, /readyz, status or errors."""
     store = tmp_path / "store"
-    make_store(store, {"Orders": 20})
+    make_store(store_writer, {"Orders": 20})
     dead = f"http://127.0.0.1:{free_port()}"
     cfg = tmp_path / "config.yaml"
     cfg.write_text(f"s3:\n  access_key_id: AKIAEXAMPLEKEYID\n  session_token: {TOKEN}\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -21,18 +22,18 @@ def invoke(env: dict[str, str], *args: str) -> tuple[int, str]:
     return result.exit_code, " ".join(result.output.split())  # the console wraps long lines
 
 
-def make_store(path: Path) -> None:
+def make_store(store_writer: Callable[..., StoreWriter]) -> Path:
     now = time.time_ns() // 1_000_000
-    with StoreWriter(path) as w:
+    with store_writer() as w:
         for i in range(12):
             w.put("Orders", i % 2, b"o" * 50, keys=[f"k{i}"], store_timestamp=now - 5000 + i)
         for i in range(5):
             w.put("Orders", 0, b"d" * 50, delay_level=3, store_timestamp=now - 5000 + i)  # SCHEDULE_TOPIC_XXXX
+    return w.root
 
 
-def test_excluded_topics_get_no_lag_row_and_pending_is_counted(tmp_path: Path) -> None:
-    store, cold = tmp_path / "store", f"file://{tmp_path / 'cold'}"
-    make_store(store)
+def test_excluded_topics_get_no_lag_row_and_pending_is_counted(tmp_path: Path, store_writer) -> None:  # noqa: ANN001
+    store, cold = make_store(store_writer), f"file://{tmp_path / 'cold'}"
     assert (store / "consumequeue" / "SCHEDULE_TOPIC_XXXX").is_dir()
     env = {"TIERED_STATE_DIR": str(tmp_path / "state"), "TIERED_CLUSTER": "C", "TIERED_BROKER": "b",
            "TIERED_LOG__LEVEL": "WARNING", "TIERED_DISPATCH__MAX_DELAY": "1h"}

@@ -7,6 +7,7 @@ read back and restored."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -22,11 +23,11 @@ T0 = 1_790_000_000_000
 PER_FILE = 4
 
 
-def build(store: Path) -> dict[int, list[tuple[int, str]]]:
+def build(store_writer: Callable[..., StoreWriter]) -> dict[int, list[tuple[int, str]]]:
     """Queue 0 from 0: 11 records over 3 files; queue 1 from entry 8 (its
     third file) at offset 1000: 5 records. Returns (offset, key) per message."""
     want: dict[int, list[tuple[int, str]]] = {0: [], 1: []}
-    with StoreWriter(store, commitlog_file_size=1 << 16, cq_entries_per_file=10) as w:
+    with store_writer(commitlog_file_size=1 << 16, cq_entries_per_file=10) as w:
         bw = BatchWriter(w, bcq_entries_per_file=PER_FILE)
         bw.start_at("Bulk", 1, entry=2 * PER_FILE, offset=1000)
         w.put("Plain", 0, b"not a batch", store_timestamp=T0)
@@ -57,9 +58,9 @@ def env(tmp_path: Path) -> dict[str, str]:
             "TIERED_LOG__LEVEL": "WARNING"}
 
 
-def test_read_several_files_and_a_queue_above_zero(tmp_path: Path) -> None:
+def test_read_several_files_and_a_queue_above_zero(tmp_path: Path, store_writer) -> None:
     store = tmp_path / "store"
-    want = build(store)
+    want = build(store_writer)
     q1 = sorted(p.name for p in (store / "batchconsumequeue" / "Bulk" / "1").iterdir())
     assert q1 == [f"{2 * PER_FILE * BCQ_ENTRY_SIZE:020d}", f"{3 * PER_FILE * BCQ_ENTRY_SIZE:020d}"]
     assert len(list((store / "batchconsumequeue" / "Bulk" / "0").iterdir())) == 3
@@ -80,9 +81,9 @@ def test_read_several_files_and_a_queue_above_zero(tmp_path: Path) -> None:
     assert [json.loads(line)["cq_offset"] for line in result.stdout.splitlines()] == [1001]
 
 
-def test_archive_read_back_and_restore(tmp_path: Path) -> None:
+def test_archive_read_back_and_restore(tmp_path: Path, store_writer) -> None:
     store = tmp_path / "store"
-    want = build(store)
+    want = build(store_writer)
     cold = f"file://{tmp_path}/cold"
     result = runner.invoke(app, ["dispatch", "--all", "--store", str(store), "--cold", cold], env=env(tmp_path))
     assert result.exit_code == 0, result.output
@@ -121,16 +122,16 @@ def test_archive_read_back_and_restore(tmp_path: Path) -> None:
                     assert restored.read_at(new.commitlog_offset).size == new.size
 
 
-def test_status_and_verify_count_messages(tmp_path: Path) -> None:
+def test_status_and_verify_count_messages(tmp_path: Path, store_writer) -> None:
     """Archived, then two batches of 3 and 4 messages more: status and verify
     speak of the 7 messages from the archive's end, not of 2 entries."""
     store = tmp_path / "store"
-    want = build(store)
+    want = build(store_writer)
     cold = f"file://{tmp_path}/cold"
     result = runner.invoke(app, ["dispatch", "--all", "--store", str(store), "--cold", cold], env=env(tmp_path))
     assert result.exit_code == 0, result.output
     end = len(want[0])
-    with StoreWriter(store) as w:
+    with store_writer() as w:
         bw = BatchWriter(w, bcq_entries_per_file=PER_FILE)
         bw.start_at("Bulk", 0, entry=11, offset=end)
         for n in (3, 4):
@@ -149,14 +150,14 @@ def test_status_and_verify_count_messages(tmp_path: Path) -> None:
     assert f"Bulk/0: 7 messages from offset {end} not archived" in result.output
 
 
-def test_consumer_positions_are_message_offsets(tmp_path: Path) -> None:
+def test_consumer_positions_are_message_offsets(tmp_path: Path, store_writer) -> None:
     """Consumers commit message offsets: a BatchCQ queue's ranges against
     them are its messages' (1000.. for queue 1), never its entries'."""
     from tiered.archive.manifest import Manifest
     from tiered.store.consumeroffsets import PositionState, archived_ranges, store_positions
 
     store = tmp_path / "store"
-    want = build(store)
+    want = build(store_writer)
     cold = f"file://{tmp_path}/cold"
     result = runner.invoke(app, ["dispatch", "--all", "--store", str(store), "--cold", cold], env=env(tmp_path))
     assert result.exit_code == 0, result.output
@@ -174,12 +175,12 @@ def test_consumer_positions_are_message_offsets(tmp_path: Path) -> None:
     assert (rows[0].local_max_offset, rows[0].archived_next_offset) == (len(want[0]), len(want[0]))
 
 
-def test_cat_group_from_committed_message_offsets(tmp_path: Path) -> None:
+def test_cat_group_from_committed_message_offsets(tmp_path: Path, store_writer) -> None:
     """``cat --group``: queue 0's first BatchConsumeQueue file deleted by the
     broker, its committed offset 3 is read from the archive up to the local
     store's first message, then locally; queue 1 from 1002, inside a batch."""
     store = tmp_path / "store"
-    want = build(store)
+    want = build(store_writer)
     cold = f"file://{tmp_path}/cold"
     result = runner.invoke(app, ["dispatch", "--all", "--store", str(store), "--cold", cold], env=env(tmp_path))
     assert result.exit_code == 0, result.output
@@ -192,9 +193,9 @@ def test_cat_group_from_committed_message_offsets(tmp_path: Path) -> None:
     assert got == [(0, o, k) for o, k in want[0] if o >= 3] + [(1, o, k) for o, k in want[1] if o >= 1002]
 
 
-def test_an_unreadable_topics_json_leaves_the_directories_to_tell(tmp_path: Path) -> None:
+def test_an_unreadable_topics_json_leaves_the_directories_to_tell(tmp_path: Path, store_writer) -> None:
     store = tmp_path / "store"
-    build(store)
+    build(store_writer)
     (store / "config" / "topics.json").write_text("{not json")
     (store / "config" / "topics.json.bak").write_text("[1]")
     with LocalStore(store) as local:
@@ -202,11 +203,11 @@ def test_an_unreadable_topics_json_leaves_the_directories_to_tell(tmp_path: Path
         assert local.batch_offset_range("Bulk", 1).min_offset == 1000
 
 
-def test_many_small_segments(tmp_path: Path) -> None:
+def test_many_small_segments(tmp_path: Path, store_writer) -> None:
     """Segments of 1 KiB (a few records each): message offsets are found
     across and inside segments, and ls, verify, find and export agree."""
     store = tmp_path / "store"
-    want = build(store)
+    want = build(store_writer)
     cold = f"file://{tmp_path}/cold"
     small = {**env(tmp_path), "TIERED_DISPATCH__SEGMENT_BYTES": "1KiB", "TIERED_DISPATCH__UPLOAD_BYTES": "1KiB"}
     result = runner.invoke(app, ["dispatch", "--all", "--store", str(store), "--cold", cold], env=small)

@@ -103,18 +103,16 @@ def test_inspect_of_lmq_queues_agrees_with_rocketmq(rmq5_store: Path, rmq5_expec
         assert "%LMQ%room-blue" in line and str(e["cq_offset"]) in line and str(e["commitlog_offset"]) in line
 
 
-def test_store_writer_multi_dispatch_read_back(tmp_path: Path) -> None:
+def test_store_writer_multi_dispatch_read_back(store_writer) -> None:  # noqa: ANN001
     """The writer's LMQ entries as the broker writes them, with and without
     enableLmq (queue 0, or the parent's queue id), read back by the LMQ rule."""
-    from tiered.store.storewriter import StoreWriter
-
-    with StoreWriter(tmp_path / "s", commitlog_file_size=1 << 20) as w:
+    with store_writer("s") as w:
         for i in range(6):
             w.put_multi("Chat", i % 2, b"m%d" % i, ["%LMQ%a", "%LMQ%b"] if i % 3 == 0 else ["%LMQ%a"], tags="t")
         w.put_multi("Chat", 1, b"off", ["%LMQ%c"], enable_lmq=False)
-    topics = json.loads((tmp_path / "s" / "config" / "topics.json").read_text())["topicConfigTable"]
+    topics = json.loads((w.root / "config" / "topics.json").read_text())["topicConfigTable"]
     assert sorted(topics) == ["Chat"]
-    with LocalStore(tmp_path / "s") as local:
+    with LocalStore(w.root) as local:
         assert sorted(q for q in local.queues() if is_lmq(q[0])) == [("%LMQ%a", 0), ("%LMQ%b", 0), ("%LMQ%c", 1)]
         got = [(i.queue_offset, i.record.queue_id, bytes(i.record.body)) for i in local.iter_queue("%LMQ%a", 0, 0)]
         assert got == [(i, i % 2, b"m%d" % i) for i in range(6)]

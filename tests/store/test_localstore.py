@@ -9,6 +9,7 @@ import json
 import os
 import re
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +31,10 @@ def body_of(i: int) -> bytes:
     return bytes([i % 251]) * ((i * 37) % 700)
 
 
-def make_store(root: Path, n: int = 60, queues: int = 2, topic: str = "T", **kw) -> list[Appended]:
+def make_store(store_writer: Callable[..., StoreWriter], n: int = 60, queues: int = 2, topic: str = "T",
+               **kw) -> list[Appended]:
     out = []
-    with StoreWriter(root, commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
+    with store_writer(commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
         for i in range(n):
             out.append(w.put(topic, i % queues, body_of(i), tags=f"tag{i % 3}", keys=[f"k{i}", "common"],
                              unique_key=f"U{i:08d}", store_timestamp=1_000_000 + i * 10, **kw))
@@ -67,11 +69,12 @@ def patch(path: Path, at: int, data: bytes) -> None:
 # --- reading everything ---------------------------------------------------------------------
 
 
-def test_reads_every_record_across_rolling_files(tmp_path: Path) -> None:
-    appended = make_store(tmp_path)
-    assert len(os.listdir(tmp_path / "commitlog")) > 5
-    assert len(os.listdir(tmp_path / "consumequeue" / "T" / "0")) == 6
-    with LocalStore(tmp_path) as store:
+def test_reads_every_record_across_rolling_files(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    appended = make_store(store_writer)
+    assert len(os.listdir(root / "commitlog")) > 5
+    assert len(os.listdir(root / "consumequeue" / "T" / "0")) == 6
+    with LocalStore(root) as store:
         assert store.topics() == ["T"]
         assert store.queue_ids("T") == [0, 1]
         assert store.queues() == [("T", 0), ("T", 1)]
@@ -84,7 +87,7 @@ def test_reads_every_record_across_rolling_files(tmp_path: Path) -> None:
                 i = appended.index(a)
                 rec = it.record
                 assert it.tags_code == tags_code(f"tag{i % 3}")
-                assert bytes(rec.raw) == raw_at(tmp_path, a.commitlog_offset, a.size)
+                assert bytes(rec.raw) == raw_at(root, a.commitlog_offset, a.size)
                 assert rec.physical_offset == a.commitlog_offset and rec.size == a.size
                 assert rec.queue_offset == a.queue_offset and rec.queue_id == qid
                 assert rec.body_bytes() == body_of(i)
@@ -92,13 +95,14 @@ def test_reads_every_record_across_rolling_files(tmp_path: Path) -> None:
                 assert rec.tags == f"tag{i % 3}"
                 assert rec.keys == [f"k{i}", "common"]
                 assert rec.unique_key == f"U{i:08d}"
-                assert rec.source == str(cl_path(tmp_path, a.commitlog_offset))
+                assert rec.source == str(cl_path(root, a.commitlog_offset))
                 assert rec.position == a.commitlog_offset % FILE
 
 
-def test_record_bytes_match_an_independent_encoding(tmp_path: Path) -> None:
-    appended = make_store(tmp_path, n=6, queues=1)
-    with LocalStore(tmp_path) as store:
+def test_record_bytes_match_an_independent_encoding(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    appended = make_store(store_writer, n=6, queues=1)
+    with LocalStore(root) as store:
         for it, a in zip(store.iter_queue("T", 0, 0), appended):
             i = appended.index(a)
             expected = encode_record(Message(
@@ -110,10 +114,11 @@ def test_record_bytes_match_an_independent_encoding(tmp_path: Path) -> None:
             assert bytes(it.record.raw) == expected
 
 
-def test_iter_from_the_middle_and_limits(tmp_path: Path) -> None:
-    appended = [a for a in make_store(tmp_path, n=40, queues=1)]
+def test_iter_from_the_middle_and_limits(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    appended = [a for a in make_store(store_writer, n=40, queues=1)]
     sizes = [a.size for a in appended]
-    with LocalStore(tmp_path) as store:
+    with LocalStore(root) as store:
         assert [i.queue_offset for i in store.iter_queue("T", 0, 7)] == list(range(7, 40))
         assert [i.queue_offset for i in store.iter_queue("T", 0, 10)] == list(range(10, 40))  # file boundary
         assert [i.queue_offset for i in store.iter_queue("T", 0, 39)] == [39]
@@ -129,11 +134,12 @@ def test_iter_from_the_middle_and_limits(tmp_path: Path) -> None:
         assert [i.queue_offset for i in store.iter_queue("T", 0, 3, max_count=2, max_bytes=budget)] == [3, 4]
 
 
-def test_read_at(tmp_path: Path) -> None:
-    appended = make_store(tmp_path, n=10, queues=1)
-    with LocalStore(tmp_path) as store:
+def test_read_at(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    appended = make_store(store_writer, n=10, queues=1)
+    with LocalStore(root) as store:
         for a in appended:
-            assert bytes(store.read_at(a.commitlog_offset).raw) == raw_at(tmp_path, a.commitlog_offset, a.size)
+            assert bytes(store.read_at(a.commitlog_offset).raw) == raw_at(root, a.commitlog_offset, a.size)
         end = appended[-1].commitlog_offset + appended[-1].size
         with pytest.raises(NotWrittenYetError):
             store.read_at(end)
@@ -142,12 +148,13 @@ def test_read_at(tmp_path: Path) -> None:
 # --- find_offset ------------------------------------------------------------------------------
 
 
-def test_find_offset_first_offset_at_or_after(tmp_path: Path) -> None:
+def test_find_offset_first_offset_at_or_after(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
     stamps = [100, 100, 100, 105, 110, 110, 120, 121, 121, 121, 121, 150, 150, 200, 201, 300, 300]
-    with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=4) as w:
+    with store_writer(commitlog_file_size=FILE, cq_entries_per_file=4) as w:
         for ts in stamps:
             w.put("T", 0, b"x" * 300, store_timestamp=ts)
-    with LocalStore(tmp_path) as store:
+    with LocalStore(root) as store:
         for t in range(90, 310):
             expected = next((i for i, s in enumerate(stamps) if s >= t), len(stamps))
             assert store.find_offset("T", 0, t) == expected, t
@@ -156,12 +163,13 @@ def test_find_offset_first_offset_at_or_after(tmp_path: Path) -> None:
         assert store.find_offset("T", 9, 100) == 0  # no such queue
 
 
-def test_find_offset_with_filler_head(tmp_path: Path) -> None:
-    with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=4) as w:
+def test_find_offset_with_filler_head(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    with store_writer(commitlog_file_size=FILE, cq_entries_per_file=4) as w:
         w.fill_queue_head("T", 0, 6)
         for i in range(5):
             w.put("T", 0, b"x", store_timestamp=1000 + i)
-    with LocalStore(tmp_path) as store:
+    with LocalStore(root) as store:
         assert store.find_offset("T", 0, 0) == 6
         assert store.find_offset("T", 0, 1002) == 8
         assert store.find_offset("T", 0, 5000) == 11
@@ -170,12 +178,13 @@ def test_find_offset_with_filler_head(tmp_path: Path) -> None:
 # --- filler head, delayed, retry/DLQ, IPv6 -------------------------------------------------------
 
 
-def test_filler_entries_at_the_head(tmp_path: Path) -> None:
-    with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
+def test_filler_entries_at_the_head(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    with store_writer(commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
         w.fill_queue_head("T", 0, 13)
         for i in range(4):
             w.put("T", 0, b"%d" % i)
-    with LocalStore(tmp_path) as store:
+    with LocalStore(root) as store:
         assert store.queue_range("T", 0) == QueueRange(13, 17)
         items = list(store.iter_queue("T", 0, 13))
         assert [(i.queue_offset, i.record.body_bytes()) for i in items] == [(13, b"0"), (14, b"1"), (15, b"2"), (16, b"3")]
@@ -188,11 +197,12 @@ def test_filler_entries_at_the_head(tmp_path: Path) -> None:
         assert info.value.next_available == 13
 
 
-def test_delayed_messages(tmp_path: Path) -> None:
-    with StoreWriter(tmp_path, commitlog_file_size=FILE) as w:
+def test_delayed_messages(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    with store_writer(commitlog_file_size=FILE) as w:
         for i in range(3):
             w.put("orders", 2, b"d%d" % i, tags="late", delay_level=3, store_timestamp=5000 + i)
-    with LocalStore(tmp_path) as store:
+    with LocalStore(root) as store:
         assert store.queues() == [(SCHEDULE_TOPIC, 2)]
         items = list(store.iter_queue(SCHEDULE_TOPIC, 2, 0))
         assert [i.tags_code for i in items] == [15000, 15001, 15002]  # delivery time, level 3 = 10 s
@@ -204,11 +214,12 @@ def test_delayed_messages(tmp_path: Path) -> None:
         assert rec.tags == "late"
 
 
-def test_retry_and_dlq_topics(tmp_path: Path) -> None:
-    with StoreWriter(tmp_path, commitlog_file_size=FILE) as w:
+def test_retry_and_dlq_topics(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    with store_writer(commitlog_file_size=FILE) as w:
         w.put("%RETRY%g1", 0, b"r", reconsume_times=1)
         w.put("%DLQ%g1", 0, b"d", reconsume_times=16, properties={"DLQ_ORIGIN_TOPIC": "orders"})
-    with LocalStore(tmp_path) as store:
+    with LocalStore(root) as store:
         assert store.topics() == ["%DLQ%g1", "%RETRY%g1"]
         (r,) = store.iter_queue("%RETRY%g1", 0, 0)
         (d,) = store.iter_queue("%DLQ%g1", 0, 0)
@@ -217,11 +228,12 @@ def test_retry_and_dlq_topics(tmp_path: Path) -> None:
         assert d.record.topic == "%DLQ%g1"
 
 
-def test_ipv6_hosts_and_long_topic(tmp_path: Path) -> None:
+def test_ipv6_hosts_and_long_topic(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
     topic = "v2-" + "x" * 140
-    with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=3, store_host=Host("fd00::5", 10911)) as w:
+    with store_writer(commitlog_file_size=FILE, cq_entries_per_file=3, store_host=Host("fd00::5", 10911)) as w:
         appended = [w.put(topic, 0, b"b" * 500, born_host=Host("2001:db8::7", 4242), store_timestamp=i) for i in range(12)]
-    with LocalStore(tmp_path) as store:
+    with LocalStore(root) as store:
         items = list(store.iter_queue(topic, 0, 0))
         assert len(items) == 12
         for it, a in zip(items, appended):
@@ -231,7 +243,7 @@ def test_ipv6_hosts_and_long_topic(tmp_path: Path) -> None:
             assert rec.sys_flag & 0x30 == 0x30
             assert rec.store_timestamp == a.queue_offset
             assert rec.topic == topic and rec.version == 2
-            assert bytes(rec.raw) == raw_at(tmp_path, a.commitlog_offset, a.size)
+            assert bytes(rec.raw) == raw_at(root, a.commitlog_offset, a.size)
         assert store.find_offset(topic, 0, 5) == 5
 
 
@@ -284,8 +296,9 @@ def test_config_missing_or_broken(tmp_path: Path) -> None:
         store.read_config("topics.json")
 
 
-def test_retention_hours_from_topic_attributes(tmp_path: Path) -> None:
-    with StoreWriter(tmp_path, commitlog_file_size=FILE) as w:
+def test_retention_hours_from_topic_attributes(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    with store_writer(commitlog_file_size=FILE) as w:
         for t in ("A", "B", "C", "D", "E"):
             w.put(t, 0, b"")
         w.set_topic_attribute("A", "reserve.time", "48")
@@ -293,30 +306,31 @@ def test_retention_hours_from_topic_attributes(tmp_path: Path) -> None:
         w.set_topic_attribute("C", "reserve.time", "forever")
         w.set_topic_attribute("D", "reserve.time", "-1")
         w.set_topic_attribute("E", "+reserve.time", "24")
-    assert LocalStore(tmp_path).retention_hours() == {"A": 48.0, "B": 0.5, "E": 24.0}
+    assert LocalStore(root).retention_hours() == {"A": 48.0, "B": 0.5, "E": 24.0}
     # a stale topics.json.tmp left by a crash does not matter
-    (tmp_path / "config" / "topics.json.tmp").write_text("{")
-    assert LocalStore(tmp_path).topic_configs()["A"]["attributes"] == {"reserve.time": "48"}
+    (root / "config" / "topics.json.tmp").write_text("{")
+    assert LocalStore(root).topic_configs()["A"]["attributes"] == {"reserve.time": "48"}
 
 
-def test_confirmed_offset_bounds_iteration_in_controller_mode(tmp_path: Path) -> None:
-    appended = make_store(tmp_path, n=20, queues=1)
-    with LocalStore(tmp_path, broker_mode="controller") as store:
+def test_confirmed_offset_bounds_iteration_in_controller_mode(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    appended = make_store(store_writer, n=20, queues=1)
+    with LocalStore(root, broker_mode="controller") as store:
         assert store.confirmed_offset() == 0  # no checkpoint: nothing confirmed (tests/store/test_brokermode.py)
     end7 = appended[7].commitlog_offset + appended[7].size
-    with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
+    with store_writer(commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
         w.write_checkpoint(confirm_offset=end7)
-    with LocalStore(tmp_path) as store:
+    with LocalStore(root) as store:
         assert store.confirmed_offset() is None  # default mode: the broker binds nothing to it
         assert len(list(store.iter_queue("T", 0, 0))) == 20
-    with LocalStore(tmp_path, broker_mode="controller") as store:
+    with LocalStore(root, broker_mode="controller") as store:
         assert store.confirmed_offset() == end7
         assert [i.queue_offset for i in store.iter_queue("T", 0, 0)] == list(range(8))
         assert [i.queue_offset for i in store.iter_queue("T", 0, 5)] == [5, 6, 7]
         assert list(store.iter_queue("T", 0, 8)) == []
-    with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
+    with store_writer(commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
         w.write_checkpoint(confirm_offset=end7 - 1)  # record 7 not wholly confirmed
-    with LocalStore(tmp_path, broker_mode="controller") as store:
+    with LocalStore(root, broker_mode="controller") as store:
         assert [i.queue_offset for i in store.iter_queue("T", 0, 0)] == list(range(7))
 
 
@@ -327,12 +341,13 @@ def _first_offset_at_or_after(appended: list[Appended], qid: int, phys: int) -> 
     return next(a.queue_offset for a in appended if a.queue_id == qid and a.commitlog_offset >= phys)
 
 
-def test_commitlog_head_deleted_fresh_reader(tmp_path: Path) -> None:
-    appended = make_store(tmp_path, n=40, queues=1)
-    (tmp_path / "commitlog" / f"{0:020d}").unlink()
-    (tmp_path / "commitlog" / f"{FILE:020d}").unlink()
+def test_commitlog_head_deleted_fresh_reader(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    appended = make_store(store_writer, n=40, queues=1)
+    (root / "commitlog" / f"{0:020d}").unlink()
+    (root / "commitlog" / f"{FILE:020d}").unlink()
     nxt = _first_offset_at_or_after(appended, 0, 2 * FILE)
-    with LocalStore(tmp_path) as store:
+    with LocalStore(root) as store:
         assert store.queue_range("T", 0) == QueueRange(nxt, 40)
         for start in (0, nxt - 1):
             with pytest.raises(ExpiredLocallyError) as info:
@@ -343,15 +358,16 @@ def test_commitlog_head_deleted_fresh_reader(tmp_path: Path) -> None:
         assert store.find_offset("T", 0, 0) == nxt
 
 
-def test_commitlog_deleted_while_iterating(tmp_path: Path) -> None:
-    appended = make_store(tmp_path, n=40, queues=1)
+def test_commitlog_deleted_while_iterating(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    appended = make_store(store_writer, n=40, queues=1)
     nxt = _first_offset_at_or_after(appended, 0, 3 * FILE)
-    with LocalStore(tmp_path) as store:
+    with LocalStore(root) as store:
         it = store.iter_queue("T", 0, 0)
         first = [next(it) for _ in range(2)]
         # the broker deletes the oldest files, including ones the reader has not reached
         for start in (0, FILE, 2 * FILE):
-            (tmp_path / "commitlog" / f"{start:020d}").unlink()
+            (root / "commitlog" / f"{start:020d}").unlink()
         seen = [i.queue_offset for i in first]
         with pytest.raises(ExpiredLocallyError) as info:
             for item in it:
@@ -370,31 +386,33 @@ def test_commitlog_deleted_while_iterating(tmp_path: Path) -> None:
             list(store.iter_queue("T", 0, 0))
 
 
-def test_consumequeue_head_deleted(tmp_path: Path) -> None:
-    make_store(tmp_path, n=40, queues=1)
-    with LocalStore(tmp_path) as store:
+def test_consumequeue_head_deleted(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    make_store(store_writer, n=40, queues=1)
+    with LocalStore(root) as store:
         assert [i.queue_offset for i in store.iter_queue("T", 0, 0, max_count=3)] == [0, 1, 2]
-        cq_path(tmp_path, "T", 0, 0).unlink()
-        cq_path(tmp_path, "T", 0, 5).unlink()
+        cq_path(root, "T", 0, 0).unlink()
+        cq_path(root, "T", 0, 5).unlink()
         store.refresh()
         assert store.queue_range("T", 0) == QueueRange(10, 40)
         with pytest.raises(ExpiredLocallyError) as info:
             list(store.iter_queue("T", 0, 3))
         assert info.value.next_available == 10
         assert [i.queue_offset for i in store.iter_queue("T", 0, 10)][:2] == [10, 11]
-    with LocalStore(tmp_path) as fresh:
+    with LocalStore(root) as fresh:
         with pytest.raises(ExpiredLocallyError) as info:
             list(fresh.iter_queue("T", 0, 0))
         assert info.value.next_available == 10
 
 
-def test_consumequeue_file_deleted_before_the_reader_reaches_it(tmp_path: Path) -> None:
-    make_store(tmp_path, n=40, queues=1)
-    with LocalStore(tmp_path) as store:
+def test_consumequeue_file_deleted_before_the_reader_reaches_it(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    make_store(store_writer, n=40, queues=1)
+    with LocalStore(root) as store:
         it = store.iter_queue("T", 0, 0)
         assert next(it).queue_offset == 0
         for off in (0, 5, 10):
-            cq_path(tmp_path, "T", 0, off).unlink()
+            cq_path(root, "T", 0, off).unlink()
         seen = []
         with pytest.raises(ExpiredLocallyError) as info:
             for item in it:
@@ -403,11 +421,12 @@ def test_consumequeue_file_deleted_before_the_reader_reaches_it(tmp_path: Path) 
         assert (info.value.offset, info.value.next_available) == (5, 15)
 
 
-def test_everything_deleted(tmp_path: Path) -> None:
-    make_store(tmp_path, n=10, queues=1)
-    for name in os.listdir(tmp_path / "commitlog"):
-        (tmp_path / "commitlog" / name).unlink()
-    with LocalStore(tmp_path) as store:
+def test_everything_deleted(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    make_store(store_writer, n=10, queues=1)
+    for name in os.listdir(root / "commitlog"):
+        (root / "commitlog" / name).unlink()
+    with LocalStore(root) as store:
         rng = store.queue_range("T", 0)
         assert rng.count == 0
         with pytest.raises(ExpiredLocallyError):
@@ -417,44 +436,48 @@ def test_everything_deleted(tmp_path: Path) -> None:
 # --- torn tails --------------------------------------------------------------------------------------------
 
 
-def test_entry_present_but_record_zeroed(tmp_path: Path) -> None:
-    appended = make_store(tmp_path, n=12, queues=1)
+def test_entry_present_but_record_zeroed(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    appended = make_store(store_writer, n=12, queues=1)
     last = appended[-1]
-    patch(cl_path(tmp_path, last.commitlog_offset), last.commitlog_offset % FILE, bytes(last.size))
-    with LocalStore(tmp_path) as store:
+    patch(cl_path(root, last.commitlog_offset), last.commitlog_offset % FILE, bytes(last.size))
+    with LocalStore(root) as store:
         assert [i.queue_offset for i in store.iter_queue("T", 0, 0)] == list(range(11))
         assert list(store.iter_queue("T", 0, 11)) == []
         assert store.find_offset("T", 0, 2**62) in (11, 12)
 
 
-def test_entry_present_but_commitlog_truncated_inside_the_record(tmp_path: Path) -> None:
-    appended = make_store(tmp_path, n=12, queues=1)
+def test_entry_present_but_commitlog_truncated_inside_the_record(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    appended = make_store(store_writer, n=12, queues=1)
     last = appended[-1]
     for cut in (last.size - 1, 40, 8, 3, 0):
-        os.truncate(cl_path(tmp_path, last.commitlog_offset), last.commitlog_offset % FILE + cut)
-        with LocalStore(tmp_path) as store:  # a fresh map of the now shorter file
+        os.truncate(cl_path(root, last.commitlog_offset), last.commitlog_offset % FILE + cut)
+        with LocalStore(root) as store:  # a fresh map of the now shorter file
             assert [i.queue_offset for i in store.iter_queue("T", 0, 0)] == list(range(11)), cut
             with pytest.raises(NotWrittenYetError):
                 store.read_at(last.commitlog_offset)
 
 
-def test_consumequeue_torn_in_the_middle_of_an_entry(tmp_path: Path) -> None:
-    with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=100, preallocate=False) as w:
+def test_consumequeue_torn_in_the_middle_of_an_entry(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    with store_writer(commitlog_file_size=FILE, cq_entries_per_file=100, preallocate=False) as w:
         for i in range(7):
             w.put("T", 0, b"%d" % i)
-    os.truncate(cq_path(tmp_path, "T", 0, 0), 6 * 20 + 11)
-    with LocalStore(tmp_path) as store:
+    os.truncate(cq_path(root, "T", 0, 0), 6 * 20 + 11)
+    with LocalStore(root) as store:
         assert store.queue_range("T", 0) == QueueRange(0, 6)
         assert [i.queue_offset for i in store.iter_queue("T", 0, 0)] == list(range(6))
         assert list(store.iter_queue("T", 0, 6)) == []
 
 
-def test_reader_follows_growing_files_and_new_files(tmp_path: Path) -> None:
+def test_reader_follows_growing_files_and_new_files(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
     # not preallocated: files grow under a reader that mapped them shorter
     kw = dict(commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE, preallocate=False)
-    with StoreWriter(tmp_path, **kw) as w:
+    with store_writer(**kw) as w:
         w.put("T", 0, b"a" * 100)
-        with LocalStore(tmp_path) as store:
+        with LocalStore(root) as store:
             assert [i.queue_offset for i in store.iter_queue("T", 0, 0)] == [0]
             for i in range(1, 30):
                 w.put("T", 0, bytes([i]) * 900)
@@ -466,14 +489,15 @@ def test_reader_follows_growing_files_and_new_files(tmp_path: Path) -> None:
             assert store.queue_range("T", 0) == QueueRange(0, 30)
 
 
-def test_new_consumequeue_file_seen_while_still_empty(tmp_path: Path) -> None:
-    with StoreWriter(tmp_path, commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
+def test_new_consumequeue_file_seen_while_still_empty(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    with store_writer(commitlog_file_size=FILE, cq_entries_per_file=CQ_PER_FILE) as w:
         for i in range(5):
             w.put("T", 0, b"x")
         # the broker creates the next file before writing into it: empty for a moment
-        nxt = cq_path(tmp_path, "T", 0, 5)
+        nxt = cq_path(root, "T", 0, 5)
         nxt.touch()
-        with LocalStore(tmp_path) as store:
+        with LocalStore(root) as store:
             assert len(list(store.iter_queue("T", 0, 0))) == 5
             assert store.queue_range("T", 0) == QueueRange(0, 5)
             for i in range(3):
@@ -485,10 +509,11 @@ def test_new_consumequeue_file_seen_while_still_empty(tmp_path: Path) -> None:
 # --- corruption --------------------------------------------------------------------------------------------
 
 
-def _corrupt_case(tmp_path: Path, victim: int = 6) -> tuple[list[Appended], Appended, Path, int]:
-    appended = make_store(tmp_path, n=12, queues=1)
+def _corrupt_case(store_writer: Callable[..., StoreWriter], root: Path,
+                  victim: int = 6) -> tuple[list[Appended], Appended, Path, int]:
+    appended = make_store(store_writer, n=12, queues=1)
     a = appended[victim]
-    return appended, a, cl_path(tmp_path, a.commitlog_offset), a.commitlog_offset % FILE
+    return appended, a, cl_path(root, a.commitlog_offset), a.commitlog_offset % FILE
 
 
 def _iter_until_error(store: LocalStore, start: int = 0) -> tuple[list[int], CorruptRecordError]:
@@ -511,15 +536,17 @@ def _iter_until_error(store: LocalStore, start: int = 0) -> tuple[list[int], Cor
         ("body length", 84, struct.pack(">i", 1)),
     ],
 )
-def test_corrupt_record_names_file_and_offset(tmp_path: Path, what: str, at: int, data: bytes | None) -> None:
-    appended, a, path, rel = _corrupt_case(tmp_path)
+def test_corrupt_record_names_file_and_offset(tmp_path: Path, store_writer, what: str, at: int,  # noqa: ANN001
+                                              data: bytes | None) -> None:
+    root = tmp_path / "store"
+    appended, a, path, rel = _corrupt_case(store_writer, root)
     if what == "body bit flip":
         byte = open(path, "rb").read()[rel + at]
         data = bytes([byte ^ 0x10])
     if what == "total size":
         data = struct.pack(">i", a.size - 1)
     patch(path, rel + at, data)
-    with LocalStore(tmp_path) as store:
+    with LocalStore(root) as store:
         seen, err = _iter_until_error(store)
         assert seen == list(range(6)), what
         assert err.source == str(path), (what, err)
@@ -532,55 +559,60 @@ def test_corrupt_record_names_file_and_offset(tmp_path: Path, what: str, at: int
         assert [i.queue_offset for i in store.iter_queue("T", 0, 7)] == list(range(7, 12))
 
 
-def test_wrong_topic_is_corruption(tmp_path: Path) -> None:
-    appended, a, path, rel = _corrupt_case(tmp_path)
-    raw = bytearray(raw_at(tmp_path, a.commitlog_offset, a.size))
+def test_wrong_topic_is_corruption(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    appended, a, path, rel = _corrupt_case(store_writer, root)
+    raw = bytearray(raw_at(root, a.commitlog_offset, a.size))
     topic_at = 88 + struct.unpack_from(">i", raw, 84)[0] + 1
     assert raw[topic_at:topic_at + 1] == b"T"
     patch(path, rel + topic_at, b"U")
-    with LocalStore(tmp_path) as store:
+    with LocalStore(root) as store:
         seen, err = _iter_until_error(store)
         assert seen == list(range(6)) and (err.source, err.offset) == (str(path), rel)
 
 
-def test_consumequeue_size_mismatch(tmp_path: Path) -> None:
-    appended, a, path, rel = _corrupt_case(tmp_path)
+def test_consumequeue_size_mismatch(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    appended, a, path, rel = _corrupt_case(store_writer, root)
     for bad in (a.size + 1, a.size - 1, 10, 3 * FILE):
-        patch(cq_path(tmp_path, "T", 0, 6), (6 % CQ_PER_FILE) * 20 + 8, struct.pack(">i", bad))
-        with LocalStore(tmp_path) as store:
+        patch(cq_path(root, "T", 0, 6), (6 % CQ_PER_FILE) * 20 + 8, struct.pack(">i", bad))
+        with LocalStore(root) as store:
             seen, err = _iter_until_error(store)
             assert seen == list(range(6)) and (err.source, err.offset) == (str(path), rel), bad
 
 
-def test_consumequeue_entry_pointing_elsewhere(tmp_path: Path) -> None:
-    appended, a, path, rel = _corrupt_case(tmp_path)
+def test_consumequeue_entry_pointing_elsewhere(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    appended, a, path, rel = _corrupt_case(store_writer, root)
     other = appended[2]
-    patch(cq_path(tmp_path, "T", 0, 6), (6 % CQ_PER_FILE) * 20, struct.pack(">qi", other.commitlog_offset, other.size))
-    with LocalStore(tmp_path) as store:
+    patch(cq_path(root, "T", 0, 6), (6 % CQ_PER_FILE) * 20, struct.pack(">qi", other.commitlog_offset, other.size))
+    with LocalStore(root) as store:
         seen, err = _iter_until_error(store)
         assert seen == list(range(6))
-        assert err.source == str(cl_path(tmp_path, other.commitlog_offset))
+        assert err.source == str(cl_path(root, other.commitlog_offset))
         assert err.offset == other.commitlog_offset % FILE
 
 
-def test_consumequeue_entry_pointing_at_the_filler(tmp_path: Path) -> None:
-    appended = make_store(tmp_path, n=20, queues=1)
+def test_consumequeue_entry_pointing_at_the_filler(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    appended = make_store(store_writer, n=20, queues=1)
     # the first file's filler sits right after its last record
     last_in_first = max((a for a in appended if a.commitlog_offset < FILE), key=lambda a: a.commitlog_offset)
     filler_at = last_in_first.commitlog_offset + last_in_first.size
-    assert open(cl_path(tmp_path, 0), "rb").read()[filler_at + 4:filler_at + 8] == bytes.fromhex("CBD43194")
-    patch(cq_path(tmp_path, "T", 0, 6), (6 % CQ_PER_FILE) * 20, struct.pack(">q", filler_at))
-    with LocalStore(tmp_path) as store:
+    assert open(cl_path(root, 0), "rb").read()[filler_at + 4:filler_at + 8] == bytes.fromhex("CBD43194")
+    patch(cq_path(root, "T", 0, 6), (6 % CQ_PER_FILE) * 20, struct.pack(">q", filler_at))
+    with LocalStore(root) as store:
         seen, err = _iter_until_error(store)
-        assert seen == list(range(6)) and err.source == str(cl_path(tmp_path, 0)) and err.offset == filler_at
+        assert seen == list(range(6)) and err.source == str(cl_path(root, 0)) and err.offset == filler_at
 
 
-def test_impossible_consumequeue_entries(tmp_path: Path) -> None:
-    make_store(tmp_path, n=12, queues=1)
-    cq = cq_path(tmp_path, "T", 0, 6)
+def test_impossible_consumequeue_entries(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    make_store(store_writer, n=12, queues=1)
+    cq = cq_path(root, "T", 0, 6)
     for entry in (struct.pack(">qi", 0, -5), struct.pack(">qi", -100, 200)):
         patch(cq, 20, entry)
-        with LocalStore(tmp_path) as store:
+        with LocalStore(root) as store:
             seen, err = _iter_until_error(store)
             assert seen == list(range(6)) and err.source == str(cq) and err.offset == 20
 
@@ -602,20 +634,21 @@ def _mapped_rss_kib(path_prefix: str) -> int:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs /proc/self/smaps")
-def test_resident_pages_are_given_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resident_pages_are_given_back(tmp_path: Path, store_writer, monkeypatch: pytest.MonkeyPatch) -> None:
     import tiered.store.queuecursor as queuecursor
 
-    with StoreWriter(tmp_path, commitlog_file_size=8 << 20, cq_entries_per_file=1000) as w:
+    root = tmp_path / "store"
+    with store_writer(commitlog_file_size=8 << 20, cq_entries_per_file=1000) as w:
         appended = [w.put("T", 0, bytes([i % 256]) * 3000) for i in range(1000)]
-    prefix = str(tmp_path / "commitlog")
-    with LocalStore(tmp_path) as store:
+    prefix = str(root / "commitlog")
+    with LocalStore(root) as store:
         it = store.iter_queue("T", 0, 0)
         halfway = [next(it) for _ in range(500)]
         assert _mapped_rss_kib(prefix) > 1024  # 1.5 MB read so far, all resident (below the default window)
         rest = list(it)
         assert _mapped_rss_kib(prefix) < 64  # given back when the iteration ended
     monkeypatch.setattr(queuecursor, "_RELEASE_EVERY", 64 * 1024)
-    with LocalStore(tmp_path) as store:
+    with LocalStore(root) as store:
         it = store.iter_queue("T", 0, 0)
         halfway = [next(it) for _ in range(500)]
         assert _mapped_rss_kib(prefix) <= 256  # a window behind the reader, not the store
@@ -627,26 +660,28 @@ def test_resident_pages_are_given_back(tmp_path: Path, monkeypatch: pytest.Monke
         assert len(rest) == 500
 
 
-def test_zeroed_record_before_the_tail_is_corruption(tmp_path: Path) -> None:
+def test_zeroed_record_before_the_tail_is_corruption(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
     # not a tail being written: later entries (and their records) exist
-    appended = make_store(tmp_path, n=12, queues=1)
+    appended = make_store(store_writer, n=12, queues=1)
     a = appended[5]
-    patch(cl_path(tmp_path, a.commitlog_offset), a.commitlog_offset % FILE, bytes(a.size))
-    with LocalStore(tmp_path) as store:
+    patch(cl_path(root, a.commitlog_offset), a.commitlog_offset % FILE, bytes(a.size))
+    with LocalStore(root) as store:
         seen, err = _iter_until_error(store)
         assert seen == list(range(5))
-        assert (err.source, err.offset) == (str(cl_path(tmp_path, a.commitlog_offset)), a.commitlog_offset % FILE)
+        assert (err.source, err.offset) == (str(cl_path(root, a.commitlog_offset)), a.commitlog_offset % FILE)
         # stopping right before it is fine, and so is a read that ends on it
         assert [i.queue_offset for i in store.iter_queue("T", 0, 0, max_count=5)] == list(range(5))
         assert [i.queue_offset for i in store.iter_queue("T", 0, 3, max_count=3)] == [3, 4]
         assert [i.queue_offset for i in store.iter_queue("T", 0, 6)] == list(range(6, 12))
 
 
-def test_truncated_commitlog_with_later_entries_is_corruption(tmp_path: Path) -> None:
-    appended = make_store(tmp_path, n=12, queues=1)
+def test_truncated_commitlog_with_later_entries_is_corruption(tmp_path: Path, store_writer) -> None:
+    root = tmp_path / "store"
+    appended = make_store(store_writer, n=12, queues=1)
     a = appended[8]
-    os.truncate(cl_path(tmp_path, a.commitlog_offset), a.commitlog_offset % FILE + 20)
-    with LocalStore(tmp_path) as store:
+    os.truncate(cl_path(root, a.commitlog_offset), a.commitlog_offset % FILE + 20)
+    with LocalStore(root) as store:
         seen, err = _iter_until_error(store)
         assert seen == list(range(8)) and err.offset == a.commitlog_offset % FILE
 
@@ -703,14 +738,15 @@ def test_counting_written_entries_as_arrays_counts_them_one_by_one(sizes, first,
     assert count_written(view, rel, end) == (want_count, want_bytes, ended)
 
 
-def test_pending_counts_across_files_up_to_the_written_end(tmp_path: Path) -> None:
+def test_pending_counts_across_files_up_to_the_written_end(tmp_path: Path, store_writer) -> None:
     """Thousands of pending entries over two ConsumeQueue files, the second
     preallocated: counted (and their bytes) up to its first zero entry, at
     most ``max_entries``, never touching the preallocated zeros past it."""
-    with StoreWriter(tmp_path, commitlog_file_size=1 << 20, cq_entries_per_file=3000) as w:
+    root = tmp_path / "store"
+    with store_writer(commitlog_file_size=1 << 20, cq_entries_per_file=3000) as w:
         for i in range(4500):
             w.put("P", 0, b"x" * (i % 50))
-    store = LocalStore(tmp_path)
+    store = LocalStore(root)
     sizes = [e.record.size for e in store.iter_queue("P", 0, 0)]
     assert store.pending("P", 0, 0) == (4500, sum(sizes))
     assert store.pending("P", 0, 1234) == (4500 - 1234, sum(sizes[1234:]))
@@ -741,13 +777,14 @@ def test_a_first_look_by_reads_finds_the_written_end_the_mapping_finds(tmp_path_
     assert written_by_reads(str(path), n) == cq_written_entries(memoryview(data[:kept] + bytes(len(data) - kept)))
 
 
-def test_max_offset_at_first_look_and_after(tmp_path: Path) -> None:
+def test_max_offset_at_first_look_and_after(tmp_path: Path, store_writer) -> None:
     """The first look finds a preallocated file's written end by reads (no
     page of the mapping touched); later looks check the hint it left."""
-    with StoreWriter(tmp_path, commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
+    root = tmp_path / "store"
+    with store_writer(commitlog_file_size=1 << 20, cq_entries_per_file=1000) as w:
         for _ in range(1234):
             w.put("M", 0, b"z")
-        store = LocalStore(tmp_path)
+        store = LocalStore(root)
         files = store.queue_files("M", 0)
         assert store.max_offset("M", 0) == 1234
         assert files.written == {20000: 234}  # the last file's, where the written end is

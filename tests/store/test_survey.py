@@ -15,17 +15,15 @@ from tiered.metrics import PrometheusRecorder
 from tiered.clock import ManualClock
 from tiered.format.codec import BLANK_MAGIC, MAGIC_V2
 from tiered.store.localstore import LocalStore
-from tiered.store.storewriter import StoreWriter
 from tiered.store.survey import survey_store
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Path:
-    root = tmp_path / "store"
-    with StoreWriter(root) as w:
+def store(store_writer) -> Path:  # noqa: ANN001
+    with store_writer() as w:
         w.put("Orders", 0, b"o" * 20)
         w.put("Orders", 1, b"d", delay_level=3)
-    return root
+    return w.root
 
 
 def found(root: Path) -> list[tuple[str, str]]:

@@ -1,6 +1,6 @@
 """The cold tier's storage contract: a small object-store interface.
 
-Every object-store call goes through ``ObjectStore._call``: one place that
+Every object-store call goes through ``ObjectStore.request``: one place that
 times it, reports it to the recorder (op, outcome), translates errors into
 ``StorageError`` (``retriable`` set from the cause) and retries retriable
 ones with capped, jittered backoff. Client libraries' own retry loops are
@@ -73,7 +73,12 @@ class ObjectStore:
 
     # --- the one wrapper -----------------------------------------------------
 
-    def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
+    def request(self, op: str, key: str, fn: Callable[[], T]) -> T:
+        """``fn()``, one store request named ``op`` on ``key``, through the one
+        wrapper: timed, recorded, its errors translated and retried as the
+        policy says. The contract's methods call it; so does a caller that
+        speaks to a store's client itself (the S3 capability probe), so its
+        requests are counted and retried like any other."""
         attempt = 0
         while True:
             started = time.perf_counter()
@@ -121,14 +126,14 @@ class ObjectStore:
     # --- the contract --------------------------------------------------------
 
     def get(self, key: str) -> bytes:
-        return self._call("get", key, lambda: self._raw_get(key, None, None))
+        return self.request("get", key, lambda: self._raw_get(key, None, None))
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of an object."""
-        return self._call("get", key, lambda: self._raw_get(key, start, end))
+        return self.request("get", key, lambda: self._raw_get(key, start, end))
 
     def get_with_etag(self, key: str) -> tuple[bytes, str]:
-        return self._call("get", key, lambda: self._raw_get_etag(key))
+        return self.request("get", key, lambda: self._raw_get_etag(key))
 
     def put(self, key: str, data: bytes | SegmentBuffer, *, crc: int | None = None) -> None:
         """Write ``key`` (whole, or not at all). No ETag: only the conditional
@@ -141,35 +146,35 @@ class ObjectStore:
         use for it."""
         self._before_write()
         if crc is None:
-            self._call("put", key, lambda: self._raw_put(key, data))
+            self.request("put", key, lambda: self._raw_put(key, data))
         else:
-            self._call("put", key, lambda: self._raw_put(key, data, crc))
+            self.request("put", key, lambda: self._raw_put(key, data, crc))
 
     def put_if_absent(self, key: str, data: bytes) -> str:
         """Create ``key``; PreconditionFailedError when it exists."""
         self._before_write()
-        return self._call("put_if_absent", key, lambda: self._raw_put_if(key, data, None))
+        return self.request("put_if_absent", key, lambda: self._raw_put_if(key, data, None))
 
     def put_if_match(self, key: str, data: bytes, etag: str) -> str:
         """Replace ``key`` only if its current ETag is ``etag``."""
         self._before_write()
-        return self._call("put_if_match", key, lambda: self._raw_put_if(key, data, etag))
+        return self.request("put_if_match", key, lambda: self._raw_put_if(key, data, etag))
 
     def head(self, key: str) -> ObjectInfo | None:
         try:
-            return self._call("head", key, lambda: self._raw_head(key))
+            return self.request("head", key, lambda: self._raw_head(key))
         except ObjectNotFoundError:
             return None
 
     def list_keys(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object under ``prefix`` (recursive), fresh (no listing cache)."""
-        return self._call("list", prefix, lambda: self._raw_list(prefix))
+        return self.request("list", prefix, lambda: self._raw_list(prefix))
 
     def list_dirs(self, prefix: str = "") -> list[str]:
         """Sorted names of the "directories" right under ``prefix`` (one
         delimiter listing where the store has one, never a recursive one)."""
         prefix = prefix.strip("/")
-        return self._call("list", prefix or "/", lambda: self._raw_list_dirs(prefix))
+        return self.request("list", prefix or "/", lambda: self._raw_list_dirs(prefix))
 
     def _raw_list_dirs(self, prefix: str) -> list[str]:
         # any store: derived from a full listing (slow, but correct)
@@ -184,7 +189,7 @@ class ObjectStore:
         requests = 0
         for i in range(0, len(keys), DELETE_BATCH):
             batch = keys[i:i + DELETE_BATCH]
-            self._call("delete", batch[0], lambda: self._raw_delete(batch))  # noqa: B023 - called at once
+            self.request("delete", batch[0], lambda: self._raw_delete(batch))  # noqa: B023 - called at once
             requests += 1
         return requests
 

@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tiered.errors import ConditionalWritesUnsupportedError
+from tiered.errors import ConditionalWritesUnsupportedError, ObjectNotFoundError
 
 if TYPE_CHECKING:
     from tiered.archive.s3store import S3Store
@@ -108,7 +108,7 @@ class _Prober:
         self.store = store
         key = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
         self.key = key
-        self.full = store._full(key)
+        self.full = store.full_key(key)
         self.answers: list[tuple[str, int]] = []
 
     def refuse(self, finding: str) -> ConditionalWritesUnsupportedError:
@@ -131,14 +131,16 @@ class _Prober:
                 return status, None
             return 200, resp.get("ETag")
 
-        status, etag = s._call(op, self.key, attempt)
+        status, etag = s.request(op, self.key, attempt)
         self.answers.append((step, status))
         return status, etag
 
     def head_etag(self) -> str:
-        s = self.store
-        # an answer without ETag fails inside the call, so it is retried
-        return str(s._call("head", self.key, lambda: s._raw_head(self.key)).etag)
+        # an answer without ETag fails inside the store's head, so it is retried
+        info = self.store.head(self.key)
+        if info is None:
+            raise ObjectNotFoundError("head", self.key)
+        return str(info.etag)
 
     def expect_412(self, step: str, op: str, **cond: str) -> None:
         status, _ = self.put(step, op, b"tiered probe: must not be written", **cond)
@@ -184,7 +186,7 @@ class _Prober:
     def cleanup(self) -> None:
         s = self.store
         try:
-            s._call("delete", self.key, lambda: s.client.delete_object(Bucket=s.bucket, Key=self.full))
+            s.request("delete", self.key, lambda: s.client.delete_object(Bucket=s.bucket, Key=self.full))
         except Exception as exc:  # noqa: BLE001 - a leftover probe object is harmless; the orphan pass is not needed
             log.warning("could not delete probe object %s: %s", self.key, exc)
 

@@ -103,7 +103,8 @@ class S3Store(ObjectStore):
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
-    def _full(self, key: str) -> str:
+    def full_key(self, key: str) -> str:
+        """``key``'s name in the bucket: the store's prefix before it."""
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _botocore_config(self) -> dict[str, Any]:
@@ -204,7 +205,7 @@ class S3Store(ObjectStore):
         return super()._translate(op, key, exc)
 
     def _path(self, key: str) -> str:
-        return f"{self.bucket}/{self._full(key)}"
+        return f"{self.bucket}/{self.full_key(key)}"
 
     def _raw_get(self, key: str, start: int | None, end: int | None) -> bytes:
         if start is None:
@@ -219,7 +220,7 @@ class S3Store(ObjectStore):
         # manifests, chunks) never start s3fs's event loop thread and its
         # aiohttp stack (~12 MiB per process, measured), and it is one GET
         # (s3fs may HEAD for the size first, a request the recorder never sees)
-        resp = self.client.get_object(Bucket=self.bucket, Key=self._full(key))
+        resp = self.client.get_object(Bucket=self.bucket, Key=self.full_key(key))
         try:
             body = bytes(resp["Body"].read())
         finally:
@@ -238,7 +239,7 @@ class S3Store(ObjectStore):
             s3 = await fs.get_s3(self.bucket)
             _check_answers(s3)
             resp = await s3.get_object(**fs._get_s3_method_kwargs(
-                s3.get_object, Bucket=self.bucket, Key=self._full(key), Range=f"bytes={start}-{end - 1}"))
+                s3.get_object, Bucket=self.bucket, Key=self.full_key(key), Range=f"bytes={start}-{end - 1}"))
             try:
                 body = await resp["Body"].read()
             finally:
@@ -253,7 +254,7 @@ class S3Store(ObjectStore):
             # while it sends (measured: +88 MiB for 32 MiB), which would break the
             # dispatcher's memory bound of parallelism x segment size; boto3 sends
             # the caller's buffer as it is, and is ~15% faster doing it.
-            self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=_body(data),
+            self.client.put_object(Bucket=self.bucket, Key=self.full_key(key), Body=_body(data),
                                    **self.options.put_kwargs(), **self._checksum(data, crc))
         else:
             self.fs.pipe_file(self._path(key), data)  # multipart beyond a single PUT's limit
@@ -279,17 +280,17 @@ class S3Store(ObjectStore):
         # If-Match in the form the server accepts: Ceph RGW compares the
         # header with its bare ETag byte for byte, so a quoted tag never matches
         cond = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": self.capabilities().if_match(etag)}
-        resp = self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data,
+        resp = self.client.put_object(Bucket=self.bucket, Key=self.full_key(key), Body=data,
                                       **self.options.put_kwargs(), **self._checksum(data), **cond)
         return _etag(op_of(etag), key, resp)
 
     def _raw_head(self, key: str) -> ObjectInfo:
-        resp = self.client.head_object(Bucket=self.bucket, Key=self._full(key))
+        resp = self.client.head_object(Bucket=self.bucket, Key=self.full_key(key))
         return ObjectInfo(key, resp["ContentLength"], int(resp["LastModified"].timestamp() * 1000),
                           _etag("head", key, resp))
 
     def _raw_list(self, prefix: str) -> list[ObjectInfo]:
-        full = self._full(prefix)
+        full = self.full_key(prefix)
         out: list[ObjectInfo] = []
         strip = len(self.prefix) + 1 if self.prefix else 0
         paginator = self.client.get_paginator("list_objects_v2")
@@ -300,7 +301,7 @@ class S3Store(ObjectStore):
         return out
 
     def _raw_list_dirs(self, prefix: str) -> list[str]:
-        full = self._full(prefix + "/" if prefix else "")
+        full = self.full_key(prefix + "/" if prefix else "")
         names: list[str] = []
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full,
                                                                           Delimiter="/"):
@@ -309,7 +310,7 @@ class S3Store(ObjectStore):
 
     def _raw_delete(self, keys: list[str]) -> None:
         resp = self.client.delete_objects(
-            Bucket=self.bucket, Delete={"Objects": [{"Key": self._full(k)} for k in keys], "Quiet": True}
+            Bucket=self.bucket, Delete={"Objects": [{"Key": self.full_key(k)} for k in keys], "Quiet": True}
         )
         errors = [e for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]
         if errors:

@@ -334,20 +334,23 @@ class Record:
     def store_host(self) -> Host:
         return _host_of(self._f[_F_STORE_HOST])
 
-    def _body_start(self) -> int:
+    @property
+    def body_start(self) -> int:
+        """Where the body starts in the record's bytes: after the fixed fields
+        and the two hosts, whose length (IPv4 or IPv6) the sys flag says."""
         sys_flag = self._f[_F_SYS_FLAG]
         return _FIXED_V4_SIZE + (12 if sys_flag & 0x10 else 0) + (12 if sys_flag & 0x20 else 0)
 
     def _topic_span(self) -> tuple[int, int]:
         raw = self.raw
-        p = self._body_start() + self._f[_F_BODY_LEN]
+        p = self.body_start + self._f[_F_BODY_LEN]
         if self._f[_F_MAGIC] == MAGIC_V1:
             return p + 1, p + 1 + raw[p]
         return p + 2, p + 2 + ((raw[p] << 8) | raw[p + 1])
 
     @property
     def body(self) -> memoryview:
-        start = self._body_start()
+        start = self.body_start
         return self.raw[start:start + self._f[_F_BODY_LEN]]
 
     @property

@@ -120,7 +120,7 @@ def unwrap(rec: Record) -> list[InnerMessage]:
         return [InnerMessage(index=0, queue_offset=rec.queue_offset, flag=rec.flag, body=rec.body_bytes(),
                              properties=rec.properties)]
     body: bytes | memoryview = rec.body
-    position = rec.position + rec._body_start()
+    position = rec.position + rec.body_start
     if is_compressed(rec.sys_flag):
         body = decompress(bytes(body), rec.sys_flag)
     inner = decode_inner(body, rec.queue_offset, rec.source, position)

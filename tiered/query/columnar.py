@@ -125,7 +125,9 @@ def _int64_buffer(values: pa.Array) -> pa.Buffer:
     return values.buffers()[1]
 
 
-def _arange(start: int, n: int, step: int = 1) -> pa.Array:
+def arange(start: int, n: int, step: int = 1) -> pa.Array:
+    """``start``, ``start + step``, ... (``n`` of them) as an int64 array,
+    built in Arrow (a cumulative sum) rather than from a Python range."""
     if n == 0:
         return pa.array([], pa.int64())
     ones = pa.repeat(pa.scalar(step, pa.int64()), n)
@@ -254,14 +256,14 @@ class BatchDecoder:
         end = pc.add(rel, sizes.cast(pa.int64()))
         bounds = pa.concat_arrays([rel.slice(0, 1), end])
         records = pa.Array.from_buffers(pa.large_binary(), n, [None, _int64_buffer(bounds), cl])
-        qoffs = _arange(first_queue_offset, n)
+        qoffs = arange(first_queue_offset, n)
         positions = pc.subtract(offsets, where.cl_object_start)
         return self._rows(records, qoffs, positions, where)[0]
 
     def _rows(self, records: pa.Array, qoffs: pa.Array, positions: pa.Array, where: Where) -> Decoded:
         if self._lmq:
             return self._decode_lmq(records, qoffs, positions, where)
-        return self._decode_rows(records, qoffs, positions, where)
+        return self.decode_rows(records, qoffs, positions, where)
 
     # --- an LMQ queue: its parents' records -----------------------------------------
 
@@ -294,8 +296,8 @@ class BatchDecoder:
             sub = BatchDecoder(QueueInfo(q.cluster, q.broker, topic, queue_id), self.columns,
                                verify_crc=self.verify_crc, skip_corrupt=self.skip_corrupt, decompress=self.decompress)
             idx = pa.array([r for r, _ in rows], pa.int64())
-            batch, done = sub._decode_rows(records.take(idx), pa.array([o for _, o in rows], pa.int64()),
-                                           positions.take(idx), where)
+            batch, done = sub.decode_rows(records.take(idx), pa.array([o for _, o in rows], pa.int64()),
+                                          positions.take(idx), where)
             self.skipped += sub.skipped
             self.skipped_at.extend(sub.skipped_at[:max(0, 10 - len(self.skipped_at))])
             lmq_offset = {o: offsets[r] for r, o in rows}
@@ -325,12 +327,17 @@ class BatchDecoder:
         record they came from lies in ``where.cl_key``."""
         if not records:
             return self._empty()
-        return self._decode_rows(pa.array(records, pa.large_binary()), pa.array(queue_offsets, pa.int64()),
-                                 pa.array(positions, pa.int64()), where)[0]
+        return self.decode_rows(pa.array(records, pa.large_binary()), pa.array(queue_offsets, pa.int64()),
+                                pa.array(positions, pa.int64()), where)[0]
 
     # --- rows, possibly in several layout groups -----------------------------------
 
-    def _decode_rows(self, records: pa.Array, qoffs: pa.Array, positions: pa.Array, where: Where) -> Decoded:
+    def decode_rows(self, records: pa.Array, qoffs: pa.Array, positions: pa.Array, where: Where) -> Decoded:
+        """Whole records, one a row of ``records`` (queue offsets ``qoffs``,
+        offsets in ``where.cl_key`` ``positions``) decoded as this queue's, not
+        as an LMQ queue's: the rows and the queue offsets kept (corrupt ones
+        skipped or raised, as ``skip_corrupt`` says). An LMQ queue's decoder
+        calls it on a decoder of each parent queue."""
         magic = _be_int(records, 4, 4, pa.uint32())
         sys_flag = _be_int(records, 36, 4, pa.int32())
         # layout group: 4 x (magic v2) + 2 x (store host IPv6) + (born host IPv6)
@@ -453,8 +460,8 @@ class BatchDecoder:
         pieces = pa.Array.from_buffers(pa.large_binary(), 3 * n - 1, [None, pieces_off, records.buffers()[2]])
         # bodies copied and CRC-checked only for the body column (Parquet reads
         # and checksums no page of an unread column either)
-        bodies = pieces.take(_arange(0, n, 3)) if self._need_body else None
-        return bodies, pieces.take(_arange(1, n, 3))
+        bodies = pieces.take(arange(0, n, 3)) if self._need_body else None
+        return bodies, pieces.take(arange(1, n, 3))
 
     def _tail_checks(self, tails: pa.Array, bodies: pa.Array | None, crc: pa.Array, prefix: bytes,
                      tail_fixed: int) -> list[tuple[pa.Array, str]]:
@@ -551,7 +558,7 @@ class BatchDecoder:
         if len(whole) and not pc.all(whole).as_py():  # all() of nothing is null, not true
             parents = pc.list_parent_indices(items)
             bad_rows = pc.unique(pc.filter(parents, pc.invert(whole)))
-            mask = pc.is_in(_arange(0, len(raw)), value_set=bad_rows.cast(pa.int64()))
+            mask = pc.is_in(arange(0, len(raw)), value_set=bad_rows.cast(pa.int64()))
             raise BadRecordsError(mask, [(mask, "property without a value separator")])
         keys = pc.list_element(kv, 0).cast(pa.string())
         values = pc.list_element(kv, 1).cast(pa.string())

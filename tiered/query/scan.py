@@ -33,8 +33,7 @@ import pyarrow.compute as pc
 
 from tiered.format.codec import CQ_ENTRY_SIZE
 from tiered.query.batchscan import decode_batch_records
-from tiered.query.columnar import BatchDecoder, Where, check_entries, parse_entries, rows_batch
-from tiered.query.columnar import _arange as queue_offsets
+from tiered.query.columnar import BatchDecoder, Where, arange, check_entries, parse_entries, rows_batch
 from tiered.errors import CorruptRecordError, StorageError
 from tiered.archive.manifest import Manifest, Segment
 from tiered.format.keyindex import bloom_may_contain, lookup
@@ -539,6 +538,6 @@ def metadata_batches(sl: Slice, columns: tuple[str, ...]) -> Iterator[pa.RecordB
     for start in range(lo, hi, METADATA_ROWS):
         n = min(METADATA_ROWS, hi - start)
         values = {"cluster": sl.cluster, "broker": sl.broker, "topic": sl.topic, "queue_id": sl.queue_id}
-        arrays = [queue_offsets(start, n) if c == "queue_offset"
+        arrays = [arange(start, n) if c == "queue_offset"
                   else pa.repeat(pa.scalar(values[c], schema.field(c).type), n) for c in columns]
         yield rows_batch(arrays, schema, n)

@@ -24,7 +24,6 @@ from tiered.store.storewriter import Appended, StoreWriter
 
 _INNER_HEAD = struct.Struct(">iiiii")  # total size, magic 0, body CRC 0, flag, body length
 _I16 = struct.Struct(">h")
-_OFFSETS = struct.Struct(">qq")  # queue offset, physical offset at byte 20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,18 +88,14 @@ class BatchWriter:
             topic=topic, queue_id=queue_id, body=body, properties=props, flag=flag, sys_flag=sys_flag,
             born_timestamp=born_ms if born_ms is not None else store_ms,
             born_host=born_host or Host("127.0.0.1", 50000), store_timestamp=store_ms, store_host=w.store_host)))
-        file_start, rel = w._reserve(len(data))
-        physical = w.position
-        _OFFSETS.pack_into(data, 20, base, physical)
-        w._write_cl(file_start, rel, data)
-        w.position += len(data)
+        physical = w.append_record(data, base)
         w.write_pending()  # the record before its entry, as the broker's reput orders them
         tags = tags_code(props.get("TAGS"))
         self._write_entry(topic, queue_id, entry, BatchEntry(
             commitlog_offset=physical, size=len(data), tags_code=tags, store_timestamp=store_ms, base_offset=base,
             batch_size=count))
         self._next[(topic, queue_id)] = (entry + 1, base + count)
-        w._register_topic(topic, queue_id)
+        w.register_topic(topic, queue_id)
         w.set_topic_attribute(topic, "queue.type", "BatchCQ")
         return Appended(topic, queue_id, base, physical, len(data))
 

@@ -333,15 +333,58 @@ class StoreWriter:
         (its two offsets are patched in here) and its ConsumeQueue entry."""
         queue_offset = self.next_queue_offset(topic, queue_id)
         size = len(data)
-        file_start, rel = self._reserve(size)
+        physical = self.append_record(data, queue_offset)
+        self._write_cq(topic, queue_id, queue_offset * CQ_ENTRY_SIZE, CQ_ENTRY.pack(physical, size, tags))
+        self._next_queue_offset[(topic, queue_id)] = queue_offset + 1
+        self.register_topic(topic, queue_id)
+        return Appended(topic, queue_id, queue_offset, physical, size)
+
+    def append_record(self, data: bytearray, queue_offset: int) -> int:
+        """Write one encoded record at the append position (past the
+        end-of-file filler into the next CommitLog file when it does not fit),
+        its queue offset and physical offset patched in; returns the physical
+        offset. No ConsumeQueue entry: ``append_encoded`` writes one, a
+        BatchConsumeQueue's writer (tiered.store.batchwriter) its own."""
+        file_start, rel = self._reserve(len(data))
         physical = self.position
         _OFFSETS.pack_into(data, _OFFSETS_AT, queue_offset, physical)
         self._write_cl(file_start, rel, data)
-        self.position += size
-        self._write_cq(topic, queue_id, queue_offset * CQ_ENTRY_SIZE, CQ_ENTRY.pack(physical, size, tags))
-        self._next_queue_offset[(topic, queue_id)] = queue_offset + 1
-        self._register_topic(topic, queue_id)
-        return Appended(topic, queue_id, queue_offset, physical, size)
+        self.position += len(data)
+        return physical
+
+    def append_rows(self, topic: str, rows: np.ndarray, first: int, queues: int, offsets: list[int],
+                    code: int) -> Iterator[int]:
+        """Append records of one size, a row each of ``rows`` (uint8, queue ids
+        and offsets not yet set): message ``first + i`` of a round robin over
+        ``queues`` queues of ``topic`` that started at queue offsets
+        ``offsets``, tags code ``code``. Places them as ``append`` would
+        (rolling files), sets their queue ids and offsets, writes them, then
+        their entries; yields how many each span (the records up to a file's
+        end) appended, its queues' next offsets advanced by then."""
+        size = rows.shape[1]
+        done = 0
+        while done < len(rows):
+            file_start, rel = self._reserve(size)
+            fit = min(len(rows) - done, (self.commitlog_file_size - BLANK_LENGTH - rel) // size)
+            span = rows[done:done + fit]
+            g = first + done + np.arange(fit, dtype=np.int64)  # message numbers of this call
+            queue = g % queues
+            queue_offset = np.asarray(offsets, np.int64)[queue] + g // queues
+            phys = self.position + np.arange(fit, dtype=np.int64) * size
+            _put_be(span, 12, ">i4", queue)
+            _put_be(span, _OFFSETS_AT, ">i8", queue_offset)
+            _put_be(span, _OFFSETS_AT + 8, ">i8", phys)
+            self._write_cl(file_start, rel, span.reshape(-1).data)
+            self.position += fit * size
+            entries = np.empty(fit, _ENTRY_DTYPE)
+            entries["phys"], entries["size"], entries["tags"] = phys, size, code
+            reached = range(min(queues, fit))  # the span's first message of each queue it reaches
+            for j in reached:
+                self._write_cq_run(topic, int(queue[j]), int(queue_offset[j]), entries[j::queues].tobytes())
+            for j in reached:  # a span counts once all its entries are written
+                self._next_queue_offset[(topic, int(queue[j]))] = int(queue_offset[j]) + len(range(j, fit, queues))
+            done += fit
+            yield fit
 
     def put(
         self,
@@ -428,11 +471,14 @@ class StoreWriter:
         if start_offset * CQ_ENTRY_SIZE == first_file:
             self._fd((topic, queue_id, first_file), self.cq_file_bytes)
         self._next_queue_offset[(topic, queue_id)] = start_offset
-        self._register_topic(topic, queue_id)
+        self.register_topic(topic, queue_id)
 
     # --- config --------------------------------------------------------------
 
-    def _register_topic(self, topic: str, queue_id: int) -> None:
+    def register_topic(self, topic: str, queue_id: int) -> None:
+        """List ``topic`` in topics.json with at least ``queue_id + 1`` read and
+        write queues, as the broker's auto-create does on a first message;
+        written only when that changes it."""
         cfg = self._topics.get(topic)
         if cfg is not None and cfg.get("readQueueNums", 0) > queue_id:
             return
@@ -573,33 +619,29 @@ def produce_messages(
     tail = encode_properties({"RECONSUME_TIME": "0"}) if retry else b""
     code = tags_code(tags)
     # every queue that gets a message registered in the order appends would
-    # register them; queue offsets kept here, handed back at the end
+    # register them; the writer advances their offsets span by span
     offsets = [writer.next_queue_offset(topic, q) for q in range(queues)]
     for q in range(min(queues, messages)):
-        writer._register_topic(topic, q)
+        writer.register_topic(topic, q)
     draws = MessageDraws(seed, body_size)
     per_chunk = max(1, _CHUNK_BYTES // (template.size(b"", b"") + body_size + 100))
     done = 0
-    try:
-        while done < messages:
-            # one chunk: at most per_chunk messages, all with as many key digits
-            count = min(per_chunk, messages - done, 10 ** len(str(done)) - done if keys else messages)
-            props = b"".join((b"KEYS\x01key-%d\x02" % done if keys else b"", tags_part,
-                              b"UNIQ_KEY\x01" + b"0" * 32 + b"\x02", tail))
-            proto = template.encode(0, bytes(body_size), props, 0, 0)
-            size = len(proto)
-            props_at = size - len(props)
-            uid_at = props_at + (len(b"KEYS\x01key-\x02") + len(str(done)) if keys else 0) + len(tags_part) + 9
-            layout = _Layout(size=size, store_ts_at=_HEAD.size + len(template._born), body_at=size - len(props) - 2
-                             - len(template._topic) - body_size, digits_at=props_at + 9, digits=len(str(done)),
-                             uid_at=uid_at)
-            rows = _chunk_rows(np.frombuffer(proto, np.uint8), layout, draws, done, count, keys,
-                               start_ms, interval_ms)
-            for appended in _append_rows(writer, topic, rows, layout, done, queues, offsets, code):
-                done += appended  # per span: a failure later in the chunk leaves the count exact
-    finally:
-        for q in range(queues):
-            writer._next_queue_offset[(topic, q)] = offsets[q] + len(range(q, done, queues))
+    while done < messages:
+        # one chunk: at most per_chunk messages, all with as many key digits
+        count = min(per_chunk, messages - done, 10 ** len(str(done)) - done if keys else messages)
+        props = b"".join((b"KEYS\x01key-%d\x02" % done if keys else b"", tags_part,
+                          b"UNIQ_KEY\x01" + b"0" * 32 + b"\x02", tail))
+        proto = template.encode(0, bytes(body_size), props, 0, 0)
+        size = len(proto)
+        props_at = size - len(props)
+        uid_at = props_at + (len(b"KEYS\x01key-\x02") + len(str(done)) if keys else 0) + len(tags_part) + 9
+        layout = _Layout(size=size, store_ts_at=_HEAD.size + len(template._born), body_at=size - len(props) - 2
+                         - len(template._topic) - body_size, digits_at=props_at + 9, digits=len(str(done)),
+                         uid_at=uid_at)
+        rows = _chunk_rows(np.frombuffer(proto, np.uint8), layout, draws, done, count, keys,
+                           start_ms, interval_ms)
+        for appended in writer.append_rows(topic, rows, done, queues, offsets, code):
+            done += appended
 
 
 def _chunk_rows(proto: np.ndarray, layout: _Layout, draws: MessageDraws, first: int, count: int, keys: bool,
@@ -641,31 +683,3 @@ def _body_crcs(rows: np.ndarray, at: int, length: int) -> np.ndarray:
         out[:] = np.fromiter(map(crc32, map(view.__getitem__, map(slice, starts, range(at + length, count * size + 1,
                                                                                        size)))), np.int64, count=count)
     return out & CRC_MASK
-
-
-def _append_rows(writer: StoreWriter, topic: str, rows: np.ndarray, layout: _Layout, first: int, queues: int,
-                 offsets: list[int], code: int) -> Iterator[int]:
-    """Place a chunk's records in the CommitLog (rolling files as ``_reserve``
-    does), set their queue ids and offsets, write them, then their entries;
-    yields how many each span (the records up to a file's end) appended."""
-    size = layout.size
-    done = 0
-    while done < len(rows):
-        file_start, rel = writer._reserve(size)
-        fit = min(len(rows) - done, (writer.commitlog_file_size - BLANK_LENGTH - rel) // size)
-        span = rows[done:done + fit]
-        g = first + done + np.arange(fit, dtype=np.int64)  # message numbers of this call
-        queue = g % queues
-        queue_offset = np.asarray(offsets, np.int64)[queue] + g // queues
-        phys = writer.position + np.arange(fit, dtype=np.int64) * size
-        _put_be(span, 12, ">i4", queue)
-        _put_be(span, _OFFSETS_AT, ">i8", queue_offset)
-        _put_be(span, _OFFSETS_AT + 8, ">i8", phys)
-        writer._write_cl(file_start, rel, span.reshape(-1).data)
-        writer.position += fit * size
-        entries = np.empty(fit, _ENTRY_DTYPE)
-        entries["phys"], entries["size"], entries["tags"] = phys, size, code
-        for j in range(min(queues, fit)):  # the span's first message of each queue it reaches
-            writer._write_cq_run(topic, int(queue[j]), int(queue_offset[j]), entries[j::queues].tobytes())
-        done += fit
-        yield fit
