@@ -9,4 +9,11 @@ Data flow (docs/design.md section 1), one subpackage per stage:
 ops/ holds what spans the stages (status, verify, restore); cli/ wires them.
 """
 
+import os
+
+# numpy's OpenBLAS starts a thread per core at import, which spins after a
+# call; tiered does no linear algebra, and those threads cost a round 6 %
+# of its CPU (bench/dispatch.py). Set before anything imports numpy.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 __version__ = "0.1.0"
