@@ -201,3 +201,48 @@ def test_the_server_serves_a_changed_file_and_keeps_serving_a_broken_one(archive
     warned = [line for line in replay.lines if "ACL file not reloaded" in line]
     assert len(warned) == 1 and str(path) in warned[0] and "ParserError" in warned[0]
     assert not [line for line in replay.lines if READER_SECRET in line or OTHER_SECRET in line]
+
+
+def test_a_directory_of_acl_files_is_merged_as_the_broker_merges_conf_acl(tmp_path: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """Every .yml/.yaml under the directory (PlainPermissionManager.getAllAclFiles):
+    accounts of all, a repeated access key from the first file only, an empty
+    file skipped; a Kubernetes Secret volume's dot-named copies not read twice."""
+    acl_dir = tmp_path / "acl"
+    (acl_dir / "team").mkdir(parents=True)
+    (acl_dir / "a.yml").write_text(BASE)
+    (acl_dir / "team" / "b.yaml").write_text(f"""
+globalWhiteRemoteAddresses: ["10.1.2.*"]
+accounts:
+  - accessKey: {OTHER}
+    secretKey: {OTHER_SECRET}
+    defaultTopicPerm: SUB
+    defaultGroupPerm: SUB
+  - accessKey: {READER}
+    secretKey: not-the-first-files-secret
+    defaultTopicPerm: SUB
+    defaultGroupPerm: SUB
+""")
+    (acl_dir / "empty.yml").write_text("")
+    (acl_dir / "notes.txt").write_text("not an ACL file")
+    (acl_dir / "..data").mkdir()  # a Secret volume's real files; the names above link into it
+    (acl_dir / "..data" / "a.yml").write_text(WITH_OTHER.replace(OTHER_SECRET, "stale"))
+    with caplog.at_level(logging.WARNING, logger="tiered.replay.aclfile"):
+        acl = AclFile(acl_dir)
+    assert sorted(acl.acl.accounts) == [OTHER, READER]
+    assert _refusal(acl, _pull(READER, READER_SECRET, topic="Other")) == "No default permission for topic:Other"  # a.yml's
+    assert _refusal(acl, _pull(OTHER, OTHER_SECRET, topic="Other")) is None  # b.yaml's
+    white = Command(code=p.PULL_MESSAGE, ext={"consumerGroup": "g", "topic": "Orders", "queueId": "0"})
+    assert _refusal(acl, white) is not None
+    acl.check(white, "10.1.2.9")  # b.yaml's global white address: no credentials needed
+    logged = caplog.text
+    assert "repeated" in logged and "empty.yml has no data" in logged
+    assert "not-the-first-files-secret" not in logged and READER_SECRET not in logged
+
+    assert acl.reload_if_changed() is None
+    (acl_dir / "c.yml").write_text(BASE.replace(READER, "thirdReader"))  # a new file is a change
+    assert acl.reload_if_changed() == RELOADED and "thirdReader" in acl.acl.accounts
+    (acl_dir / "team" / "b.yaml").write_text("accounts: [\n")  # one broken file keeps every rule before
+    assert acl.reload_if_changed() == REJECTED and OTHER in acl.acl.accounts
+    (acl_dir / "team" / "b.yaml").unlink()
+    assert acl.reload_if_changed() == RELOADED and OTHER not in acl.acl.accounts

@@ -243,7 +243,7 @@ def replay(
                                   "queue); 0 serves the archive as it was at start.")] = "10s",
     acl: Annotated[Optional[Path], typer.Option(
         "--acl", envvar="TIERED_REPLAY__ACL",
-        help="RocketMQ ACL 1.0 plain_acl.yml: every request must be signed by one of its accounts.")] = None,
+        help="RocketMQ ACL 1.0 plain_acl.yml, or a directory of them merged as conf/acl is: every request must be signed by one of its accounts.")] = None,
     max_connections: Annotated[int, typer.Option(
         "--max-connections", envvar="TIERED_REPLAY__MAX_CONNECTIONS", min=0,
         help="Open client connections beyond which a new one is closed at once (0: no cap).")] = MAX_CONNECTIONS,

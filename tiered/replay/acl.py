@@ -258,6 +258,9 @@ def denied(message: str) -> BadRequestError:
     return BadRequestError(message, code=p.NO_PERMISSION)
 
 
+NO_DATA = "no data"  # AclFileError.reason of an empty file (the broker: "No data in file")
+
+
 class Acl:
     def __init__(self, accounts: Mapping[str, Account], global_white: list[AddressPattern]) -> None:
         self.accounts = dict(accounts)
@@ -284,7 +287,7 @@ class Acl:
             raise AclFileError(str(path), type(exc).__name__) from None
         if doc is None or doc == {}:
             if not empty_ok:
-                raise AclFileError(str(path), "no data")
+                raise AclFileError(str(path), NO_DATA)
             doc = {}
         if not isinstance(doc, dict):
             raise AclFileError(str(path), "a mapping with accounts and globalWhiteRemoteAddresses")
