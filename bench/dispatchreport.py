@@ -176,12 +176,16 @@ def s3_checks(f: Figures, server: str) -> list[Check]:
 
 
 def memory_checks(f: Figures) -> list[Check]:
+    """Peak memory as the kernel counts it (issue 32): ``ru_maxrss``, the
+    high-water mark of the dispatch process's resident set, mapped CommitLog
+    pages included; the sampled PSS, which can miss a peak, for reference."""
     s3_rounds = [s3["sd"] for s3 in f.s3s.values()]
     many = f.args.many_queues
     return [
-        ("peak PSS MiB (all processes)", max(f.fd["pss_peak_mib"], *(r["pss_peak_mib"] for r in s3_rounds)),
-         "<=", 300),
-        (f"peak PSS MiB, {many} q.", f.fm["pss_peak_mib"], "<=", 300),
-        ("peak RSS MiB (ref.)", max(f.fd["maxrss_mib"], *(r["maxrss_mib"] for r in s3_rounds)), None, None),
-        (f"peak RSS MiB, {many} q. (ref.)", max(f.fm["maxrss_mib"], f.idle["maxrss_mib"]), None, None),
+        ("peak RSS MiB (ru_maxrss)", max(f.fd["maxrss_mib"], *(r["maxrss_mib"] for r in s3_rounds)), "<=", 300),
+        (f"peak RSS MiB, {many} q.", f.fm["maxrss_mib"], "<=", 300),
+        ("peak PSS MiB, sampled (ref.)", max(f.fd["pss_peak_mib"], *(r["pss_peak_mib"] for r in s3_rounds)),
+         None, None),
+        (f"peak PSS MiB, {many} q. (ref.)", f.fm["pss_peak_mib"], None, None),
+        ("idle round peak RSS MiB (ref.)", f.idle["maxrss_mib"], None, None),
     ]
