@@ -28,6 +28,7 @@ from replaykit import Archived, Raw, Replay
 from tiered.errors import AclFileError, BadRequestError, ConfigError
 from tiered.replay import protocol as p
 from tiered.replay.acl import Acl, AddressPattern, content, sign, signature
+from tiered.replay.aclfile import AclFile
 from tiered.replay.frame import Command
 
 rocketmq = pytest.importorskip("rocketmq.client", reason="the RocketMQ C++ client wheel (x86_64 Linux)")
@@ -166,7 +167,7 @@ def test_a_bad_pattern_in_a_file_is_an_acl_file_error_naming_it(tmp_path: Path) 
                          "globalWhiteRemoteAddresses[1]: whiteRemoteAddress '1050::*'")):
         path.write_text(text)
         with pytest.raises(AclFileError) as info:
-            Acl.load(path)
+            AclFile(path).acl
         assert info.value.path == str(path) and info.value.reason.startswith(where)
         assert str(info.value).startswith(f"--acl {path}: {where}") and SECRET not in str(info.value)
 
@@ -174,7 +175,7 @@ def test_a_bad_pattern_in_a_file_is_an_acl_file_error_naming_it(tmp_path: Path) 
 def _acl(tmp_path: Path, text: str = ACL_YAML) -> Acl:
     path = tmp_path / "plain_acl.yml"
     path.write_text(text)
-    return Acl.load(path)
+    return AclFile(path).acl
 
 
 def _pull(ext: dict[str, str] | None = None, **kw: str) -> Command:

@@ -267,15 +267,6 @@ class Acl:
         self.global_white = list(global_white)
 
     @classmethod
-    def load(cls, path: Path) -> Acl:
-        """Read a ``plain_acl.yml``; AclFileError names the file and entry, never a value of it."""
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise AclFileError(str(path), type(exc).__name__) from None
-        return cls.parse(data, path)
-
-    @classmethod
     def parse(cls, data: bytes, path: Path, *, empty_ok: bool = True) -> Acl:
         """The rules of ``data``, the content of ``path``. An empty file has no
         account (so every request must come from nowhere); ``empty_ok=False``
