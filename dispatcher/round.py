@@ -35,6 +35,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from tiered.dispatcher.archiver import ArchiveOptions, QueueArchiver, QueueResult
+from tiered.dispatcher.segment import SEGMENT_BUFFERS
 from tiered.dispatcher.filters import TopicFilter
 from tiered.dispatcher.layoutwatch import LayoutWatch
 from tiered.clock import Clock, SystemClock
@@ -178,11 +179,22 @@ class Dispatcher:
         return [(t, q) for t in self.local.topics() if t not in unreadable and self.filter.accepts(t)
                 for q in self.local.queue_ids(t)]
 
+    @property
+    def pass_budget(self) -> int:
+        """Record bytes built and held at most at once: two waves, one
+        uploading while the next is built."""
+        return self.options.pass_bytes or max(1, self.options.parallelism) * self.options.archive.segment_bytes
+
     def run_round(self) -> RoundResult:
         """One round over every eligible queue. Never two at once: a call made
         while another runs returns at once with ``skipped`` set."""
         if not self._round_lock.acquire(blocking=False):
             return RoundResult(skipped=True)
+        # Every buffer of the two waves in flight comes back for the next
+        # wave (a fresh one page-faults all of its pages again; a wave may
+        # pass its half by a segment, hence twice); none is kept past the
+        # round, so an idle sidecar holds no segment memory.
+        SEGMENT_BUFFERS.max_bytes = 2 * self.pass_budget
         try:
             started = time.perf_counter()
             result = self._run_round()
@@ -196,6 +208,7 @@ class Dispatcher:
             self.recorder.round_finished("dispatch", result.seconds, ok, self.clock.now_ms() / 1000)
             return result
         finally:
+            SEGMENT_BUFFERS.clear()
             self._round_lock.release()
 
     def _run_round(self) -> RoundResult:
@@ -332,8 +345,7 @@ class Dispatcher:
         """The next queues of the line whose next segments fit half of
         ``pass_bytes`` (two waves are held at once: one uploading, the next
         built meanwhile), at least one, those segments built ahead in one pass."""
-        budget = self.options.pass_bytes or max(1, self.options.parallelism) * self.options.archive.segment_bytes
-        budget = max(1, budget // 2)
+        budget = max(1, self.pass_budget // 2)
         wave: list[tuple[str, int]] = []
         jobs = []
         used = 0

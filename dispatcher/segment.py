@@ -113,9 +113,10 @@ class BufferPool:
 
 
 # the segments of one wave of uploads come back as the next wave's pass begins:
-# four of 16 MiB, or a thousand small ones of a pass over 1,000 queues (their
-# fresh pages cost the pass as much as the copy into them)
-SEGMENT_BUFFERS = BufferPool(limit=1024, max_bytes=80 << 20)
+# four of 32 MiB, or a thousand small ones of a pass over 1,000 queues (their
+# fresh pages cost the pass as much as the copy into them); a round sizes
+# max_bytes to its waves and empties the pool when it ends
+SEGMENT_BUFFERS = BufferPool(limit=1024, max_bytes=256 << 20)
 
 
 @dataclass(frozen=True, kw_only=True)

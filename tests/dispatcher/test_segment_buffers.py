@@ -136,10 +136,12 @@ def test_a_round_gives_its_uploaded_buffers_back_and_stays_exact(tmp_path, clock
     clock.advance(1)
     store, local = open_store(f"file://{tmp_path / 'cold'}"), LocalStore(sd)
     taken: list[bool] = []  # whether each segment's buffer was one given back
+    caps: list[int] = []  # the pool's cap while the round ran
     real_take = SEGMENT_BUFFERS.take
 
     def take(nbytes: int) -> SegmentBuffer:
         taken.append(bool(SEGMENT_BUFFERS._idle))
+        caps.append(SEGMENT_BUFFERS.max_bytes)
         return real_take(nbytes)
 
     monkeypatch.setattr(SEGMENT_BUFFERS, "take", take)
@@ -148,7 +150,9 @@ def test_a_round_gives_its_uploaded_buffers_back_and_stays_exact(tmp_path, clock
     result = d.run_round()
     assert not result.errors and result.segments >= 12
     # every uploaded segment's buffer came back: the later segments were built in them
-    assert SEGMENT_BUFFERS._idle and any(taken[2:]) and not taken[0]
+    assert any(taken[2:]) and not taken[0]
+    assert set(caps) == {2 * d.pass_budget} and d.pass_budget == 2 * 2000  # two waves, and a segment past each
+    assert not SEGMENT_BUFFERS._idle  # nothing held once the round is over
     assert assert_exact(store, local, queues) == {q: 40 for q in queues}
 
 
