@@ -11,6 +11,11 @@ messages of ``--body`` bytes over 16 queues (``StoreWriter``), archives it to
   processes, one queue each; messages/s and MB/s of record bytes, against
   the library's (goal: at least 0.5x); with replay's own CPU seconds for
   the one-consumer pass (the Python client shares the machine);
+- the floor: the same client against a server that answers each pull
+  with its records cut in advance and held in memory (no archive, no
+  checks, no accounting), through the same codec, in its own process:
+  what the client and TCP cost on this machine, so the share of the gap
+  that is replay's own shows;
 - idle consumers: ``--idle`` connections each holding a suspended pull at
   the end of a queue (15 s suspend timeout, sent again when answered, as a
   subscribed consumer does; the first pulls spread over one timeout, so the
@@ -31,6 +36,8 @@ round's own ratio. ``--write-docs`` writes the report into docs/performance.md.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import itertools
 import multiprocessing
 import os
 import resource
@@ -43,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from benchdocs import add_option, recorded
@@ -50,7 +58,7 @@ from tiered.archive.coldtier import ColdTier
 from tiered.archive.storage import open_store
 from tiered.dispatcher import ArchiveOptions, Dispatcher, DispatchOptions, TopicFilter
 from tiered.query.reader import ColdReader, QueueRef, ReadStatus
-from tiered.replay.frame import Command, decode, encode
+from tiered.replay.frame import RESPONSE_FLAG, Command, decode, encode, encode_head
 from tiered.store.localstore import LocalStore
 from tiered.store.storewriter import StoreWriter
 
@@ -139,6 +147,52 @@ def consumer(address: str, queues: list[int]) -> tuple[int, int]:
     return count, nbytes
 
 
+class _Floor(asyncio.Protocol):
+    """A connection of the floor server: frames cut, pulls answered from memory."""
+
+    def __init__(self, queues: dict[int, tuple[bytes, list[int]]]) -> None:
+        self.queues = queues
+        self.buf = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while len(self.buf) >= 4 and len(self.buf) >= 4 + (n := struct.unpack_from(">i", self.buf)[0]):
+            req = decode(bytes(self.buf[4:4 + n]))
+            del self.buf[:4 + n]
+            data, ends = self.queues[int(req.ext["queueId"])]
+            offset = int(req.ext["queueOffset"])
+            end = min(offset + int(req.ext["maxMsgNums"]), len(ends))
+            body = memoryview(data)[ends[offset - 1] if offset else 0:ends[end - 1]] if offset < end else b""
+            ext = {"nextBeginOffset": str(max(offset, end)), "minOffset": "0", "maxOffset": str(len(ends)),
+                   "suggestWhichBrokerId": "0"}
+            resp = Command(code=0 if body else 19, opaque=req.opaque, flag=RESPONSE_FLAG,
+                           remark="FOUND" if body else "OFFSET_OVERFLOW_ONE", ext=ext, body=body)
+            self.transport.write(encode_head(resp, len(body)) + body)
+
+
+def floor_server(url: str, conn: Connection) -> None:
+    """Serve every queue's records, read once through the library, until killed."""
+    reader = ColdReader(open_store(url))
+    queues = {}
+    for q in range(QUEUES):
+        ref, offset, raws = QueueRef(CLUSTER, BROKER, TOPIC, q), 0, []
+        while (res := reader.read(ref, offset, max_count=1024)).status is ReadStatus.FOUND:
+            raws += [r.raw for r in res.records]
+            offset = res.next_offset
+        queues[q] = (b"".join(raws), list(itertools.accumulate(map(len, raws))))
+
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_server(lambda: _Floor(queues), "127.0.0.1", 0)
+        conn.send(f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
 def start_replay(url: str) -> tuple[subprocess.Popen[str], str]:
     cmd = [sys.executable, "-m", "tiered.cli", "replay", "--cold", url, "--listen", "127.0.0.1:0",
            "--metrics-port", "0"]
@@ -200,8 +254,8 @@ def spread(values: list[float]) -> str:
     return f"{min(values):.2f}-{max(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
 
 
-def report(*, count: int, mb: float, lib: list[float], one: list[float], many: list[float], one_cpu: list[float],
-           idles: list[dict[str, float]]) -> None:
+def report(*, count: int, mb: float, lib: list[float], one: list[float], many: list[float], floor: list[float],
+           one_cpu: list[float], idles: list[dict[str, float]]) -> None:
     """The figures as text: rates from the best pass of each, ratios against
     the library's best, and each round's ratio (library and replay passes
     alternate, so a round's ratio saw the same neighbours)."""
@@ -211,11 +265,13 @@ def report(*, count: int, mb: float, lib: list[float], one: list[float], many: l
     print(f"{'':28} {'messages/s':>10} {'MB/s':>7} {'vs library':>10} {'each round':>11}")
     best_lib = min(lib)
     for name, runs in (("library (ColdReader.read)", lib), ("replay, 1 pull consumer", one),
-                       ("replay, 16 pull consumers", many)):
+                       ("replay, 16 pull consumers", many), ("floor, 1 pull consumer", floor)):
         ratios = [a / b for a, b in zip(lib, runs)]
         print(f"{name:28} {count / min(runs):>10,.0f} {mb / min(runs):>7.1f} {best_lib / min(runs):>10.2f} "
               f"{spread(ratios):>11}")
     print("goal: replay >= 0.5x the library, with 1 and with 16 consumers")
+    print(f"floor: the same client against pulls answered from memory; replay, 1 consumer, at "
+          f"{min(floor) / min(one):.2f} of its rate (each round {spread([f / o for f, o in zip(floor, one)])})")
     print(f"replay CPU per pass, 1 consumer: {spread(one_cpu)} s (the client shares the machine)")
     for i, f in enumerate(idles, 1):
         print(f"idle run {i}: {f['connections']:.0f} held pulls for {f['seconds']:.0f} s, {f['answered_pulls']:.0f} "
@@ -241,12 +297,17 @@ def main() -> None:
     lib: list[float] = []
     one: list[float] = []
     many: list[float] = []
+    floor: list[float] = []
     one_cpu: list[float] = []
+    ctx = multiprocessing.get_context("spawn")
     try:
         url, ends = build(base, args.messages, args.body)
         proc, address = start_replay(url)
+        mine, theirs = ctx.Pipe()
+        floor_proc = ctx.Process(target=floor_server, args=(url, theirs), daemon=True)
+        floor_proc.start()
+        floor_address = mine.recv()
         try:
-            ctx = multiprocessing.get_context("spawn")
             with ctx.Pool(QUEUES) as pool:
                 pool.map(abs, range(QUEUES))  # the workers have started (and imported) before the clock runs
 
@@ -266,14 +327,20 @@ def main() -> None:
                     seconds, *got = timed(sixteen)
                     assert tuple(got) == (count, nbytes)
                     many.append(seconds)
+                    seconds, *got = timed(lambda: consumer(floor_address, list(range(QUEUES))))
+                    assert tuple(got) == (count, nbytes)
+                    floor.append(seconds)
+            floor_proc.kill()
             idles = [idle(address, proc.pid, ends, args.idle, args.idle_seconds) for _ in range(args.idle_runs)]
         finally:
+            floor_proc.kill()
             proc.send_signal(signal.SIGINT)
             proc.wait(30)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     with recorded(args, "replay"):
-        report(count=count, mb=nbytes / 1e6, lib=lib, one=one, many=many, one_cpu=one_cpu, idles=idles)
+        report(count=count, mb=nbytes / 1e6, lib=lib, one=one, many=many, floor=floor, one_cpu=one_cpu,
+               idles=idles)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,7 @@ typedef struct {
     int32_t queue_id;
     int64_t first_offset;
     int verify_crc;
+    int check_phys;           /* 0: the archive's re-packed CommitLog (records keep the broker's offsets) */
     int64_t *out[OUTPUTS];    /* positions, sizes, tags, store ms, born ms, props at */
 } run_t;
 
@@ -104,7 +105,7 @@ static inline int record_ok(const run_t *run, const uint8_t *rec, int64_t size, 
     const int64_t topic_part = run->tail_len - 2;
     if ((int32_t)load32(rec) != size || load32(rec + 4) != run->magic
         || (int32_t)load32(rec + 12) != run->queue_id
-        || (int64_t)load64(rec + 20) != offset || (int64_t)load64(rec + 28) != phys)
+        || (int64_t)load64(rec + 20) != offset || (run->check_phys && (int64_t)load64(rec + 28) != phys))
         return 0;
     const uint32_t sys_flag = load32(rec + 36);
     int64_t store_at = BORN_HOST_AT + 8, body_at = FIXED_V4;
@@ -170,16 +171,16 @@ static void release_all(Py_buffer *views, int n) {
 }
 
 /* check_run(view, base, entries, tail, magic, queue_id, first_offset,
- *           verify_crc, out) -> count
+ *           verify_crc, check_phys, out) -> count
  * ``tail``: topic length + topic bytes; ``out``: a writable int64 buffer of
  * 6 x len(entries) items (positions, sizes, tags, store ms, born ms, props at). */
 static PyObject *py_check_run(PyObject *self, PyObject *args) {
     PyObject *view_obj, *entries_obj, *tail_obj, *out_obj;
     long long base, first_offset;
     unsigned long magic;
-    int queue_id, verify_crc;
-    if (!PyArg_ParseTuple(args, "OLOOkiLpO", &view_obj, &base, &entries_obj, &tail_obj, &magic, &queue_id,
-                          &first_offset, &verify_crc, &out_obj))
+    int queue_id, verify_crc, check_phys;
+    if (!PyArg_ParseTuple(args, "OLOOkiLppO", &view_obj, &base, &entries_obj, &tail_obj, &magic, &queue_id,
+                          &first_offset, &verify_crc, &check_phys, &out_obj))
         return NULL;
     Py_buffer views[4];
     int held = 0;
@@ -203,6 +204,7 @@ static PyObject *py_check_run(PyObject *self, PyObject *args) {
     run.queue_id = queue_id;
     run.first_offset = first_offset;
     run.verify_crc = verify_crc;
+    run.check_phys = check_phys;
     if (views[1].len % CQ_ENTRY != 0 || views[3].len < (Py_ssize_t)(OUTPUTS * sizeof(int64_t)) * run.count) {
         release_all(views, 4);
         PyErr_SetString(PyExc_ValueError, "entries not whole ConsumeQueue entries, or out too small");
@@ -426,6 +428,7 @@ static int64_t plan_run(copy_run_t *cr, const int64_t *row, const Py_buffer *vie
     one->queue_id = (int32_t)row[2];
     one->first_offset = row[3];
     one->verify_crc = verify_crc;
+    one->check_phys = 1;
     for (int k = 0; k < OUTPUTS; k++) one->out[k] = (int64_t *)views[4].buf + k * count + row[0];
     cr->crc = (uint32_t)row[9];
     int64_t need = 0;

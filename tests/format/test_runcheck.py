@@ -168,6 +168,34 @@ def test_valid_runs_give_the_same_batch(runs: dict, key: tuple[str, int]) -> Non
     assert native == numpy and len(native[2]) == len(entries) - 5  # type: ignore[index]
 
 
+@pytest.mark.parametrize("key", [("T", 0), ("t" * 200, 1)], ids=["v1", "v2"])
+def test_records_re_packed_as_a_segment_holds_them_pass_only_without_the_offset_check(runs: dict,
+                                                                                       key: tuple[str, int]) -> None:
+    """A segment holds a queue's records one after the other, each keeping
+    the broker's physical offset while its entry points into the segment
+    (replay's windows): ``check_phys=False`` accepts them, alike both ways;
+    the check as the CommitLog is read refuses them at the first record."""
+    need_native()
+    data, entries = runs[key]
+    entries = entries[3:]
+    segment = b"".join(data[p:p + n] for p, n in zip(entries["phys"].tolist(), entries["size"].tolist()))
+    packed = entries.copy()
+    packed["phys"] = np.cumsum(entries["size"].astype(np.int64)) - entries["size"] + 64  # the segment at 64
+    kw = dict(topic=key[0].encode(), queue_id=key[1], first_offset=3, source="seg")
+    native = batch.check_run(memoryview(segment), 64, packed, check_phys=False, **kw)  # type: ignore[arg-type]
+    numpy = check_run_numpy(memoryview(segment), 64, packed, check_phys=False, **kw)  # type: ignore[arg-type]
+    assert _fields(native) == _fields(numpy) and native is not None and native.count == len(packed)
+    assert native.positions.tolist() == (packed["phys"].astype(np.int64) - 64).tolist()
+    assert batch.check_run(memoryview(segment), 64, packed, **kw) is None  # type: ignore[arg-type]
+    assert check_run_numpy(memoryview(segment), 64, packed, **kw) is None  # type: ignore[arg-type]
+    wrong = packed.copy()
+    wrong["size"][4] -= 1  # any other check still holds: the run ends before that record
+    got = batch.check_run(memoryview(segment), 64, wrong, check_phys=False, **kw)  # type: ignore[arg-type]
+    assert got is not None and got.count == 4
+    assert _fields(got) == _fields(check_run_numpy(memoryview(segment), 64, wrong, check_phys=False,
+                                                   **kw))  # type: ignore[arg-type]
+
+
 def test_wrong_queue_topic_or_first_offset_stop_at_the_first_record(runs: dict) -> None:
     data, entries = runs[("T", 0)]
     assert _both(data, entries, "T", 1) == (None, None)

@@ -155,6 +155,7 @@ def check_run(
     first_offset: int,
     source: str,
     verify_crc: bool = True,
+    check_phys: bool = True,
 ) -> RecordBatch | None:
     """The longest prefix of ``entries`` (CQ_DTYPE) whose records are plainly
     valid, as a batch; None when the first one is not.
@@ -163,13 +164,17 @@ def check_run(
     guarantees every entry's record lies inside it (``0 <= phys - base`` and
     ``phys - base + size <= len(view)``) and that the entries are complete.
 
+    ``check_phys=False`` skips the check of each record's physical offset
+    against its entry's, for the archive's re-packed CommitLog, where a
+    record keeps the broker's offset and the entries point into the segment.
+
     Compiled (tiered/_native.c) where the install built it, else with numpy
     (``check_run_numpy``): the same checks, the same answer.
     """
     native = _native
     if native is None:
         return check_run_numpy(view, base, entries, topic=topic, queue_id=queue_id, first_offset=first_offset,
-                               source=source, verify_crc=verify_crc)
+                               source=source, verify_crc=verify_crc, check_phys=check_phys)
     n = len(entries)
     tlen = len(topic)
     if n == 0 or len(view) < _FIXED_SIZE or tlen > 0xFFFF:
@@ -179,7 +184,7 @@ def check_run(
     # as CQ_DTYPE: the loop reads big-endian, a numpy join hands back the native order
     k = native.check_run(view, base, np.ascontiguousarray(entries, CQ_DTYPE),
                          tlen.to_bytes(2 if v2 else 1, "big") + topic, MAGIC_V2 if v2 else MAGIC_V1, queue_id,
-                         first_offset, verify_crc, out)
+                         first_offset, verify_crc, check_phys, out)
     if k == 0:
         return None
     return RecordBatch(first_offset=first_offset, view=view, source=source, positions=out[0, :k], sizes=out[1, :k],
@@ -373,10 +378,7 @@ def check_run_numpy(
     check_phys: bool = True,
 ) -> RecordBatch | None:
     """``check_run`` with numpy gathers and one CRC call per record from
-    Python: where the compiled loop was not built. ``check_phys=False``
-    skips the check of each record's physical offset against its entry's,
-    for the archive's re-packed CommitLog, where a record keeps the broker's
-    offset and the entries point into the segment."""
+    Python: where the compiled loop was not built."""
     n = len(entries)
     tlen = len(topic)
     v2 = tlen > 127  # the broker writes the 2-byte topic length exactly then

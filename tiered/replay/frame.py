@@ -63,7 +63,7 @@ class Command:
     version: int = 0
     remark: str | None = None
     ext: dict[str, str] = field(default_factory=dict)
-    body: bytes = b""
+    body: bytes | memoryview = b""  # a pull's answer: a view of the records it serves
     serialize: int = JSON
 
     @property
@@ -138,7 +138,8 @@ def _from_json(header: bytes, body: bytes) -> Command:
     ext_doc = doc.get("extFields") or {}
     if not isinstance(ext_doc, dict):
         raise BadFrameError("extFields is not an object")
-    ext = {str(k): _ext_value(str(k), v) for k, v in ext_doc.items() if v is not None}
+    # JSON object keys are strings; most values are too (checked inline: a call each costs)
+    ext = {k: v if type(v) is str else _ext_value(k, v) for k, v in ext_doc.items() if v is not None}
     remark = doc.get("remark")
     language = doc.get("language", "JAVA")
     if isinstance(language, int) and not isinstance(language, bool) and 0 <= language < len(LANGUAGES):

@@ -52,7 +52,7 @@ PERM_READ = 4
 
 
 def response(request: Command, code: int, *, remark: str | None = None, ext: dict[str, str] | None = None,
-             body: bytes = b"") -> Command:
+             body: bytes | memoryview = b"") -> Command:
     """The answer to ``request``: its opaque, the response flag, and its
     serialize type (the broker answers in the type it was asked in)."""
     return Command(code=code, opaque=request.opaque, flag=RESPONSE_FLAG, remark=remark, ext=ext or {}, body=body,

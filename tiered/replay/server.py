@@ -9,7 +9,9 @@ client sends stops the server or another connection.
 Each connection is an ``asyncio.Protocol`` cutting frames out of the bytes
 it receives: with streams, every request paid for a reader task's wake-up
 and two ``readexactly`` futures, a large share of a cached pull's cost and
-most of an idle held pull's.
+most of an idle held pull's. A request that needs no wait (most pulls: their
+records are in a window) is answered as its frame is cut; the others get a
+task each.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ class ReplayServer:
 
 class _Connection(asyncio.Protocol):
     """One client connection: frames cut from the received bytes, each
-    request answered by its own task."""
+    request answered at once or by its own task."""
 
     def __init__(self, server: ReplayServer, conn: int) -> None:
         self.server = server
@@ -151,9 +153,10 @@ class _Connection(asyncio.Protocol):
                 del buf[:4 + length]
                 if cmd.is_response:
                     continue  # replay sends no requests: a stray response is dropped
-                req = self.loop.create_task(self._serve(cmd))
-                self.requests.add(req)
-                req.add_done_callback(self._done)
+                if not self._answer_now(cmd):
+                    req = self.loop.create_task(self._serve(cmd))
+                    self.requests.add(req)
+                    req.add_done_callback(self._done)
         except BadFrameError as exc:
             log.info("closing the connection from %s: %s", self.peer, exc)
             if self.server.metrics is not None:
@@ -188,20 +191,38 @@ class _Connection(asyncio.Protocol):
         self.writes_paused = False
         self._cut()
 
-    async def _serve(self, cmd: Command) -> None:
-        transport = self.transport
-        assert transport is not None and self.server.broker is not None
+    def _answer_now(self, cmd: Command) -> bool:
+        """Answer ``cmd`` here when that needs no wait (refused by the ACL, or
+        ``ReplayBroker.handle_now`` answers it); False: it needs a task."""
+        assert self.server.broker is not None
         try:
             resp = self.server.denied(cmd, self.host)
             if resp is None:
-                resp = await self.server.broker.handle(cmd, self.conn)
+                resp = self.server.broker.handle_now(cmd)
+                if resp is None:
+                    return False
             elif cmd.is_oneway:
-                return
-            if resp is None or transport.is_closing():
-                return
-            # one write of head and body: frames never interleave, and it is one
-            # send, where the body's copy costs less than a second system call
-            transport.write(encode_head(resp, len(resp.body)) + resp.body)
+                return True
+            self._send(resp)
         except Exception:  # a bug of ours: this connection ends, the server goes on
             log.exception("answering request %d failed: closing the connection", cmd.code)
-            transport.close()
+            assert self.transport is not None
+            self.transport.close()
+        return True
+
+    async def _serve(self, cmd: Command) -> None:
+        assert self.transport is not None and self.server.broker is not None
+        try:
+            resp = await self.server.broker.handle(cmd, self.conn)
+            if resp is not None:
+                self._send(resp)
+        except Exception:  # a bug of ours: this connection ends, the server goes on
+            log.exception("answering request %d failed: closing the connection", cmd.code)
+            self.transport.close()
+
+    def _send(self, resp: Command) -> None:
+        assert self.transport is not None
+        if not self.transport.is_closing():
+            # one write of head and body: frames never interleave, and it is one
+            # send, where the body's copy costs less than a second system call
+            self.transport.write(encode_head(resp, len(resp.body)) + resp.body)

@@ -41,7 +41,7 @@ class Pulled:
     """A pull's result: ``body`` is the stored records, concatenated."""
 
     status: str
-    body: bytes
+    body: bytes | memoryview  # a view of a window's bytes (window.Window.cut)
     count: int
     next_offset: int
     min_offset: int
@@ -141,7 +141,7 @@ class ArchiveSource:
         m = self.manifest(topic, queue_id, snap)
         lo, hi = self.min_offset(topic, queue_id, snap), self.max_offset(topic, queue_id, snap)
 
-        def result(status: str, next_offset: int, body: bytes = b"", count: int = 0) -> Pulled:
+        def result(status: str, next_offset: int, body: bytes | memoryview = b"", count: int = 0) -> Pulled:
             return Pulled(status=status, body=body, count=count, next_offset=next_offset, min_offset=lo,
                           max_offset=hi)
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from tiered.archive.manifest import Segment
 from tiered.archive.storage import ObjectStore
-from tiered.format.batch import CQ_DTYPE, check_run_numpy
+from tiered.format.batch import CQ_DTYPE, check_run
 from tiered.format.codec import CQ_ENTRY_SIZE, MIN_RECORD_SIZE, Record
 from tiered.query.reader import get_range
 
@@ -58,10 +58,11 @@ class Window:
     def end(self) -> int:
         return self.start + len(self.ends)
 
-    def cut(self, offset: int, max_count: int, max_bytes: int) -> tuple[bytes, int] | None:
+    def cut(self, offset: int, max_count: int, max_bytes: int) -> tuple[memoryview, int] | None:
         """(body, count) of a pull at ``offset`` as ``ColdReader.read`` would
         give it (at most ``max_count`` records and ``max_bytes``, at least one),
-        or None when the window does not hold all of them."""
+        or None when the window does not hold all of them. The body is a view
+        of the window's bytes: copied once, into the response's frame."""
         i = offset - self.start
         n = len(self.ends)
         if not 0 <= i < n:
@@ -73,14 +74,14 @@ class Window:
                 return None  # the pull runs past the window: more records may follow
             # the record after the window overflowed the budget, so it overflows this pull too
         k = max(bisect_right(self.ends, base + max_bytes, i, min(j, n)), i + 1)
-        return self.data[base:self.ends[k - 1]], k - i
+        return memoryview(self.data)[base:self.ends[k - 1]], k - i
 
 
 def read_window(store: ObjectStore, segment: Segment, *, topic: str, queue_id: int, start: int, max_count: int,
                 max_bytes: int) -> Window | None:
     """The window ``ColdReader.read(start, max_count, max_bytes)`` reads, with
-    its records checked all at once (``check_run_numpy``: every check the
-    decoder makes, with numpy, one CRC call per record), or None when any
+    its records checked all at once (``check_run``: every check the decoder
+    makes, in the native core's loop where it is built), or None when any
     check fails or an object is short: then the window is read through
     ``ColdReader.read``, which accepts an unusual record or raises the typed
     error naming it. So this decides nothing the decoder would not."""
@@ -101,8 +102,8 @@ def read_window(store: ObjectStore, segment: Segment, *, topic: str, queue_id: i
     data = get_range(store, segment.commitlog_key, lo - segment.cl_start, hi - segment.cl_start, None)
     if len(data) != hi - lo or len(data) < MIN_RECORD_SIZE:
         return None
-    batch = check_run_numpy(memoryview(data), lo, entries, topic=topic.encode("utf-8"), queue_id=queue_id,
-                            first_offset=start, source=segment.commitlog_key, check_phys=False)
+    batch = check_run(memoryview(data), lo, entries, topic=topic.encode("utf-8"), queue_id=queue_id,
+                      first_offset=start, source=segment.commitlog_key, check_phys=False)
     if batch is None or batch.count != keep:
         return None
     by_bytes = keep < count
