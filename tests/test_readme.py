@@ -16,3 +16,13 @@ def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert test_cmd in ci.splitlines()
     assert "python3 -m venv .venv" in run_cmd and "tiered" in run_cmd
+
+
+def test_the_configuration_example_loads(tmp_path: Path) -> None:
+    from tiered.config import load_settings
+
+    (example,) = [b for b in (ROOT / "README.md").read_text().split("```")[1::2] if b.startswith("yaml\n")]
+    path = tmp_path / "tiered.yaml"
+    path.write_text(example.split("\n", 1)[1], encoding="utf-8")
+    settings = load_settings(path)
+    assert settings.retention.topics["Clicks"] == 7 * 24 and settings.s3.addressing == "path"

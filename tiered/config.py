@@ -108,27 +108,40 @@ Size = Annotated[int, BeforeValidator(parse_size)]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # each field's docstring is its description: docs/configuration.md is made of them
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 class S3Settings(_Section):
+    """An s3:// cold tier: where it is, how to reach it, who to be."""
+
     endpoint_url: str | None = None
+    """The S3 endpoint of a self-hosted store (MinIO, SeaweedFS, Ceph); else `AWS_ENDPOINT_URL_S3`, else AWS S3."""
     region: str | None = None
+    """The region; else the AWS chain's (`AWS_REGION`, the profile)."""
     addressing: Literal["auto", "path", "virtual"] = "auto"
+    """`path` (`http://host/bucket/key`, what most self-hosted stores want), `virtual`
+    (`http://bucket.host/key`), or botocore's choice."""
     sse: Literal["none", "AES256", "aws:kms"] = "none"
+    """Server-side encryption asked for on every object written."""
     sse_kms_key_id: str | None = None
-    # Some S3-compatible stores reject the CRC checksums newer botocore sends.
+    """The KMS key of `sse: aws:kms` (else the bucket's default key)."""
     checksum_mode: Literal["when_supported", "when_required"] = "when_supported"
+    """`when_required` for stores that reject the CRC checksums newer botocore sends."""
     access_key_id: SecretStr | None = None
+    """With `secret_access_key` (both or neither); else the AWS credentials chain. Never printed."""
     secret_access_key: SecretStr | None = None
+    """See `access_key_id`. Never printed."""
     session_token: SecretStr | None = None
-    # a named profile of ~/.aws/config and ~/.aws/credentials (else AWS_PROFILE, else the default chain)
+    """Of temporary credentials, with the key pair. Never printed."""
     profile: str | None = None
-    # attempts per S3 request (the first one included); the backoff between
-    # them is dispatch.retry's. A file:// archive uses dispatch.retry.attempts.
+    """A named profile of `~/.aws/config` and `~/.aws/credentials` (else `AWS_PROFILE`, else the default chain)."""
     max_attempts: int = Field(default=5, ge=1, le=20)
+    """Attempts per S3 request, the first included; the backoff between them is `dispatch.retry`'s."""
     connect_timeout: Duration = 10.0
+    """Of each connection to the store."""
     read_timeout: Duration = 60.0
+    """Of each answer from the store."""
 
     @model_validator(mode="after")
     def _pairs(self) -> S3Settings:
@@ -144,15 +157,21 @@ class S3Settings(_Section):
 
 
 class FileSettings(_Section):
-    # a file:// cold tier writes segment objects around the page cache
-    # (O_DIRECT); false: through it, as every other object
+    """A file:// cold tier."""
+
     direct_writes: bool = True
+    """Segment objects written around the page cache (O_DIRECT); false: through it, as every other object."""
 
 
 class RetrySettings(_Section):
+    """Retries of a failed write, with exponential backoff and jitter."""
+
     attempts: int = Field(default=6, ge=1, le=100)
+    """Attempts of each write to a file:// tier, the first included (an S3 tier: `s3.max_attempts`)."""
     base_delay: Duration = 0.2
+    """The first backoff; each next one doubles, up to `max_delay`."""
     max_delay: Duration = 20.0
+    """The longest backoff."""
 
 
 #: dispatch keys that no longer do anything -> why: accepted with a warning
@@ -163,39 +182,47 @@ REMOVED_DISPATCH_KEYS = {
 
 
 class DispatchSettings(_Section):
+    """The dispatcher: when and how the broker's queues are archived."""
+
     interval: Duration = 20.0
-    # Upload a segment once this much is pending ...
+    """Time between two archive rounds of `tiered serve`."""
     upload_bytes: Size = 16 << 20
-    # ... or once the oldest pending message is this old.
+    """A queue's segment is uploaded once this much is pending ..."""
     max_delay: Duration = 60.0
-    # Largest segment one upload carries; memory is about parallelism x this.
+    """... or once its oldest pending message is this old; `verify` calls a record older than this and not
+    archived missing."""
     segment_bytes: Size = 32 << 20
+    """The largest segment (object) one upload carries; memory is about parallelism x this."""
     start_position: str = "earliest"
+    """Where a queue never archived starts: `earliest`, `latest`, or a time (`2026-11-01T00:00:00Z`)."""
     parallelism: int = Field(default=4, ge=1, le=64)
+    """Uploads at a time."""
     round_budget: Duration = 15.0
-    # In a row of idle rounds the bucket identity is read at most this often
-    # (a round that writes always reads it first): a new or emptied bucket is
-    # noticed within it, and an idle round in between makes no request.
+    """A round starts no new segment of a queue after this; the next round goes on."""
     identity_check: Duration = Field(default=60.0, gt=0)
+    """In a row of idle rounds the bucket identity is read at most this often (a round that writes always
+    reads it first): a new or emptied bucket is noticed within it."""
     quarantine_corrupt: bool = False
+    """A corrupt local record is committed as a one-offset gap (`quarantined`, counted) and its queue goes on,
+    instead of stopping there."""
     key_index: bool = True
-    # Record bytes the passes hold at a time: two waves of half of it (one
-    # uploading, the next built). null: parallelism x segment_bytes. A wave
-    # walks the CommitLog span of its records, so with many queues of small
-    # segments a larger value means fewer walks, for more memory.
+    """Each segment carries a bloom-filtered index of its KEYS and UNIQ_KEY (`tiered find --key`)."""
     pass_bytes: Size | None = Field(default=None, gt=0)
-    # Threads checking and copying the pass's CommitLog windows (no GIL held).
-    # null: the cores this process may run on, at most 8.
+    """Record bytes the passes hold at a time: two waves of half of it (one uploading, the next built);
+    null: parallelism x segment_bytes. More means fewer CommitLog walks over many queues, for more memory."""
     pass_threads: int | None = Field(default=None, ge=1, le=64)
-    # Segment layout written: 2 (one object per segment) or 1 (three objects,
-    # readable by tiered before 2.0). Both are always read.
+    """Threads checking and copying the pass's CommitLog windows; null: the cores this process may run on, at
+    most 8."""
     layout: int = Field(default=2, ge=1, le=2)
-    # "zstd" compresses each v2 segment object whole (layout 2 only)
+    """Segment layout written: 2 (one object per segment) or 1 (three objects, readable by tiered before
+    2.0). Both are always read."""
     compression: Literal["none", "zstd"] = "none"
-    # The catalog's ranges lag the manifests by at most this (tiered/archive/catalog.py);
-    # what a reader needs from it (the queues, the retention) is written at once.
+    """`zstd` compresses each segment object whole (layout 2 only)."""
     catalog_refresh: Duration = 300.0
+    """The catalog's ranges lag the manifests by at most this; what a reader needs from it (the queues, the
+    retention) is written at once."""
     retry: RetrySettings = RetrySettings()
+    """Retries of failed writes."""
 
     @model_validator(mode="before")
     @classmethod
@@ -228,45 +255,74 @@ class DispatchSettings(_Section):
 
 
 class CleanerSettings(_Section):
+    """The cleaner: expiry, merges and orphans."""
+
     enabled: bool = True
+    """Whether `tiered serve` runs it."""
     interval: Duration = 3600.0
+    """Time between two cleaner passes of `tiered serve`."""
     orphan_grace: Duration = 3600.0
-    # Orphan collection lists the bucket: on its own, slower cadence so a
-    # clean pass with nothing expired makes no request at all.
+    """An object no manifest names is deleted only once it is this old (a write in flight is not an orphan)."""
     orphan_scan_interval: Duration = 6 * 3600.0
+    """Orphans are looked for (a listing of the bucket) at most this often, so a pass with nothing expired
+    makes no request."""
     skew_tolerance: Duration = 300.0
+    """Store timestamps up to this far ahead of the sidecar's clock count as real; a segment stamped further
+    ahead is never expired, and is reported."""
     merge: bool = True
+    """Small adjacent segments are merged into bigger objects."""
     merge_target_bytes: Size = 256 << 20
+    """The size a merge aims at."""
     merge_min_bytes: Size = 16 << 20
+    """Adjacent segments smaller than this are merged (a merged run reaches at least this)."""
 
 
 class RetentionSettings(_Section):
-    # hours, a duration ("36h", "7d") or "forever"
+    """How long archived messages are kept: hours (`72`), a duration (`36h`, `7d`) or `forever`. A topic's
+    `reserve.time` attribute in the broker's `topics.json` wins over these."""
+
     default_hours: RetentionHours = 72.0
+    """Of every topic not named in `topics`."""
     topics: dict[str, RetentionHours] = Field(default_factory=dict)
+    """Per topic (`{Orders: 24, Audit: forever}`)."""
 
 
 class TopicSettings(_Section):
+    """Which topics are archived: shell patterns (`Order*`)."""
+
     include: list[str] = Field(default_factory=lambda: ["*"])
+    """Topics archived."""
     exclude: list[str] = Field(default_factory=list)
+    """Topics left out, even when included."""
     include_system: bool = False
+    """Also the broker's system topics (delay levels, timer wheel, transaction half/op: docs/system-topics.md)."""
 
 
 class MetricsSettings(_Section):
+    """The `/metrics`, `/healthz` and `/readyz` endpoint."""
+
     host: str = "0.0.0.0"
+    """Address it listens on."""
     port: int = Field(default=9464, ge=0, le=65535)
+    """Port it listens on (0: a free one)."""
     per_queue: bool = True
+    """Lag and archive series per queue (false: per topic, for brokers of many queues)."""
 
 
 class LogSettings(_Section):
+    """Log lines on stderr."""
+
     format: Literal["json", "text"] = "text"
+    """`json` for one JSON object per line."""
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """The least severe level written."""
 
 
 MIN_LEASE_TTL_S = 10.0
 
 
 def default_broker() -> str:
+    """The host name, as RocketMQ's ``brokerName`` default."""
     return socket.gethostname()
 
 
@@ -277,12 +333,12 @@ def _xdg(var: str, fallback: str) -> Path:
 
 
 def default_state_dir() -> Path:
-    """``$XDG_STATE_HOME/tiered`` (``~/.local/state/tiered``): never the working directory."""
+    """``$XDG_STATE_HOME/tiered`` (``~/.local/state/tiered``), never the working directory."""
     return _xdg("XDG_STATE_HOME", ".local/state") / "tiered"
 
 
 def default_cold_url() -> str:
-    """A ``file://`` archive in ``$XDG_DATA_HOME/tiered/cold`` (``~/.local/share/tiered/cold``)."""
+    """``file://$XDG_DATA_HOME/tiered/cold`` (``~/.local/share/tiered/cold``)."""
     return f"file://{_xdg('XDG_DATA_HOME', '.local/share') / 'tiered' / 'cold'}"
 
 
@@ -295,29 +351,47 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         frozen=True,
         extra="forbid",
+        use_attribute_docstrings=True,
     )
 
     store: Path | None = None
+    """The broker's store directory (`storePathRootDir`), read only."""
     cold_url: str = Field(default_factory=default_cold_url)
+    """The archive: `s3://BUCKET/PREFIX` or `file:///PATH`."""
     state_dir: Path = Field(default_factory=default_state_dir)
+    """Local state: the manifest cache and where queues not yet archived start."""
     cluster: str = "DefaultCluster"
+    """First part of the archive's key prefix, as RocketMQ's `brokerClusterName`."""
     broker: str = Field(default_factory=default_broker)
-    # how the broker replicates (tiered.store.brokermode): only controller mode
-    # holds the archive at the checkpoint's confirm offset; auto tells it from
-    # the store (epochFileCheckpoint, dledger-*/data, config/broker.properties)
+    """Second part of the key prefix, as RocketMQ's `brokerName`."""
     broker_mode: Literal["auto", "default", "controller", "dledger"] = "auto"
+    """How the broker replicates: only in controller mode does the archive wait at the checkpoint's confirm
+    offset; `auto` tells the mode from the store (docs/brokermode.md)."""
     instance_id: str | None = None
+    """Who holds the write lease; null: host name and store path."""
     lease_ttl: Duration = 120.0
+    """How long the write lease lasts unrenewed; at least 10 s and 3 x `dispatch.interval`."""
     force_takeover: bool = False
+    """Take the write lease from another writer, or replace an unreadable lease object, without waiting for
+    it to expire (the other writer stops at its next check)."""
     shutdown_timeout: Duration = 30.0
+    """How long `tiered serve` waits for running uploads after SIGTERM before it exits."""
     s3: S3Settings = S3Settings()
+    """An s3:// archive."""
     file: FileSettings = FileSettings()
+    """A file:// archive."""
     dispatch: DispatchSettings = DispatchSettings()
+    """The dispatcher."""
     cleaner: CleanerSettings = CleanerSettings()
+    """The cleaner."""
     retention: RetentionSettings = RetentionSettings()
+    """Retention, recorded in the catalog for a cleaner without the store."""
     topics: TopicSettings = TopicSettings()
+    """Topics archived."""
     metrics: MetricsSettings = MetricsSettings()
+    """The metrics and probes endpoint."""
     log: LogSettings = LogSettings()
+    """Logging."""
 
     @field_validator("cluster", "broker")
     @classmethod

@@ -75,6 +75,15 @@ def ls(
         note(f"no archived queue at {settings.cold_url}")
 
 
+@config_app.command("reference")
+def config_reference() -> None:
+    """Every setting: its default, what it accepts, its TIERED_* variable and what it does (Markdown; the
+    text of docs/configuration.md)."""
+    from tiered.configref import reference
+
+    print(reference(), end="")
+
+
 @config_app.command("show")
 def config_show(
     config: ConfigOpt = None, store: StoreOpt = None, cold: ColdOpt = None,
