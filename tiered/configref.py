@@ -37,7 +37,7 @@ command's own flags (`tiered replay --acl`, `--listen` ...) are in its
 `--help`.
 """
 
-_KINDS = {parse_duration: "duration", parse_size: "size", parse_retention_hours: "retention"}
+_KINDS: dict[object, str] = {parse_duration: "duration", parse_size: "size", parse_retention_hours: "retention"}
 _UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 
 
