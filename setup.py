@@ -12,6 +12,7 @@ tiered.native says which at start-up.
 Its CRC-32 is linked here: ISA-L's (Debian/Ubuntu ``libisal-dev``) where the
 compiler finds it, else zlib's (``zlib1g-dev``), a few times slower."""
 
+import hashlib
 import os
 import tempfile
 
@@ -21,6 +22,20 @@ from setuptools.errors import CompileError, LinkError
 
 
 _ISAL_PROBE = "#include <isa-l/crc.h>\nint main(void) { return (int)crc32_gzip_refl(0, 0, 0); }\n"
+
+
+SOURCES = ["tiered/_native.c", "tiered/_native_keys.c", "tiered/_native_reads.c"]
+DEPENDS = ["tiered/_native.h"]
+
+
+def source_digest(paths: list[str]) -> str:
+    """What tiered.native.source_digest computes from the same files: a core
+    built from other sources (an editable install not rebuilt) is not used."""
+    h = hashlib.sha256()
+    for path in sorted(paths, key=os.path.basename):
+        with open(path, "rb") as fh:
+            h.update(os.path.basename(path).encode() + b"\0" + fh.read())
+    return h.hexdigest()
 
 
 class BuildNative(build_ext):
@@ -47,6 +62,6 @@ class BuildNative(build_ext):
 
 
 setup(cmdclass={"build_ext": BuildNative},
-      ext_modules=[Extension("tiered._native", ["tiered/_native.c", "tiered/_native_keys.c", "tiered/_native_reads.c"],
-                             depends=["tiered/_native.h"], optional=True, libraries=["z"],
+      ext_modules=[Extension("tiered._native", SOURCES, depends=DEPENDS, optional=True, libraries=["z"],
+                             define_macros=[("TIERED_NATIVE_SOURCES", f'"{source_digest(SOURCES + DEPENDS)}"')],
                              extra_compile_args=["-O2", "-pthread"], extra_link_args=["-pthread"])])

@@ -799,6 +799,12 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* the digest of the sources it was built from (setup.py): tiered.native
+ * refuses a core built from other sources than those beside it */
+#ifndef TIERED_NATIVE_SOURCES
+#define TIERED_NATIVE_SOURCES "unknown"
+#endif
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, NULL};
 
 PyMODINIT_FUNC PyInit__native(void) {
@@ -811,7 +817,8 @@ PyMODINIT_FUNC PyInit__native(void) {
             Py_DECREF(m);
             return NULL;
         }
-    if (PyModule_AddStringConstant(m, "crc_library", CRC_LIBRARY) != 0) {
+    if (PyModule_AddStringConstant(m, "crc_library", CRC_LIBRARY) != 0
+        || PyModule_AddStringConstant(m, "sources", TIERED_NATIVE_SOURCES) != 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -3,9 +3,11 @@ and the tests' rule for it (skipped where absent, failed where required)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +87,25 @@ def test_a_dispatcher_made_for_the_service_says_at_info_whether_the_core_loaded(
         make_dispatcher(settings, LocalStore(sd))
     said = [(r.levelno, r.getMessage(), r.native_core) for r in caplog.records if r.name == "tiered.native"]
     assert said == [(logging.INFO, native.describe(), native.loaded())]
+
+
+def test_the_core_was_built_from_the_sources_beside_it() -> None:
+    core = need_native()
+    assert core.sources == native.source_digest() and len(core.sources) == 64
+
+
+def test_a_core_built_from_other_sources_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An editable install whose C sources changed after its build (a function
+    added, an argument more) runs the Python path and says why, instead of
+    failing at the first call of what changed."""
+    need_native()
+    here = Path(native.__file__).parent
+    for path in [*here.glob("_native*.c"), *here.glob("_native*.h")]:
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    real = native.source_digest
+    assert real(tmp_path) == real()  # the same files, the same digest
+    (tmp_path / "_native.c").write_bytes((tmp_path / "_native.c").read_bytes() + b"\n/* changed */\n")
+    monkeypatch.setattr(native, "source_digest", functools.partial(real, tmp_path))
+    core, reason = native._load()
+    assert core is None and "was built from other sources than tiered/_native*.c; rebuild it" in reason
+    assert real(tmp_path / "nowhere") is None  # an installed package: no sources, nothing to compare
