@@ -330,7 +330,6 @@ def main() -> None:
                     seconds, *got = timed(lambda: consumer(floor_address, list(range(QUEUES))))
                     assert tuple(got) == (count, nbytes)
                     floor.append(seconds)
-            floor_proc.kill()
             idles = [idle(address, proc.pid, ends, args.idle, args.idle_seconds) for _ in range(args.idle_runs)]
         finally:
             floor_proc.kill()

@@ -190,12 +190,12 @@ class Dispatcher:
         while another runs returns at once with ``skipped`` set."""
         if not self._round_lock.acquire(blocking=False):
             return RoundResult(skipped=True)
-        # Every buffer of the two waves in flight comes back for the next
-        # wave (a fresh one page-faults all of its pages again; a wave may
-        # pass its half by a segment, hence twice); none is kept past the
-        # round, so an idle sidecar holds no segment memory.
-        SEGMENT_BUFFERS.max_bytes = 2 * self.pass_budget
         try:
+            # Every buffer of the two waves in flight comes back for the next
+            # wave (a fresh one page-faults all of its pages again; a wave may
+            # pass its half by a segment, hence twice); none is kept past the
+            # round, so an idle sidecar holds no segment memory.
+            SEGMENT_BUFFERS.max_bytes = 2 * self.pass_budget
             started = time.perf_counter()
             result = self._run_round()
             watched = self._refresh_lag(result)

@@ -5,14 +5,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _blocks() -> list[str]:
+def _blocks() -> list[tuple[str, str]]:
+    """(language, text) of each fenced block."""
     text = (ROOT / "README.md").read_text()
     parts = text.split("```")
-    return [p.split("\n", 1)[1].strip() for p in parts[1::2]]
+    return [(p.split("\n", 1)[0], p.split("\n", 1)[1].strip()) for p in parts[1::2]]
 
 
 def test_ci_runs_the_readme_test_command() -> None:
-    run_cmd, test_cmd = _blocks()[:2]
+    (_, run_cmd), (_, test_cmd) = _blocks()[:2]
     ci = (ROOT / ".ci" / "run").read_text()
     assert test_cmd in ci.splitlines()
     assert "python3 -m venv .venv" in run_cmd and "tiered" in run_cmd
@@ -21,8 +22,8 @@ def test_ci_runs_the_readme_test_command() -> None:
 def test_the_configuration_example_loads(tmp_path: Path) -> None:
     from tiered.config import load_settings
 
-    (example,) = [b for b in (ROOT / "README.md").read_text().split("```")[1::2] if b.startswith("yaml\n")]
+    (example,) = [text for language, text in _blocks() if language == "yaml"]
     path = tmp_path / "tiered.yaml"
-    path.write_text(example.split("\n", 1)[1], encoding="utf-8")
+    path.write_text(example, encoding="utf-8")
     settings = load_settings(path)
     assert settings.retention.topics["Clicks"] == 7 * 24 and settings.s3.addressing == "path"
